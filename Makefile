@@ -1,0 +1,35 @@
+# Two commands for a newcomer: `make run` (the default experiment) and `make test` (the whole suite).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.fedray-installed
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: run test install data clean
+
+install: $(STAMP)
+
+# torch is capped at 2.14.1 by this machine's pip constraint; elsewhere pip takes the newest torch>=2.4.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Real Fashion-MNIST: Debian's package where we may install it; otherwise fedray downloads it through
+# torchvision on first use (into $$FEDRAY_DATA_DIR or ~/.cache/fedray/data).
+data:
+	@if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null)) && \
+	  echo "installed Debian's dataset-fashion-mnist"; \
+	fi
+
+run: install data
+	$(BIN)/fedray run quickstart --output-dir runs/quickstart
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

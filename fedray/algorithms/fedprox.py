@@ -1,0 +1,29 @@
+"""FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term mu/2 ||w - w_t||^2.
+
+w_t is the global model received this round; the server step is FedAvg's sample-weighted average.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedray.algorithms.fedavg import FedAvg
+
+
+class FedProxParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mu: float = Field(default=0.01, ge=0, description="weight of the proximal term")
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+    Params = FedProxParams
+
+    def make_anchor(self, model: torch.nn.Module) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in model.parameters()]
+
+    def local_loss(self, model, x, y, anchor: list[torch.Tensor]) -> torch.Tensor:
+        prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+        return F.cross_entropy(model(x), y) + 0.5 * self.params.mu * prox

@@ -1,0 +1,257 @@
+"""Typed, validated experiment config: YAML presets or files plus dotted overrides (``a.b.c=value``).
+
+Every key below is a public contract (CLI overrides, presets, Tune search spaces). Unknown keys and bad
+values raise :class:`~fedray.errors.ConfigError` naming the dotted key and what is allowed, before any work
+starts. Algorithm-specific keys (``algorithm.mu``) are validated by the algorithm's own ``Params`` model.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedray.errors import ConfigError
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+DatasetName = Literal["fashion_mnist", "mnist", "emnist", "svhn", "cifar10", "cifar100", "synthetic"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Strict):
+    dataset: DatasetName = "fashion_mnist"
+    data_dir: str | None = Field(
+        default=None,
+        description="Root with torchvision's layout; must exist if given. Default: $FEDRAY_DATA_DIR or "
+        "~/.cache/fedray/data (Debian's dataset-fashion-mnist is found and used when installed).",
+    )
+    download: bool = True
+    partition: Literal["dirichlet", "iid", "shards"] = "dirichlet"
+    alpha: float = Field(default=0.1, gt=0, description="Dirichlet concentration; smaller = more non-IID")
+    num_clients: int = Field(default=20, ge=1)
+    min_samples: int = Field(default=10, ge=2, description="Dirichlet: redraw until every client has this many")
+    shards_per_client: int = Field(default=2, ge=1)
+    test_fraction: float = Field(default=0.2, gt=0, lt=1, description="each client's local test split")
+    emnist_split: Literal["balanced", "byclass", "bymerge", "digits", "letters", "mnist"] = "balanced"
+    # synthetic: a learnable image-shaped dataset generated from the seed (for tests and scale runs)
+    synthetic_train_samples: int | None = Field(
+        default=None, ge=10, description="default: max(2000, 60 * num_clients)"
+    )
+    synthetic_test_samples: int = Field(default=1000, ge=10)
+    synthetic_num_classes: int = Field(default=10, ge=2)
+    synthetic_image_size: int = Field(default=16, ge=8)
+    synthetic_channels: int = Field(default=1, ge=1)
+
+
+class ModelConfig(_Strict):
+    name: Literal["lenet5", "resnet8", "resnet11"] = "lenet5"
+
+
+class FederationConfig(_Strict):
+    rounds: int = Field(default=30, ge=1)
+    clients_per_round: int = Field(default=8, ge=1)
+    local_steps: int = Field(default=20, ge=1, description="optimizer steps per client per round")
+    local_epochs: int | None = Field(
+        default=None, ge=1, description="if set, train this many passes over the client's data instead"
+    )
+    batch_size: int = Field(default=32, ge=1)
+    lr: float = Field(default=0.01, gt=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    eval_every: int = Field(default=1, ge=1, description="evaluate every N rounds and after the last")
+    eval_batch_size: int = Field(default=1024, ge=1)
+
+
+class RuntimeConfig(_Strict):
+    backend: Literal["local", "ray"] = "local"
+    num_workers: int | None = Field(
+        default=None, ge=1, description="client-worker actors; default: what resources allow, capped by "
+        "clients_per_round; = data.num_clients gives every client its own actor"
+    )
+    num_cpus_per_worker: float = Field(default=1.0, gt=0, description="also torch's thread count")
+    num_gpus_per_worker: float = Field(default=0.0, ge=0)
+    server_num_cpus: float = Field(default=0.0, ge=0, description="the server actor mostly waits on clients")
+    server_num_gpus: float = Field(default=0.0, ge=0)
+    address: str | None = Field(default=None, description="Ray cluster address; default starts a local one")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class TrackingConfig(_Strict):
+    enabled: bool = False
+    uri: str | None = None
+    experiment: str = "fedray"
+
+
+class AlgorithmConfig(BaseModel):
+    """``name`` plus the algorithm's own parameters, validated against its ``Params`` model."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    name: str = "fedavg"
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ExperimentConfig(_Strict):
+    name: str = "experiment"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    federation: FederationConfig = Field(default_factory=FederationConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "ExperimentConfig":
+        if self.federation.clients_per_round > self.data.num_clients:
+            raise ConfigError(
+                "federation.clients_per_round",
+                f"{self.federation.clients_per_round} exceeds data.num_clients={self.data.num_clients}; "
+                f"allowed: 1..{self.data.num_clients}",
+            )
+        if self.runtime.num_workers is not None and self.runtime.num_workers > self.data.num_clients:
+            raise ConfigError(
+                "runtime.num_workers",
+                f"{self.runtime.num_workers} exceeds data.num_clients={self.data.num_clients}; "
+                f"allowed: 1..{self.data.num_clients}",
+            )
+        return self
+
+    def algorithm_params(self):
+        """The validated ``Params`` instance of the configured algorithm."""
+        from fedray.algorithms import get_algorithm
+
+        return get_algorithm(self.algorithm.name).parse_params(self.algorithm.params())
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted ``key -> value`` view of the whole config (for MLflow params and reports)."""
+        return _flatten(self.model_dump(mode="json"))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(name_or_path: str) -> dict:
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+        path = PRESET_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ConfigError(
+                "config",
+                f"'{name_or_path}' is neither a preset nor a YAML file; presets: {', '.join(preset_names())}",
+            )
+    if not path.exists():
+        raise ConfigError("config", f"file {path} does not exist; give a YAML path or a preset name")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("config", f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of config keys, got {type(raw).__name__}")
+    return raw
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigError(text, "an override must look like key=value, e.g. data.alpha=0.5")
+    key, _, value = text.partition("=")
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(text, "an override must look like key=value, e.g. data.alpha=0.5")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError:
+        parsed = value
+    return key, parsed
+
+
+def apply_overrides(raw: dict, overrides: list[str] | dict[str, Any]) -> dict:
+    """Set dotted keys in a nested dict (a copy). Values given as text are parsed as YAML scalars."""
+    out = copy.deepcopy(raw)
+    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    for key, value in items:
+        node = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(".".join(parts[: i + 1]), "is a value, not a section; cannot set " + key)
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _describe(err: dict) -> tuple[str, str]:
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        section = _section_model(err["loc"][:-1])
+        allowed = ", ".join(section.model_fields) if section else ""
+        return loc, f"unknown key; allowed keys here: {allowed}"
+    got = err.get("input")
+    got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+    return loc, f"{err['msg']}{got_s}"
+
+
+def _section_model(loc) -> type[BaseModel] | None:
+    model: type[BaseModel] = ExperimentConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def validate_config(raw: dict) -> ExperimentConfig:
+    """Validate a nested dict into an :class:`ExperimentConfig`, including the algorithm's parameters."""
+    try:
+        cfg = ExperimentConfig.model_validate(raw)
+    except ValidationError as e:
+        # A ConfigError raised inside a validator arrives wrapped; surface it unchanged.
+        for err in e.errors():
+            ctx_err = (err.get("ctx") or {}).get("error")
+            if isinstance(ctx_err, ConfigError):
+                raise ctx_err from None
+        key, msg = _describe(e.errors()[0])
+        raise ConfigError(key, msg) from None
+    cfg.algorithm_params()  # raises ConfigError naming algorithm.<param>
+    return cfg
+
+
+def load_config(
+    name_or_path: str | None = None, overrides: list[str] | dict[str, Any] | None = None
+) -> ExperimentConfig:
+    """Load a preset name or YAML path (or the defaults when None) and apply dotted overrides."""
+    raw = _read_yaml(name_or_path) if name_or_path else {}
+    return validate_config(apply_overrides(raw, overrides or []))

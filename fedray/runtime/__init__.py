@@ -1,0 +1,20 @@
+"""Where the work runs: in-process (``local``) or on Ray (``ray``). The only package that imports ray."""
+
+from __future__ import annotations
+
+from fedray.config import ExperimentConfig
+from fedray.data.federated import FederatedData
+from fedray.runtime.base import RoundOutcome, Runtime
+
+
+def make_runtime(cfg: ExperimentConfig, data: FederatedData) -> Runtime:
+    if cfg.runtime.backend == "ray":
+        from fedray.runtime.ray_runtime import RayRuntime  # imports ray only when asked for
+
+        return RayRuntime(cfg, data)
+    from fedray.runtime.local import LocalRuntime
+
+    return LocalRuntime(cfg, data)
+
+
+__all__ = ["RoundOutcome", "Runtime", "make_runtime"]

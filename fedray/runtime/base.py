@@ -1,0 +1,58 @@
+"""What the round loop needs from a runtime; where the work runs is the runtime's business."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from fedray.config import ExperimentConfig
+from fedray.errors import ResourceError
+
+
+@dataclass
+class RoundOutcome:
+    client_infos: list[dict]  # one per client, in client-id order
+    server_metrics: dict[str, float]
+    payload_bytes: int  # size of the broadcast sent to each sampled client
+
+
+class Runtime(ABC):
+    @abstractmethod
+    def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
+        """Broadcast, train ``client_ids`` (sorted), aggregate their uploads on the server."""
+
+    @abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """``eval/*`` metrics of the current global model."""
+
+    @abstractmethod
+    def global_weights(self) -> dict[str, torch.Tensor]:
+        """The current global model (CPU tensors), e.g. to save it."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for the console: where the work runs."""
+
+    def close(self) -> None:
+        """Release processes and resources; safe to call twice."""
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def local_device(cfg: ExperimentConfig) -> torch.device:
+    """The device of the in-process runtime: ``runtime.device`` (auto = CUDA when there is one)."""
+    want = cfg.runtime.device
+    has_cuda = torch.cuda.is_available()
+    if want == "cuda" or cfg.runtime.num_gpus_per_worker > 0:
+        if not has_cuda:
+            key = "runtime.device" if want == "cuda" else "runtime.num_gpus_per_worker"
+            raise ResourceError(key, "asks for a GPU but none is visible here; use runtime.device=cpu and "
+                                "runtime.num_gpus_per_worker=0, or run on a GPU machine")
+        return torch.device("cuda")
+    return torch.device("cuda" if want == "auto" and has_cuda else "cpu")

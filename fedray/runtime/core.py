@@ -1,0 +1,118 @@
+"""The work of a client worker and of the server, as plain objects.
+
+The local runtime calls these directly; the Ray runtime wraps each in an actor. Sharing one code path is
+what makes the two runtimes produce identical numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
+from fedray.algorithms.base import nbytes
+from fedray.config import ExperimentConfig
+from fedray.data.federated import FederatedData
+from fedray.metrics import Evaluator
+from fedray.models import build_model
+from fedray.seeding import derive_seed
+
+
+def data_spec(data: FederatedData) -> DataSpec:
+    return DataSpec(
+        input_shape=tuple(data.input_shape),
+        num_classes=data.num_classes,
+        num_clients=data.num_clients,
+        mean=tuple(data.mean),
+        std=tuple(data.std),
+    )
+
+
+def torch_threads(cfg: ExperimentConfig) -> int:
+    """Threads per worker = its CPU share, so workers on one node don't fight over cores."""
+    return max(1, int(cfg.runtime.num_cpus_per_worker))
+
+
+def _to_device(modules: Any, device: torch.device) -> Any:
+    for value in vars(modules).values():
+        if isinstance(value, torch.nn.Module):
+            value.to(device)
+    return modules
+
+
+def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> tuple[Algorithm, Any]:
+    algo = get_algorithm(cfg.algorithm.name)(cfg, data_spec(data))
+    # Seeded so that the initial global model is a function of the run seed alone.
+    torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
+    return algo, _to_device(algo.build_modules(), device)
+
+
+class ClientWorkerCore:
+    """Builds the method's modules once and trains whichever client it is handed, one at a time."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device):
+        self.cfg, self.data, self.device = cfg, data, device
+        self.algo, self.modules = _build(cfg, data, device)
+
+    def train(self, round_: int, client_id: int, payload: Any, state: Any) -> tuple[Any, Any, dict]:
+        idx = self.data.client_train[client_id]
+        if state is None:
+            state = self.algo.init_client_state(client_id)
+        ctx = ClientContext(
+            client_id=client_id,
+            round=round_,
+            seed=derive_seed(self.cfg.seed, "client", round_, client_id),
+            x=torch.from_numpy(self.data.train_x[idx]).to(self.device),
+            y=torch.from_numpy(self.data.train_y[idx]).to(self.device),
+            spec=self.algo.spec,
+            fed=self.cfg.federation,
+            device=self.device,
+            modules=self.modules,
+        )
+        result = self.algo.client_update(ctx, payload, state)
+        info = {"client": client_id, "num_samples": int(len(idx)), "bytes_up": nbytes(result.upload),
+                "has_state": result.state is not None}
+        info.update(result.metrics)
+        return result.upload, result.state, info
+
+
+class ServerCore:
+    """Holds the server state; broadcasts, aggregates and evaluates the global model."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.algo, self.modules = _build(cfg, data, device)
+        self.state = self.algo.init_server_state(self.modules)
+        spec = self.algo.spec
+        eval_model = build_model(cfg.model.name, spec.input_shape, spec.num_classes).to(device)
+        self.evaluator = Evaluator(data, eval_model, device, cfg.federation.eval_batch_size)
+
+    def broadcast(self, round_: int) -> tuple[Any, int]:
+        payload = self.algo.broadcast(self.state, round_)
+        return payload, nbytes(payload)
+
+    def aggregate(self, round_: int, uploads: list[Any]) -> dict[str, float]:
+        ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
+                            modules=self.modules)
+        self.state, metrics = self.algo.server_update(self.state, uploads, ctx)
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        return self.evaluator.evaluate(self.algo.global_weights(self.state))
+
+    def global_weights(self) -> dict[str, torch.Tensor]:
+        return self.algo.global_weights(self.state)
+
+
+def summarise_clients(infos: list[dict]) -> dict[str, float]:
+    """Round metrics from the clients' infos: bytes up in total, other ``scope/name`` keys sample-weighted."""
+    out: dict[str, float] = {"comm/bytes_up": float(sum(i["bytes_up"] for i in infos))}
+    n = np.array([i["num_samples"] for i in infos], dtype=np.float64)
+    for key in sorted({k for i in infos for k in i if "/" in k}):
+        vals = np.array([i.get(key, np.nan) for i in infos], dtype=np.float64)
+        ok = ~np.isnan(vals)
+        if ok.any():
+            out[key] = float((vals[ok] * n[ok]).sum() / n[ok].sum())
+    return out

@@ -1,0 +1,46 @@
+"""The in-process runtime: the same worker and server code as on Ray, called directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fedray.config import ExperimentConfig
+from fedray.data.federated import FederatedData
+from fedray.runtime.base import RoundOutcome, Runtime, local_device
+from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+
+
+class LocalRuntime(Runtime):
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData):
+        self.device = local_device(cfg)
+        self._threads_before = torch.get_num_threads()
+        self.threads = torch_threads(cfg)
+        torch.set_num_threads(self.threads)
+        self.server = ServerCore(cfg, data, self.device)
+        self.worker = ClientWorkerCore(cfg, data, self.device)
+        self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
+
+    def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
+        payload, payload_bytes = self.server.broadcast(round_)
+        uploads, infos = [], []
+        for cid in client_ids:
+            upload, state, info = self.worker.train(round_, cid, payload, self.client_states.get(cid))
+            if state is not None:
+                self.client_states[cid] = state
+            uploads.append(upload)
+            infos.append(info)
+        return RoundOutcome(infos, self.server.aggregate(round_, uploads), payload_bytes)
+
+    def evaluate(self) -> dict[str, float]:
+        return self.server.evaluate()
+
+    def global_weights(self):
+        return self.server.global_weights()
+
+    def describe(self) -> str:
+        return f"local: in-process on {self.device}, {self.threads} torch thread(s)"
+
+    def close(self) -> None:
+        torch.set_num_threads(self._threads_before)
