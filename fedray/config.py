@@ -219,7 +219,8 @@ def _describe(err: dict) -> tuple[str, str]:
         return loc, f"unknown key; allowed keys here: {allowed}"
     got = err.get("input")
     got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-    return loc, f"{err['msg']}{got_s}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return loc, f"{msg}{got_s}"
 
 
 def _section_model(loc) -> type[BaseModel] | None:

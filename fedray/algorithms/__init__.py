@@ -10,6 +10,19 @@ from fedray.errors import ConfigError
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx)}
 
 
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Make a user-defined method runnable as ``algorithm.name=<cls.name>`` (usable as a decorator).
+
+    The class is shipped to Ray workers by value when it lives in ``__main__`` (cloudpickle), so a
+    method defined in the user's own script runs on a cluster unchanged.
+    """
+    existing = ALGORITHMS.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"algorithm name '{cls.name}' is already taken by {existing.__qualname__}")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
 def get_algorithm(name: str) -> type[Algorithm]:
     try:
         return ALGORITHMS[name]
@@ -19,4 +32,4 @@ def get_algorithm(name: str) -> type[Algorithm]:
         ) from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "get_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "get_algorithm", "register_algorithm"]

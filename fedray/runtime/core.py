@@ -6,6 +6,7 @@ what makes the two runtimes produce identical numbers.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -42,8 +43,10 @@ def _to_device(modules: Any, device: torch.device) -> Any:
     return modules
 
 
-def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> tuple[Algorithm, Any]:
-    algo = get_algorithm(cfg.algorithm.name)(cfg, data_spec(data))
+def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
+           algo_cls: type[Algorithm] | None) -> tuple[Algorithm, Any]:
+    # The class travels with the task (cloudpickle) so algorithms registered by a user's script work too.
+    algo = (algo_cls or get_algorithm(cfg.algorithm.name))(cfg, data_spec(data))
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
     return algo, _to_device(algo.build_modules(), device)
@@ -52,9 +55,10 @@ def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device) -> 
 class ClientWorkerCore:
     """Builds the method's modules once and trains whichever client it is handed, one at a time."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device):
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
+                 algo_cls: type[Algorithm] | None = None):
         self.cfg, self.data, self.device = cfg, data, device
-        self.algo, self.modules = _build(cfg, data, device)
+        self.algo, self.modules = _build(cfg, data, device, algo_cls)
 
     def train(self, round_: int, client_id: int, payload: Any, state: Any) -> tuple[Any, Any, dict]:
         idx = self.data.client_train[client_id]
@@ -73,7 +77,7 @@ class ClientWorkerCore:
         )
         result = self.algo.client_update(ctx, payload, state)
         info = {"client": client_id, "num_samples": int(len(idx)), "bytes_up": nbytes(result.upload),
-                "has_state": result.state is not None}
+                "has_state": result.state is not None, "pid": os.getpid()}
         info.update(result.metrics)
         return result.upload, result.state, info
 
@@ -81,9 +85,10 @@ class ClientWorkerCore:
 class ServerCore:
     """Holds the server state; broadcasts, aggregates and evaluates the global model."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device):
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
+                 algo_cls: type[Algorithm] | None = None):
         self.cfg, self.device = cfg, device
-        self.algo, self.modules = _build(cfg, data, device)
+        self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.state = self.algo.init_server_state(self.modules)
         spec = self.algo.spec
         eval_model = build_model(cfg.model.name, spec.input_shape, spec.num_classes).to(device)

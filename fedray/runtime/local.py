@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from fedray.algorithms import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
@@ -18,8 +19,9 @@ class LocalRuntime(Runtime):
         self._threads_before = torch.get_num_threads()
         self.threads = torch_threads(cfg)
         torch.set_num_threads(self.threads)
-        self.server = ServerCore(cfg, data, self.device)
-        self.worker = ClientWorkerCore(cfg, data, self.device)
+        algo_cls = get_algorithm(cfg.algorithm.name)
+        self.server = ServerCore(cfg, data, self.device, algo_cls)
+        self.worker = ClientWorkerCore(cfg, data, self.device, algo_cls)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:

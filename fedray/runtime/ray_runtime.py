@@ -19,6 +19,7 @@ from typing import Any
 import ray
 import torch
 
+from fedray.algorithms import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError
@@ -33,12 +34,12 @@ def _actor_device() -> torch.device:
 
 @ray.remote
 class ClientWorker:
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData):
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, algo_cls: type):
         torch.set_num_threads(torch_threads(cfg))
-        self.core = ClientWorkerCore(cfg, data, _actor_device())
+        self.core = ClientWorkerCore(cfg, data, _actor_device(), algo_cls)
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def train(self, round_: int, client_id: int, payload: Any, state: Any):
         return self.core.train(round_, client_id, payload, state)
@@ -46,12 +47,12 @@ class ClientWorker:
 
 @ray.remote
 class ServerActor:
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData):
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData, algo_cls: type):
         torch.set_num_threads(torch_threads(cfg))
-        self.core = ServerCore(cfg, data, _actor_device())
+        self.core = ServerCore(cfg, data, _actor_device(), algo_cls)
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def broadcast(self, round_: int):
         return self.core.broadcast(round_)
@@ -120,17 +121,21 @@ class RayRuntime(Runtime):
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
             data_ref = ray.put(data)
+            algo_cls = get_algorithm(cfg.algorithm.name)
             self.server = ServerActor.options(num_cpus=rt.server_num_cpus, num_gpus=rt.server_num_gpus).remote(
-                cfg, data_ref
+                cfg, data_ref, algo_cls
             )
             self.workers = [
                 ClientWorker.options(num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker).remote(
-                    cfg, data_ref
+                    cfg, data_ref, algo_cls
                 )
                 for _ in range(self.pool_size)
             ]
             # Wait for every actor so start-up is not billed to round 1.
-            ray.get([self.server.ready.remote()] + [w.ready.remote() for w in self.workers])
+            ready = ray.get([self.server.ready.remote()] + [w.ready.remote() for w in self.workers])
+            self.server_pid, self.server_node = ready[0]
+            self.worker_pids = [pid for pid, _ in ready[1:]]
+            self.worker_nodes = [node for _, node in ready[1:]]
         except BaseException:
             self.close()
             raise

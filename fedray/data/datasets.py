@@ -1,0 +1,251 @@
+"""Dataset loading: torchvision's own dataset classes on an offline-friendly root, plus synthetic data.
+
+Every loader returns a :class:`RawDataset` of uint8 NCHW arrays; normalisation happens later, per batch,
+in :func:`fedray.data.federated.to_float` (so 10,000 clients share one compact uint8 copy).
+
+Where the data comes from (``resolve_root``): ``data.data_dir`` if given (it must exist), else
+``$FEDRAY_DATA_DIR``, else ``~/.cache/fedray/data``; inside it, torchvision's own layout
+(``FashionMNIST/raw/...``, ``cifar-10-batches-py/...``, ``train_32x32.mat`` ...). For Fashion-MNIST,
+Debian's ``dataset-fashion-mnist`` package is found and decompressed into that layout once, so the
+default experiment runs offline.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.error import URLError
+
+import numpy as np
+
+from fedray.config import DataConfig
+from fedray.errors import DataError
+
+#: Where Debian's ``dataset-fashion-mnist`` installs the four gzipped IDX files.
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+#: Environment variable that overrides :data:`DEBIAN_FASHION_MNIST` (tests point it at a fake folder).
+DEBIAN_FASHION_MNIST_ENV = "FEDRAY_DEBIAN_FASHION_MNIST"
+DATA_DIR_ENV = "FEDRAY_DATA_DIR"
+
+# torchvision's unzipped raw file names for Fashion-MNIST (FashionMNIST._check_exists looks for these).
+_FMNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+# Standard published per-channel mean/std of x/255 over each training set.
+_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "emnist": ((0.1751,), (0.3332,)),  # EMNIST-balanced; the other splits differ by < 0.003
+    "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+_DISPLAY = {
+    "fashion_mnist": "Fashion-MNIST",
+    "mnist": "MNIST",
+    "emnist": "EMNIST",
+    "svhn": "SVHN",
+    "cifar10": "CIFAR-10",
+    "cifar100": "CIFAR-100",
+}
+
+
+@dataclass
+class RawDataset:
+    """A dataset's train and test splits as uint8 ``(N, C, H, W)`` images and int64 labels."""
+
+    name: str
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def resolve_root(cfg: DataConfig) -> Path:
+    """The folder holding datasets in torchvision's layout.
+
+    ``data.data_dir`` must already exist (a typo should not silently trigger a download elsewhere);
+    ``$FEDRAY_DATA_DIR`` and the default cache folder are created when missing.
+    """
+    if cfg.data_dir is not None:
+        root = Path(cfg.data_dir).expanduser()
+        if not root.is_dir():
+            raise DataError(
+                "data.data_dir",
+                f"{root} does not exist or is not a folder; create it or pass --data-dir pointing at a "
+                "torchvision-layout copy of the dataset",
+            )
+        return root
+    env = os.environ.get(DATA_DIR_ENV)
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "fedray" / "data"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(
+            "data.data_dir",
+            f"cannot create the default data folder {root} ({e.strerror or e}); pass --data-dir "
+            f"or set ${DATA_DIR_ENV} to a writable folder",
+        ) from None
+    return root
+
+
+def debian_fashion_mnist_dir() -> Path:
+    """Debian's Fashion-MNIST folder (``$FEDRAY_DEBIAN_FASHION_MNIST`` overrides the constant)."""
+    return Path(os.environ.get(DEBIAN_FASHION_MNIST_ENV) or DEBIAN_FASHION_MNIST)
+
+
+def _install_debian_fashion_mnist(root: Path) -> None:
+    """Decompress Debian's gzipped IDX files into ``root/FashionMNIST/raw`` if that is incomplete.
+
+    Each file is written under a unique temporary name in the same folder and then renamed (atomic on
+    POSIX), so an interrupted or concurrent copy (several Ray workers) never leaves a file that looks
+    complete to torchvision, which only checks that the four files exist.
+    """
+    raw = root / "FashionMNIST" / "raw"
+    missing = [f for f in _FMNIST_FILES if not (raw / f).is_file()]
+    src = debian_fashion_mnist_dir()
+    if not missing or not all((src / f"{f}.gz").is_file() for f in missing):
+        return
+    try:
+        raw.mkdir(parents=True, exist_ok=True)
+        for name in missing:
+            fd, tmp = tempfile.mkstemp(dir=raw, prefix=f".{name}.", suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as out, gzip.open(src / f"{name}.gz", "rb") as gz:
+                    shutil.copyfileobj(gz, out, length=1 << 20)
+                os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared data root must stay readable
+                os.replace(tmp, raw / name)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+    except (OSError, EOFError) as e:
+        raise DataError(
+            "data.data_dir",
+            f"could not copy Debian's Fashion-MNIST from {src} into {raw} ({e}); pass --data-dir "
+            "pointing at a writable folder, or reinstall dataset-fashion-mnist if its files are damaged",
+        ) from None
+
+
+def _short(e: BaseException) -> str:
+    """The most telling line of a torchvision/urllib error (its last non-empty line), shortened."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[-1] if lines else type(e).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _is_missing(e: RuntimeError) -> bool:
+    """torchvision reports missing files and failed downloads as RuntimeErrors saying so."""
+    text = str(e).lower()
+    return "not found" in text or "download" in text
+
+
+def _unreadable(name: str, root: Path, e: BaseException) -> DataError:
+    return DataError(
+        "data.dataset",
+        f"{name} files under {root} could not be read ({_short(e)}); they look corrupt: delete them "
+        "and download again, or pass --data-dir pointing at a good copy",
+    )
+
+
+def _torchvision(cfg: DataConfig, root: Path):
+    """Construct the torchvision train and test dataset objects for ``cfg.dataset``."""
+    from torchvision import datasets as tvd
+
+    kw = dict(root=str(root), download=cfg.download)
+    name = cfg.dataset
+    if name == "svhn":
+        return tvd.SVHN(split="train", **kw), tvd.SVHN(split="test", **kw)
+    if name == "emnist":
+        return (
+            tvd.EMNIST(split=cfg.emnist_split, train=True, **kw),
+            tvd.EMNIST(split=cfg.emnist_split, train=False, **kw),
+        )
+    cls = {
+        "fashion_mnist": tvd.FashionMNIST,
+        "mnist": tvd.MNIST,
+        "cifar10": tvd.CIFAR10,
+        "cifar100": tvd.CIFAR100,
+    }[name]
+    return cls(train=True, **kw), cls(train=False, **kw)
+
+
+def _arrays(name: str, ds) -> tuple[np.ndarray, np.ndarray]:
+    """A torchvision dataset's ``data``/``targets`` as uint8 NCHW (C-contiguous) and int64 labels."""
+    if name == "svhn":
+        x, y = np.asarray(ds.data), np.asarray(ds.labels)  # already NCHW; 10 -> 0 done by torchvision
+    elif name in ("cifar10", "cifar100"):
+        x, y = np.asarray(ds.data).transpose(0, 3, 1, 2), np.asarray(ds.targets)  # NHWC -> NCHW
+    else:
+        x, y = ds.data.numpy(), ds.targets.numpy()
+        if name == "emnist":
+            x = x.transpose(0, 2, 1)  # EMNIST's IDX files store each image transposed
+        x = x[:, None]
+    return np.ascontiguousarray(x, dtype=np.uint8), np.ascontiguousarray(y, dtype=np.int64)
+
+
+def _load_torchvision(cfg: DataConfig) -> RawDataset:
+    name = cfg.dataset
+    root = resolve_root(cfg)
+    if name == "fashion_mnist":
+        _install_debian_fashion_mnist(root)
+    try:
+        train, test = _torchvision(cfg, root)
+    except (URLError, RuntimeError, OSError) as e:
+        if isinstance(e, RuntimeError) and not _is_missing(e):
+            raise _unreadable(name, root, e) from None
+        why = "data.download is false" if not cfg.download else f"download failed: {_short(e)}"
+        raise DataError(
+            "data.dataset",
+            f"{name} not found under {root} and could not be downloaded ({why}); pass --data-dir "
+            "pointing at a torchvision-layout copy, or for fashion_mnist install Debian's "
+            "dataset-fashion-mnist",
+        ) from None
+    except (ValueError, TypeError, AssertionError, EOFError, KeyError, pickle.UnpicklingError) as e:
+        raise _unreadable(name, root, e) from None
+    train_x, train_y = _arrays(name, train)
+    test_x, test_y = _arrays(name, test)
+    # SVHN has no ``classes`` attribute in torchvision: its ten digits are labelled 0..9.
+    num_classes = 10 if name == "svhn" else len(train.classes)
+    if name == "emnist" and cfg.emnist_split == "letters":
+        # torchvision keeps letters' labels 1..26 (classes[0] is "N/A"); make them 0..25.
+        train_y, test_y, num_classes = train_y - 1, test_y - 1, 26
+    mean, std = _STATS[name]
+    return RawDataset(name, train_x, train_y, test_x, test_y, num_classes, mean, std)
+
+
+def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
+    """Load ``cfg.dataset``; the synthetic dataset is generated from ``seed``."""
+    if cfg.dataset == "synthetic":
+        from fedray.data.synthetic import make_synthetic
+
+        num_train = cfg.synthetic_train_samples or max(2000, 60 * cfg.num_clients)
+        return make_synthetic(
+            num_train,
+            cfg.synthetic_test_samples,
+            cfg.synthetic_num_classes,
+            cfg.synthetic_channels,
+            cfg.synthetic_image_size,
+            seed,
+        )
+    if cfg.dataset not in _STATS:
+        allowed = ", ".join([*_STATS, "synthetic"])
+        raise DataError("data.dataset", f"unknown dataset {cfg.dataset!r}; allowed: {allowed}")
+    return _load_torchvision(cfg)
+
+
+def display_name(name: str) -> str:
+    """Human-readable dataset name for titles and reports."""
+    return _DISPLAY.get(name, name)

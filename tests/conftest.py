@@ -1,0 +1,98 @@
+"""Shared fixtures: tiny synthetic configs and one local Ray instance for the whole session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from pathlib import Path  # noqa: E402
+
+from fedray.config import ExperimentConfig, load_config  # noqa: E402
+from fedray.data.datasets import DATA_DIR_ENV, debian_fashion_mnist_dir  # noqa: E402
+
+FMNIST_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+TINY = {
+    "data.dataset": "synthetic",
+    "data.num_clients": 6,
+    "data.alpha": 1.0,
+    "data.synthetic_train_samples": 600,
+    "data.synthetic_test_samples": 200,
+    "data.synthetic_image_size": 16,
+    "federation.rounds": 2,
+    "federation.clients_per_round": 3,
+    "federation.local_steps": 4,
+    "federation.batch_size": 16,
+    "federation.lr": 0.05,
+}
+
+
+def tiny_config(**overrides) -> ExperimentConfig:
+    """A seconds-long synthetic experiment; keyword overrides use '__' for dots (data__alpha=0.5)."""
+    merged = dict(TINY)
+    merged.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return load_config(None, merged)
+
+
+@pytest.fixture
+def tiny():
+    return tiny_config
+
+
+def _ensure_ray():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    return ray
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray shared by the tests that need one (ray.init costs ~4 s and ~700 MB here).
+
+    Started on first use and shut down at the end of the session; a test that needs its own cluster
+    (the two-node one) shuts it down, and the next user starts it again.
+    """
+    return _ensure_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shutdown_ray_at_exit():
+    yield
+    import sys
+
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_root(tmp_path_factory) -> Path:
+    """A ``data.data_dir`` from which the real Fashion-MNIST loads.
+
+    Uses ``$FEDRAY_DATA_DIR`` when it already holds torchvision's layout; otherwise a fresh temporary
+    root, which the loader fills from Debian's ``dataset-fashion-mnist``. When neither is available the
+    test is skipped, unless ``FEDRAY_REQUIRE_REAL_DATA=1`` (CI with the package installed), which turns
+    the skip into a failure so a broken discovery cannot hide behind a skip.
+    """
+    env_root = os.environ.get(DATA_DIR_ENV)
+    if env_root and all((Path(env_root) / "FashionMNIST" / "raw" / f).is_file() for f in FMNIST_FILES):
+        return Path(env_root)
+    debian = debian_fashion_mnist_dir()
+    if all((debian / f"{f}.gz").is_file() for f in FMNIST_FILES):
+        return tmp_path_factory.mktemp("fashion_mnist_root")
+    reason = (
+        f"real Fashion-MNIST not found: no Debian copy at {debian} (apt install dataset-fashion-mnist) "
+        f"and ${DATA_DIR_ENV} holds no FashionMNIST/raw"
+    )
+    if os.environ.get("FEDRAY_REQUIRE_REAL_DATA") == "1":
+        pytest.fail(reason + "; FEDRAY_REQUIRE_REAL_DATA=1 forbids skipping")
+    pytest.skip(reason)

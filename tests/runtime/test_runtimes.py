@@ -1,0 +1,99 @@
+"""Local and Ray runtimes: identical figures, client state kept client-side, pool sizing, actor mapping."""
+
+import json
+from collections import Counter
+
+import cloudpickle
+import pytest
+
+from fedray.config import load_config
+from fedray.data import build_federated_data
+from fedray.errors import ResourceError
+from fedray.runtime import make_runtime
+from fedray.runtime.ray_runtime import plan_pool
+from fedray.seeding import sample_clients
+from fedray.simulation import run_experiment
+from tests.conftest import tiny_config
+from tests.runtime import stateful
+
+cloudpickle.register_pickle_by_value(stateful)  # Ray workers cannot import tests/; ship the class by value
+
+FIGURES = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "eval/best_accuracy", "comm/bytes_up",
+           "comm/bytes_down", "rounds")
+
+
+@pytest.mark.ray
+def test_local_and_ray_give_identical_summaries(ray_local, tmp_path):
+    cfg = tiny_config(algorithm__name="fedprox", algorithm__mu=0.1, federation__rounds=3)
+    local = run_experiment(cfg, tmp_path / "local", progress=False)
+    ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "ray"})})
+    remote = run_experiment(ray_cfg, tmp_path / "ray", progress=False)
+    a = json.loads((tmp_path / "local" / "summary.json").read_text())
+    b = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert {k: a[k] for k in FIGURES} == {k: b[k] for k in FIGURES}
+    assert b["runtime"].startswith("ray: 2 client worker(s)")
+    for ra, rb in zip(local.history, remote.history):
+        assert ra["train/loss"] == rb["train/loss"]
+
+
+def _participations(seed, rounds, k, m):
+    counts, expected = Counter(), []
+    for r in range(1, rounds + 1):
+        ids = sample_clients(seed, r, k, m)
+        counts.update(ids)
+        expected.append([float(counts[c]) for c in ids])
+    return expected
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_private_client_state_persists_per_client(backend, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_local")
+    cfg = tiny_config(algorithm__name="test_counting", runtime__backend=backend, federation__local_steps=1)
+    data = build_federated_data(cfg.data, cfg.seed)
+    seen = []
+    with make_runtime(cfg, data) as rt:
+        for r in range(1, 6):
+            outcome = rt.run_round(r, sample_clients(cfg.seed, r, 6, 3))
+            seen.append([info["test/count"] for info in outcome.client_infos])
+        if backend == "ray":
+            import ray
+
+            assert all(isinstance(ref, ray.ObjectRef) for ref in rt.client_states.values())
+    assert seen == _participations(cfg.seed, 5, 6, 3)
+
+
+@pytest.mark.ray
+def test_one_actor_per_client_serves_that_client_every_round(ray_local):
+    cfg = tiny_config(runtime__backend="ray", runtime__num_workers=6, runtime__num_cpus_per_worker=0.25,
+                      federation__local_steps=1)
+    data = build_federated_data(cfg.data, cfg.seed)
+    served: dict[int, set[int]] = {}
+    with make_runtime(cfg, data) as rt:
+        assert rt.pool_size == 6
+        for r in range(1, 5):
+            for info in rt.run_round(r, sample_clients(cfg.seed, r, 6, 3)).client_infos:
+                served.setdefault(info["client"], set()).add(info["pid"])
+        pids = rt.worker_pids
+    assert all(len(p) == 1 for p in served.values())
+    assert {c: next(iter(p)) for c, p in served.items()} == {c: pids[c] for c in served}
+
+
+def test_pool_size_follows_resources():
+    cfg = load_config("quickstart")  # 8 clients per round, 1 CPU per worker
+    node = [{"CPU": 16.0}]
+    assert plan_pool(cfg, {"CPU": 16.0}, node) == 8  # capped by clients per round
+    assert plan_pool(cfg, {"CPU": 2.0}, [{"CPU": 2.0}]) == 2
+    gpu = load_config("quickstart", ["runtime.num_gpus_per_worker=0.5"])
+    assert plan_pool(gpu, {"CPU": 16.0, "GPU": 2.0}, node) == 4  # 2 GPUs / 0.5
+    with pytest.raises(ResourceError) as e:
+        plan_pool(gpu, {"CPU": 16.0}, node)
+    assert e.value.key == "runtime.num_gpus_per_worker"
+    many = load_config("quickstart", ["runtime.num_workers=20"])
+    with pytest.raises(ResourceError) as e:
+        plan_pool(many, {"CPU": 2.0}, [{"CPU": 2.0}])
+    assert e.value.key == "runtime.num_workers" and "at most 2" in e.value.message
+    fat = load_config("quickstart", ["runtime.num_cpus_per_worker=4"])
+    with pytest.raises(ResourceError) as e:
+        plan_pool(fat, {"CPU": 6.0}, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 2.0}])
+    assert e.value.key == "runtime.num_cpus_per_worker"

@@ -1,0 +1,79 @@
+import pytest
+
+from fedray.config import ExperimentConfig, apply_overrides, load_config, parse_override, preset_names
+from fedray.errors import ConfigError
+
+
+def test_presets_load_and_quickstart_matches_the_issue():
+    assert {"quickstart", "synthetic"} <= set(preset_names())
+    cfg = load_config("quickstart")
+    assert cfg.algorithm.name == "fedavg" and cfg.data.dataset == "fashion_mnist"
+    assert (cfg.data.partition, cfg.data.alpha, cfg.data.num_clients) == ("dirichlet", 0.1, 20)
+    assert (cfg.federation.clients_per_round, cfg.federation.local_steps, cfg.federation.batch_size) == (8, 20, 32)
+    assert cfg.federation.rounds >= 30 and cfg.model.name == "lenet5"
+
+
+def test_dotted_overrides_are_parsed_as_yaml_scalars():
+    cfg = load_config("quickstart", ["data.alpha=0.5", "federation.rounds=3", "algorithm.name=fedprox",
+                                     "algorithm.mu=0.1", "tracking.enabled=false", "runtime.num_workers=4"])
+    assert cfg.data.alpha == 0.5 and cfg.federation.rounds == 3
+    assert cfg.algorithm.name == "fedprox" and cfg.algorithm_params().mu == 0.1
+    assert cfg.runtime.num_workers == 4 and cfg.tracking.enabled is False
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("seed: 7\ndata: {dataset: synthetic, num_clients: 5}\nfederation: {clients_per_round: 5}\n")
+    cfg = load_config(str(path), ["seed=8"])
+    assert cfg.seed == 8 and cfg.data.num_clients == 5
+
+
+@pytest.mark.parametrize(
+    "override, key, fragment",
+    [
+        ("data.alpha=0", "data.alpha", "greater than 0"),
+        ("data.alpha=-1", "data.alpha", "greater than 0"),
+        ("data.alpha=abc", "data.alpha", "valid number"),
+        ("data.partition=random", "data.partition", "'dirichlet', 'iid' or 'shards'"),
+        ("data.dataset=imagenet", "data.dataset", "fashion_mnist"),
+        ("model.name=vgg", "model.name", "lenet5"),
+        ("algorithm.name=fedfoo", "algorithm.name", "fedavg, fedprox"),
+        ("algorithm.mu=0.1", "algorithm.mu", "not a parameter of 'fedavg'"),
+        ("federation.clients_per_round=21", "federation.clients_per_round", "1..20"),
+        ("federation.rounds=0", "federation.rounds", "greater than or equal to 1"),
+        ("data.alpah=0.1", "data.alpah", "allowed keys here: dataset"),
+        ("runtime.backend=spark", "runtime.backend", "'local' or 'ray'"),
+        ("runtime.num_workers=50", "runtime.num_workers", "1..20"),
+        ("federation.lr=fast", "federation.lr", "valid number"),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_allowed(override, key, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config("quickstart", [override])
+    assert e.value.key == key
+    assert fragment in e.value.message
+
+
+def test_fedprox_mu_is_validated():
+    with pytest.raises(ConfigError) as e:
+        load_config("quickstart", ["algorithm.name=fedprox", "algorithm.mu=-1"])
+    assert e.value.key == "algorithm.mu"
+
+
+def test_malformed_override_and_unknown_preset():
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("data.alpha")
+    with pytest.raises(ConfigError, match="presets: .*quickstart"):
+        load_config("no_such_preset")
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+
+
+def test_flat_view_and_yaml_round_trip(tmp_path):
+    cfg = load_config("quickstart", ["algorithm.name=fedprox", "algorithm.mu=0.3"])
+    flat = cfg.flat()
+    assert flat["data.alpha"] == 0.1 and flat["algorithm.mu"] == 0.3
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(str(path)) == cfg
+    assert isinstance(cfg, ExperimentConfig)
