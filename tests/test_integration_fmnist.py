@@ -20,3 +20,8 @@ def test_fedavg_on_real_fashion_mnist_with_ray(fashion_mnist_root, ray_local, tm
     assert s["eval/wlp"] <= s["eval/amp"]
     accs = [row["eval/accuracy"] for row in result.history]
     assert accs[-1] > accs[0]
+    # the in-process runtime computes the very same numbers on real 1-channel images
+    local = run_experiment(cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "local"})}),
+                           progress=False)
+    for key in ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "comm/bytes_up", "comm/bytes_down"):
+        assert local.summary[key] == s[key], key

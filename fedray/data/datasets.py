@@ -193,7 +193,19 @@ def _arrays(name: str, ds) -> tuple[np.ndarray, np.ndarray]:
         if name == "emnist":
             x = x.transpose(0, 2, 1)  # EMNIST's IDX files store each image transposed
         x = x[:, None]
-    return np.ascontiguousarray(x, dtype=np.uint8), np.ascontiguousarray(y, dtype=np.int64)
+    # A fresh C-order copy: ascontiguousarray keeps odd strides on the size-1 channel axis, which torch
+    # reads as channels-last and then convolves with another kernel than after a round trip through
+    # Ray's object store (which normalises strides), breaking local == ray bit-equality.
+    return canonical(x, np.uint8), canonical(y, np.int64)
+
+
+def canonical(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` as ``dtype`` in C order with canonical strides (copied only when needed)."""
+    a = np.asarray(a, dtype=dtype)
+    want = np.empty(0, dtype=dtype).itemsize * np.cumprod((a.shape[1:] + (1,))[::-1])[::-1]
+    if a.flags["C_CONTIGUOUS"] and a.strides == tuple(int(s) for s in want):
+        return a
+    return np.array(a, dtype=dtype, order="C", copy=True)
 
 
 def _load_torchvision(cfg: DataConfig) -> RawDataset:

@@ -106,3 +106,17 @@ def test_partition_summary(fd):
     assert sum(r["label_counts"]) == r["train"] + r["test"]
     assert r["dominant_share"] == max(r["label_counts"]) / sum(r["label_counts"])
     assert all(0.1 <= row["dominant_share"] <= 1.0 for row in rows)
+
+
+def test_image_arrays_have_canonical_strides(fashion_mnist_root):
+    """Torch reads a stride of 1 on a size-1 channel axis as channels-last and convolves differently;
+    Ray's object store normalises strides, so odd ones would break local == ray equality."""
+    from fedray.config import DataConfig
+    from fedray.data import build_federated_data
+
+    for cfg in (DataConfig(dataset="synthetic", num_clients=4),
+                DataConfig(dataset="fashion_mnist", data_dir=str(fashion_mnist_root), num_clients=4)):
+        fd = build_federated_data(cfg, seed=0)
+        for a in (fd.train_x, fd.test_x):
+            n, c, h, w = a.shape
+            assert a.strides == (c * h * w, h * w, w, 1), (cfg.dataset, a.strides)
