@@ -11,11 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from fedray.errors import ConfigError, UserError
 
 EXIT_USAGE = 2
+MAX_TABLE_ROWS = 100
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,12 +60,12 @@ def _output_dir(args: argparse.Namespace, name: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.simulation import run_experiment
-    from fedray.tracking import summary_table
+    from fedray.tracking import make_console, summary_table
 
     cfg = _load(args)
     out = _output_dir(args, cfg.name)
     result = run_experiment(cfg, out, progress=not args.no_progress)
-    console = Console()
+    console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ (summary.json, history.parquet)")
     return 0
@@ -75,14 +74,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_partition(args: argparse.Namespace) -> int:
     from fedray.data import build_federated_data
     from fedray.data.plot import partition_summary, plot_partition
-    from fedray.tracking import comparison_table
+    from fedray.tracking import comparison_table, make_console
 
     cfg = _load(args)
     fd = build_federated_data(cfg.data, cfg.seed)
     rows = partition_summary(fd)
-    columns = [c for c in rows[0] if not isinstance(rows[0][c], (list, tuple))] if rows else []
+    labels = [str(c) for c in range(fd.num_classes)] if fd.num_classes <= 20 else []
+    for row in rows:
+        row.update(zip(labels, row["label_counts"]))
+    columns = ["client", "train", "test", *labels, "num_labels", "dominant_share"]
     title = f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g}), {fd.num_clients} clients"
-    Console().print(comparison_table(rows, columns, title=title))
+    console = make_console()
+    console.print(comparison_table(rows[:MAX_TABLE_ROWS], columns, title=title + " (label columns: samples)"))
+    if len(rows) > MAX_TABLE_ROWS:
+        console.print(f"... {len(rows) - MAX_TABLE_ROWS} more clients not shown")
     if args.plot:
         path = plot_partition(fd, args.plot, title=title)
         print(f"plot written to {path}")

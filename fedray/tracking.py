@@ -32,7 +32,7 @@ class ConsoleReporter:
     """A progress bar advanced once per round, showing the latest accuracy."""
 
     def __init__(self, total_rounds: int, title: str, enabled: bool = True, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self.enabled = enabled
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
@@ -56,6 +56,12 @@ class ConsoleReporter:
         acc = row.get("eval/accuracy")
         fields = {"acc": _fmt(acc)} if acc is not None else {}
         self.progress.update(self.task, advance=1, **fields)
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console that does not squeeze tables to 80 columns when output goes to a file or a pipe."""
+    probe = Console(stderr=stderr)
+    return probe if probe.is_terminal else Console(stderr=stderr, width=200)
 
 
 def summary_table(summary: dict[str, Any], title: str = "result") -> Table:
