@@ -7,7 +7,9 @@ and what is allowed, and exit status 2; no traceback and no result files.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="print per-client sample counts; optionally plot them")
     _add_config_args(part)
     part.add_argument("--plot", help="write the client-by-label bubble plot (FedKF Fig. 4) to this PNG")
+    tune = sub.add_parser("tune", help="run a Ray Tune sweep from a spec in tune_configs/")
+    tune.add_argument("spec", help="a sweep spec YAML, e.g. tune_configs/fedprox_mu.yaml")
+    tune.add_argument("--num-samples", type=int, help="override the spec's num_samples")
+    tune.add_argument("--max-concurrent", type=int, help="at most this many trials at once")
+    tune.add_argument("--name", help="sweep name (default: SPEC's stem and a timestamp)")
+    tune.add_argument("--resume", action="store_true", help="continue the latest (or --name) sweep of SPEC")
+    tune.add_argument("--address", help="Ray cluster to run on (default: start a local one)")
     return parser
 
 
@@ -60,14 +69,17 @@ def _output_dir(args: argparse.Namespace, name: str) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedray.simulation import run_experiment
-    from fedray.tracking import make_console, summary_table
+    from fedray.tracking import RunTracking, make_console, summary_table
 
     cfg = _load(args)
     out = _output_dir(args, cfg.name)
-    result = run_experiment(cfg, out, progress=not args.no_progress)
+    hooks = [RunTracking(cfg)] if cfg.tracking.enabled else []  # checks tracking.uri before any work
+    result = run_experiment(cfg, out, progress=not args.no_progress, hooks=hooks)
     console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ (summary.json, history.parquet)")
+    if hooks:
+        console.print(f"MLflow: {hooks[0].tracker.uri}, experiment '{cfg.tracking.experiment}'")
     return 0
 
 
@@ -94,10 +106,48 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from fedray.tracking import comparison_table, make_console
+    from fedray.tuning import load_spec, num_trials
+
+    for flag in ("num_samples", "max_concurrent"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError("--" + flag.replace("_", "-"), f"must be at least 1 (got {value})")
+    spec = load_spec(args.spec)
+    from fedray.runtime.tune_runner import latest_sweep, run_sweep  # imports Ray: after validation
+
+    stem = spec.name
+    if args.name:
+        spec.name = args.name
+    elif args.resume:
+        spec.name = latest_sweep(stem, spec.storage) or stem
+    else:
+        spec.name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    console = make_console()
+    console.print(f"sweep {spec.name}: {num_trials(spec) if all(d.grid is not None for d in spec.search.values()) else '?'}"
+                  f" grid trials x {args.num_samples or spec.num_samples} sample(s), metric {spec.metric} ({spec.mode})")
+    best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
+                     address=args.address)
+    rows = [{"key": k, "value": v} for k, v in best["config"].items()]
+    rows += [{"key": k, "value": v} for k, v in sorted(best["metrics"].items())]
+    console.print(comparison_table(rows, ["key", "value"], title=f"best trial of {spec.name} "
+                                   f"({best['trials']} trials, {best['errored']} failed)"))
+    console.print(f"saved to {spec.storage}/{spec.name}/best.json")
+    return 0
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    # A scheduler's SIGTERM (preemption, `kill`) ends the run like Ctrl-C: MLflow run KILLED, not RUNNING.
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        return {"run": cmd_run, "partition": cmd_partition}[args.command](args)
+        return {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune}[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

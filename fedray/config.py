@@ -85,9 +85,10 @@ class RuntimeConfig(_Strict):
 
 
 class TrackingConfig(_Strict):
-    enabled: bool = False
-    uri: str | None = None
-    experiment: str = "fedray"
+    enabled: bool = True
+    uri: str | None = Field(default=None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, "
+                            "else sqlite:///<cwd>/mlflow.db with artifacts in <cwd>/mlartifacts")
+    experiment: str = Field(default="fedray", min_length=1)
 
 
 class AlgorithmConfig(BaseModel):

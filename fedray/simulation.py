@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -20,9 +20,8 @@ from fedray.data.federated import FederatedData, build_federated_data
 from fedray.runtime import make_runtime
 from fedray.runtime.core import summarise_clients
 from fedray.seeding import sample_clients
-from fedray.tracking import EVAL_KEYS, ConsoleReporter, write_history, write_json
+from fedray.tracking import EVAL_KEYS, ConsoleReporter, plot_learning_curve, write_history, write_json
 
-RESULT_FILES = ("summary.json", "history.parquet", "config.yaml", "model.pt")
 
 
 @dataclass
@@ -64,13 +63,26 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     return summary
 
 
+class RunHooks(Protocol):
+    """Observers of a run (MLflow tracking, Tune reporting). ``on_start`` comes after data and workers
+    are ready, so input that fails validation never reaches a hook; exactly one of ``on_end`` /
+    ``on_error`` follows it."""
+
+    def on_start(self, cfg: ExperimentConfig, data: FederatedData) -> None: ...
+    def on_round(self, row: dict[str, Any]) -> None: ...
+    def on_end(self, result: "RunResult") -> None: ...
+    def on_error(self, exc: BaseException) -> None: ...
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     output_dir: str | Path | None = None,
     progress: bool = True,
     data: FederatedData | None = None,
+    hooks: Sequence[RunHooks] = (),
 ) -> RunResult:
-    """Run ``cfg`` to the end; write ``summary.json``, ``history.parquet``, the config and the final model.
+    """Run ``cfg`` to the end; write ``summary.json``, ``history.parquet``, the config, the final model
+    and two plots (learning curve, partition).
 
     Data loading and resource checks come first, so a bad path or an impossible resource request fails
     before anything is written. Result files are written only once the run has finished.
@@ -81,25 +93,52 @@ def run_experiment(
     history: list[dict[str, Any]] = []
     with make_runtime(cfg, data) as runtime:
         where = runtime.describe()
-        with ConsoleReporter(fed.rounds, f"{cfg.algorithm.name} on {cfg.data.dataset}", enabled=progress) as bar:
-            for r in range(1, fed.rounds + 1):
-                t0 = time.perf_counter()
-                clients = sample_clients(cfg.seed, r, data.num_clients, fed.clients_per_round)
-                outcome = runtime.run_round(r, clients)
-                row: dict[str, Any] = {"round": r, **summarise_clients(outcome.client_infos)}
-                row["comm/bytes_down"] = float(outcome.payload_bytes * len(clients))
-                row.update(outcome.server_metrics)
-                row.update(runtime.evaluate() if should_evaluate(cfg, r) else dict.fromkeys(EVAL_KEYS))
-                row["time/round_s"] = time.perf_counter() - t0
-                history.append(row)
-                bar.update(row)
-        final_weights = runtime.global_weights() if output_dir is not None else None
-    summary = summarise(cfg, history, where, time.perf_counter() - start)
-    out = Path(output_dir) if output_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(cfg.to_yaml())
-        torch.save(final_weights, out / "model.pt")
-        write_history(out / "history.parquet", history)
-        write_json(out / "summary.json", summary)  # last: its presence marks a finished run
-    return RunResult(summary, history, out)
+        for hook in hooks:
+            hook.on_start(cfg, data)
+        try:
+            with ConsoleReporter(fed.rounds, f"{cfg.algorithm.name} on {cfg.data.dataset}", enabled=progress) as bar:
+                for r in range(1, fed.rounds + 1):
+                    row = _round(cfg, runtime, data, r)
+                    history.append(row)
+                    bar.update(row)
+                    for hook in hooks:
+                        hook.on_round(row)
+            final_weights = runtime.global_weights() if output_dir is not None else None
+            summary = summarise(cfg, history, where, time.perf_counter() - start)
+            out = Path(output_dir) if output_dir is not None else None
+            if out is not None:
+                _write_outputs(out, cfg, data, history, summary, final_weights)
+            result = RunResult(summary, history, out)
+        except BaseException as exc:
+            for hook in hooks:
+                hook.on_error(exc)
+            raise
+    for hook in hooks:
+        hook.on_end(result)
+    return result
+
+
+def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    clients = sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round)
+    outcome = runtime.run_round(r, clients)
+    row: dict[str, Any] = {"round": r, **summarise_clients(outcome.client_infos)}
+    row["comm/bytes_down"] = float(outcome.payload_bytes * len(clients))
+    row.update(outcome.server_metrics)
+    row.update(runtime.evaluate() if should_evaluate(cfg, r) else dict.fromkeys(EVAL_KEYS))
+    row["time/round_s"] = time.perf_counter() - t0
+    return row
+
+
+def _write_outputs(out: Path, cfg: ExperimentConfig, data: FederatedData, history, summary, weights) -> None:
+    from fedray.data.plot import plot_partition
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(cfg.to_yaml())
+    torch.save(weights, out / "model.pt")
+    title = f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"
+    plot_learning_curve(history, out / "curves.png", title=title)
+    plot_partition(data, out / "partition.png",
+                   title=f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g})")
+    write_history(out / "history.parquet", history)
+    write_json(out / "summary.json", summary)  # last: its presence marks a finished run

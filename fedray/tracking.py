@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,158 @@ def write_history(path: Path, history: list[dict[str, Any]]) -> None:
 
 def read_history(path: str | Path) -> list[dict[str, Any]]:
     return pq.read_table(path).to_pylist()
+
+
+def plot_learning_curve(history: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Accuracy (global test set) and AMP / WLP (client test splits) per evaluated round."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend, safe in workers
+
+    fig = Figure(figsize=(6, 4), dpi=100)
+    ax = fig.add_subplot()
+    for key, label in (("eval/accuracy", "accuracy (global test)"), ("eval/amp", "AMP (clients)"),
+                       ("eval/wlp", "WLP (worst client)")):
+        pts = [(row["round"], row[key]) for row in history if row.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o" if len(pts) < 30 else None, markersize=3, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("fraction correct")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# MLflow
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else a SQLite store ``./mlflow.db`` (absolute path)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    return uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+
+
+def _artifact_root(uri: str) -> str | None:
+    # A local store keeps artifacts in an absolute folder beside the database (MLflow 3 needs it absolute);
+    # a remote server decides for itself.
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    return None
+
+
+def git_commit() -> str | None:
+    """The commit of the fedray checkout, when it is one."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _numeric(row: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items()
+            if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)}
+
+
+class MlflowTracker:
+    """One MLflow run: params, tags, a metric batch per round, artifacts, and an honest end status.
+
+    Talks to MLflow through ``MlflowClient`` with explicit run ids (no global active run), so the same
+    class serves ``fedray run`` and the Tune driver's per-trial child runs.
+    """
+
+    def __init__(self, uri: str | None, experiment: str):
+        from mlflow.tracking import MlflowClient
+
+        from fedray.errors import ConfigError
+
+        self.uri = resolve_tracking_uri(uri)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None:
+                self.experiment_id = self.client.create_experiment(experiment,
+                                                                   artifact_location=_artifact_root(self.uri))
+            else:
+                self.experiment_id = exp.experiment_id
+        except Exception as e:  # an unreachable server or a malformed URI is the user's to fix
+            raise ConfigError("tracking.uri", f"cannot use MLflow store {self.uri} ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}); fix tracking.uri or set tracking.enabled=false") from None
+        self.run_id: str | None = None
+
+    def start(self, cfg, kind: str = "run", parent_run_id: str | None = None, run_name: str | None = None,
+              extra_tags: dict[str, str] | None = None) -> str:
+        from fedray import __version__
+
+        tags = {"fedray.kind": kind, "fedray.algorithm": cfg.algorithm.name, "fedray.dataset": cfg.data.dataset,
+                "fedray.version": __version__, **(extra_tags or {})}
+        commit = git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name or cfg.name)
+        self.run_id = run.info.run_id
+        self.log_params(cfg.flat())
+        return self.run_id
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_round(self, row: dict[str, Any]) -> None:
+        """Every numeric key of a history row, at ``step=round``, in one batched call."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(k, v, ts, int(row["round"])) for k, v in _numeric(row).items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_artifacts(self, folder: Path) -> None:
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file() and not path.name.startswith("."):
+                self.client.log_artifact(self.run_id, str(path))
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)
+            self.run_id = None
+
+
+class RunTracking:
+    """The hooks ``run_experiment`` calls, recording one ``fedray run`` in MLflow.
+
+    The run is created only once data and workers are ready (bad input never leaves a run behind) and
+    always ends: FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM.
+    """
+
+    def __init__(self, cfg, kind: str = "run", parent_run_id: str | None = None):
+        self.cfg, self.kind, self.parent = cfg, kind, parent_run_id
+        self.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)  # fails early on a bad URI
+
+    @property
+    def run_id(self) -> str | None:
+        return self.tracker.run_id
+
+    def on_start(self, cfg, data) -> None:
+        self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
+
+    def on_round(self, row: dict[str, Any]) -> None:
+        self.tracker.log_round(row)
+
+    def on_end(self, result) -> None:
+        if result.output_dir is not None:
+            self.tracker.log_artifacts(result.output_dir)
+        self.tracker.end("FINISHED")
+
+    def on_error(self, exc: BaseException) -> None:
+        self.tracker.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")

@@ -12,7 +12,7 @@ from fedray.cli import main
 
 TINY_ARGS = ["synthetic", "data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=3",
              "federation.local_steps=3", "data.synthetic_train_samples=600", "data.synthetic_test_samples=200",
-             "federation.eval_every=2"]
+             "federation.eval_every=2", "tracking.enabled=false"]
 
 
 def test_run_writes_summary_and_history(tmp_path, capsys):

@@ -1,0 +1,211 @@
+"""Ray Tune execution of a :class:`~fedray.tuning.SweepSpec`.
+
+- Each trial is a function trainable running the ordinary round loop; a round is one Tune iteration
+  (``tune.report`` per round), so ASHA stops trials at round milestones.
+- Each trial reserves its round loop, server actor and client workers as one placement group
+  (``tune.PlacementGroupFactory``); the actors it starts are captured into that group, so concurrent
+  trials never wait on each other's actors and fractional GPUs are shared as the spec says.
+- MLflow: one parent run per sweep and one child run per trial, all written by the driver (one SQLite
+  writer). A child ends FINISHED when its trial completes (also when ASHA stops it early, tagged
+  ``fedray.stopped_early``), FAILED when it raises; a trial's error never stops the sweep.
+- ``resume``: Tune's own experiment state under ``storage/name``; unfinished trials are rerun and the
+  children a crashed driver left RUNNING are marked KILLED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from fedray.errors import ConfigError
+from fedray.runtime.ray_runtime import start_ray
+from fedray.simulation import run_experiment
+from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri
+from fedray.tuning import SweepSpec, search_space_summary, trial_bundles
+
+SWEEP_STATE = "fedray_sweep.json"
+
+
+class _TuneReport:
+    """Run hook inside a trial: one ``tune.report`` per round (the round is Tune's training iteration)."""
+
+    def on_start(self, cfg, data) -> None: ...
+
+    def on_round(self, row: dict[str, Any]) -> None:
+        tune.report({**_numeric(row), "round": int(row["round"])})
+
+    def on_end(self, result) -> None: ...
+
+    def on_error(self, exc: BaseException) -> None: ...
+
+
+def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
+    cfg = spec.trial_config(config)
+    out = Path(tune.get_context().get_trial_dir()) / "run"
+    run_experiment(cfg, out, progress=False, hooks=[_TuneReport()])
+
+
+def _domain(d):
+    return {"grid": tune.grid_search, "choice": tune.choice, "uniform": lambda v: tune.uniform(*v),
+            "loguniform": lambda v: tune.loguniform(*v)}[d.kind](getattr(d, d.kind))
+
+
+class MlflowSweepCallback(tune.Callback):
+    """Records every trial as a child run of the sweep's parent run, from the Tune driver."""
+
+    def __init__(self, spec: SweepSpec, uri: str, experiment: str, parent_run_id: str):
+        self.spec, self.uri, self.experiment, self.parent = spec, uri, experiment, parent_run_id
+        self._runs: dict[str, MlflowTracker] = {}
+        self._last_round: dict[str, int] = {}
+
+    def __getstate__(self):  # Tune pickles callbacks into its experiment state; clients stay behind
+        return {**self.__dict__, "_runs": {}, "_last_round": {}}
+
+    def _tracker(self, trial) -> MlflowTracker:
+        if trial.trial_id not in self._runs:
+            t = MlflowTracker(self.uri, self.experiment)
+            cfg = self.spec.trial_config(trial.config)
+            t.start(cfg, kind="trial", parent_run_id=self.parent, run_name=f"{self.spec.name}-{trial.trial_id}",
+                    extra_tags={"fedray.trial_id": trial.trial_id, "fedray.sweep": self.spec.name})
+            self._runs[trial.trial_id] = t
+        return self._runs[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._tracker(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if "round" in result:
+            self._tracker(trial).log_round({k: v for k, v in result.items() if "/" in k or k == "round"})
+            self._last_round[trial.trial_id] = int(result["round"])
+
+    def _finish(self, trial, status: str, tags: dict[str, str]) -> None:
+        t = self._tracker(trial)
+        for k, v in tags.items():
+            t.client.set_tag(t.run_id, k, v)
+        run_dir = Path(trial.local_path or "") / "run"
+        if run_dir.is_dir():
+            t.log_artifacts(run_dir)
+        t.end(status)
+        self._runs.pop(trial.trial_id, None)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        rounds = self.spec.trial_config(trial.config).federation.rounds
+        last = self._last_round.get(trial.trial_id, 0)
+        self._finish(trial, "FINISHED", {"fedray.stopped_early": str(last < rounds).lower(),
+                                         "fedray.rounds_done": str(last)})
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        error = getattr(trial, "error_file", None) or ""
+        self._finish(trial, "FAILED", {"fedray.error_file": str(error)})
+
+
+def _sweep_dir(spec: SweepSpec) -> Path:
+    return (Path(spec.storage).expanduser().resolve() / spec.name)
+
+
+def latest_sweep(spec_stem: str, storage: str) -> str | None:
+    """The most recent sweep name started from a spec (``<stem>-<timestamp>``), for ``--resume``."""
+    root = Path(storage).expanduser().resolve()
+    names = sorted(p.name for p in root.glob(f"{spec_stem}-*") if (p / SWEEP_STATE).is_file())
+    return names[-1] if names else None
+
+
+def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None = None,
+              num_samples: int | None = None, address: str | None = None) -> dict[str, Any]:
+    """Run (or resume) a sweep; return the best trial's config and figures (also saved as best.json)."""
+    # Rounds without evaluation carry no eval/* keys; ASHA skips them (it needs its metric).
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    base = spec.base_config()
+    sweep_dir = _sweep_dir(spec)
+    state_file = sweep_dir / SWEEP_STATE
+    if resume and not state_file.is_file():
+        raise ConfigError("--resume", f"no sweep to resume at {sweep_dir}; start it without --resume")
+    if not resume and sweep_dir.exists():
+        raise ConfigError("--name", f"sweep {sweep_dir} already exists; use --resume or another --name")
+
+    uri = resolve_tracking_uri(base.tracking.uri)
+    parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
+    if resume:
+        state = json.loads(state_file.read_text())
+    else:
+        sweep_dir.mkdir(parents=True)
+        state = {"name": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": None,
+                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if parent is not None:
+            state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name,
+                                                  extra_tags={"fedray.sweep": spec.name})
+            parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
+        state_file.write_text(json.dumps(state, indent=2))
+    if parent is not None and resume:
+        parent.run_id = state["parent_run_id"]
+        parent.client.update_run(parent.run_id, status="RUNNING")
+        for child in parent.client.search_runs(
+            [parent.experiment_id], f"tags.mlflow.parentRunId = '{parent.run_id}' and attributes.status = 'RUNNING'"
+        ):
+            parent.client.set_terminated(child.info.run_id, "KILLED")  # its trial is rerun as a new child
+
+    owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}))
+    try:
+        trainable = tune.with_resources(
+            tune.with_parameters(_trial, spec=spec),
+            lambda config: tune.PlacementGroupFactory(trial_bundles(spec.trial_config(config), spec.trial_cpus)),
+        )
+        callbacks = [MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"])] if parent else []
+        if resume and tune.Tuner.can_restore(str(sweep_dir)):
+            tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
+                                       resume_errored=False)
+        else:
+            scheduler = None
+            if spec.scheduler is not None:
+                scheduler = ASHAScheduler(time_attr="round", max_t=base.federation.rounds,
+                                          grace_period=spec.scheduler.grace_period,
+                                          reduction_factor=spec.scheduler.reduction_factor)
+            tuner = tune.Tuner(
+                trainable,
+                param_space={k: _domain(d) for k, d in spec.search.items()},
+                tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, scheduler=scheduler,
+                                            num_samples=num_samples or spec.num_samples,
+                                            max_concurrent_trials=max_concurrent or spec.max_concurrent),
+                run_config=tune.RunConfig(name=spec.name, storage_path=str(sweep_dir.parent), callbacks=callbacks,
+                                          failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                                          verbose=1),
+            )
+        results = tuner.fit()
+        best = _best(results, spec)
+        (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
+        if parent is not None:
+            for k, v in best["config"].items():
+                parent.client.set_tag(parent.run_id, f"best.{k}", str(v))
+            if best["metric_value"] is not None:
+                parent.client.log_metric(parent.run_id, f"best/{spec.metric}", best["metric_value"])
+            parent.client.log_artifact(parent.run_id, str(sweep_dir / "best.json"))
+            parent.end("FINISHED")
+        return best
+    except BaseException as exc:
+        if parent is not None and parent.run_id is not None:
+            parent.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+        raise
+    finally:
+        if owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _best(results, spec: SweepSpec) -> dict[str, Any]:
+    errors = [r for r in results if r.error is not None]
+    ok = [r for r in results if r.error is None and spec.metric in (r.metrics or {})]
+    summary = {"sweep": spec.name, "metric": spec.metric, "mode": spec.mode, "trials": len(results),
+               "errored": len(errors)}
+    if not ok:
+        return {**summary, "config": {}, "metric_value": None, "metrics": {}}
+    best = results.get_best_result(metric=spec.metric, mode=spec.mode, scope="last", filter_nan_and_inf=True)
+    figures = {k: v for k, v in best.metrics.items() if "/" in k or k == "round"}
+    return {**summary, "config": dict(best.config), "metric_value": best.metrics.get(spec.metric),
+            "metrics": figures, "trial_dir": str(best.path)}

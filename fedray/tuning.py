@@ -1,0 +1,157 @@
+"""Sweep specs for ``fedray tune``: a base config, overrides, a search space over any config key, the
+metric to optimise and an optional ASHA scheduler over rounds. Validated up front; executed by Ray Tune
+in :mod:`fedray.runtime.tune` (the only place that may import Ray).
+
+A spec (``tune_configs/*.yaml``)::
+
+    base: quickstart                      # preset or YAML path, as for `fedray run`
+    overrides: {federation.rounds: 30}    # dotted keys applied to every trial
+    search:                               # one domain per key
+      data.alpha: {grid: [0.1, 1.0]}
+      algorithm.name: {choice: [fedavg, fedprox]}
+      federation.lr: {loguniform: [0.001, 0.1]}
+      algorithm.mu: {uniform: [0.0, 0.1]}
+    metric: eval/accuracy
+    mode: max
+    num_samples: 1                        # repeats of the grid (random domains are redrawn)
+    scheduler: {type: asha, grace_period: 5, reduction_factor: 3}
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedray.config import ExperimentConfig, load_config
+from fedray.errors import ConfigError
+
+
+class Domain(BaseModel):
+    """Exactly one of: ``grid`` (every value), ``choice`` (sampled), ``uniform`` / ``loguniform`` [low, high]."""
+
+    model_config = ConfigDict(extra="forbid")
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "Domain":
+        set_ = [k for k in ("grid", "choice", "uniform", "loguniform") if getattr(self, k) is not None]
+        if len(set_) != 1:
+            raise ValueError("give exactly one of grid, choice, uniform, loguniform")
+        for k in ("grid", "choice"):
+            if getattr(self, k) == []:
+                raise ValueError(f"{k} needs at least one value")
+        for k in ("uniform", "loguniform"):
+            lo_hi = getattr(self, k)
+            if lo_hi is not None and not lo_hi[0] < lo_hi[1]:
+                raise ValueError(f"{k} needs [low, high] with low < high")
+        if self.loguniform is not None and self.loguniform[0] <= 0:
+            raise ValueError("loguniform needs low > 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("grid", "choice", "uniform", "loguniform") if getattr(self, k) is not None)
+
+    def probe_values(self) -> list[Any]:
+        """Values that must all make a valid config: every listed value, or both bounds."""
+        return list(getattr(self, self.kind))
+
+
+class SchedulerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["asha"] = "asha"
+    grace_period: int = Field(default=1, ge=1, description="rounds every trial gets before it can be stopped")
+    reduction_factor: float = Field(default=3.0, gt=1)
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(default=None, description="default: the spec file's stem")
+    base: str = "quickstart"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    search: dict[str, Domain]
+    metric: str = "eval/accuracy"
+    mode: Literal["max", "min"] = "max"
+    num_samples: int = Field(default=1, ge=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    scheduler: SchedulerSpec | None = None
+    trial_cpus: float = Field(default=0.25, gt=0, description="CPU reserved for each trial's round loop")
+    storage: str = Field(default="runs/tune", description="where Tune keeps sweep state (for --resume)")
+
+    def base_config(self) -> ExperimentConfig:
+        return load_config(self.base, self.overrides)
+
+    def trial_config(self, sampled: dict[str, Any]) -> ExperimentConfig:
+        """The config of one trial: base, overrides, then its sampled values. Trials never track to
+        MLflow themselves: the sweep's driver records them as child runs."""
+        cfg = load_config(self.base, {**self.overrides, **sampled, "tracking.enabled": False})
+        if cfg.runtime.backend == "ray" and cfg.runtime.num_workers is None:
+            # A trial's workers are reserved up front in its placement group: one each unless asked.
+            cfg = load_config(self.base, {**self.overrides, **sampled, "tracking.enabled": False,
+                                          "runtime.num_workers": 1})
+        return cfg
+
+
+def trial_bundles(cfg: ExperimentConfig, trial_cpus: float) -> list[dict[str, float]]:
+    """Placement-group bundles of one trial: its round loop, its server actor, its client workers.
+
+    With the ``local`` backend everything runs in the trial's own process, which then takes one
+    worker's share. Bundles with no resources are left out (Ray refuses empty bundles).
+    """
+    rt = cfg.runtime
+    if rt.backend == "local":
+        return [{"CPU": max(trial_cpus, rt.num_cpus_per_worker), **({"GPU": rt.num_gpus_per_worker}
+                                                                   if rt.num_gpus_per_worker else {})}]
+    bundles = [{"CPU": trial_cpus}]
+    server = {k: v for k, v in (("CPU", rt.server_num_cpus), ("GPU", rt.server_num_gpus)) if v}
+    if server:
+        bundles.append(server)
+    worker = {"CPU": rt.num_cpus_per_worker, **({"GPU": rt.num_gpus_per_worker} if rt.num_gpus_per_worker else {})}
+    bundles += [dict(worker) for _ in range(rt.num_workers or 1)]
+    return bundles
+
+
+def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
+    """Read and validate a spec, including every value of its search space against the config schema."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("SPEC", f"{path} does not exist; give a sweep spec such as tune_configs/fedprox_mu.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("SPEC", f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(loc, err["msg"].removeprefix("Value error, ")) from None
+    spec.name = name or spec.name or path.stem
+    base = spec.base_config()  # the base must exist (a preset name or a file) and be valid
+    for key, domain in spec.search.items():
+        for value in domain.probe_values():
+            try:
+                spec.trial_config({key: value})
+            except ConfigError as e:
+                raise ConfigError(f"search.{key}", f"value {value!r} is invalid: {e}") from None
+    known = set(base.flat()) | {"round", "train/loss", "time/round_s", "comm/bytes_up", "comm/bytes_down"}
+    if not (spec.metric.startswith(("eval/", "server/", "train/", "comm/", "time/")) or spec.metric in known):
+        raise ConfigError("metric", f"'{spec.metric}' is not a per-round metric; e.g. eval/accuracy, eval/amp")
+    return spec
+
+
+def search_space_summary(spec: SweepSpec) -> dict[str, str]:
+    """``search.<key> -> "grid [..]"``: logged as the sweep's MLflow params."""
+    return {f"search.{k}": f"{d.kind} {getattr(d, d.kind)}" for k, d in spec.search.items()}
+
+
+def num_trials(spec: SweepSpec) -> int:
+    grid = math.prod(len(d.grid) for d in spec.search.values() if d.grid is not None)
+    return grid * spec.num_samples

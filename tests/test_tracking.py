@@ -1,0 +1,118 @@
+"""MLflow on every run: params, tags, per-round metrics, artifacts, and an end status that is never RUNNING."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fedray.algorithms import register_algorithm
+from fedray.algorithms.fedavg import FedAvg
+from fedray.cli import main
+from fedray.simulation import run_experiment
+from fedray.tracking import RunTracking, resolve_tracking_uri
+from tests.conftest import tiny_config
+from tests.test_cli import TINY_ARGS
+
+ARTIFACTS = {"config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt"}
+
+
+def _runs(uri, experiment="fedray"):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
+
+
+def test_fedray_run_is_tracked_in_a_local_sqlite_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = [a for a in TINY_ARGS if not a.startswith("tracking.")]
+    assert main(["run", *args, "seed=3", "--output-dir", "out", "--no-progress"]) == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert resolve_tracking_uri(None) == uri
+    client, runs = _runs(uri)
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["seed"] == "3" and run.data.params["data.num_clients"] == "6"
+    assert run.data.params["algorithm.name"] == "fedavg"
+    tags = run.data.tags
+    assert tags["fedray.algorithm"] == "fedavg" and tags["fedray.dataset"] == "synthetic"
+    assert tags["fedray.version"] and tags["fedray.kind"] == "run"
+    acc = client.get_metric_history(run.info.run_id, "eval/accuracy")
+    assert sorted(m.step for m in acc) == [2, 3]  # eval_every=2: rounds 2 and 3 (the last)
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "comm/bytes_up")) == [1, 2, 3]
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == ARTIFACTS
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.artifact_location == (tmp_path / "mlartifacts").as_uri()
+
+
+@register_algorithm
+class FailsInRound2(FedAvg):
+    name = "test_fails_in_round_2"
+
+    def server_update(self, state, uploads, ctx):
+        if ctx.round == 2:
+            raise self.exc_type("injected failure")
+        return super().server_update(state, uploads, ctx)
+
+    exc_type = RuntimeError
+
+
+@register_algorithm
+class InterruptedInRound2(FailsInRound2):
+    name = "test_interrupted_in_round_2"
+    exc_type = KeyboardInterrupt
+
+
+@pytest.mark.parametrize("name, exc, status", [("test_fails_in_round_2", RuntimeError, "FAILED"),
+                                               ("test_interrupted_in_round_2", KeyboardInterrupt, "KILLED")])
+def test_failed_or_interrupted_runs_are_ended_not_left_running(name, exc, status, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(algorithm__name=name, tracking__uri=uri)
+    tracking = RunTracking(cfg)
+    with pytest.raises(exc):
+        run_experiment(cfg, tmp_path / "out", progress=False, hooks=[tracking])
+    client, runs = _runs(uri)
+    assert [r.info.status for r in runs] == [status]
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "eval/accuracy")] == [1]
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_bad_tracking_uri_is_refused_before_work(tmp_path, capsys):
+    code = main(["run", *TINY_ARGS, "tracking.enabled=true", "tracking.uri=nosuchscheme://x",
+                 "--output-dir", str(tmp_path / "out"), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: tracking.uri: cannot use MLflow store")
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigterm_ends_the_run_killed(tmp_path):
+    """A real process killed by SIGTERM (a scheduler's preemption) leaves its MLflow run KILLED."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [a for a in TINY_ARGS if not a.startswith(("tracking.", "federation.rounds"))]
+    cmd = [sys.executable, "-m", "fedray.cli", "run", *args, "federation.rounds=100000", f"tracking.uri={uri}",
+           "--output-dir", str(tmp_path / "out"), "--no-progress"]
+    MlflowClient(uri).search_experiments()  # create the tables first: two processes must not both migrate
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:  # wait until the run exists and has logged a round
+            time.sleep(0.5)
+            client, runs = _runs(uri)
+            if runs and client.get_metric_history(runs[0].info.run_id, "comm/bytes_up"):
+                break
+        else:
+            pytest.fail("the run never started: " + (proc.stderr.read() if proc.poll() is not None else ""))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+    _, runs = _runs(uri)
+    assert [r.info.status for r in runs] == ["KILLED"]
+    assert not (tmp_path / "out").exists()
