@@ -48,6 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--name", help="sweep name (default: SPEC's stem and a timestamp)")
     tune.add_argument("--resume", action="store_true", help="continue the latest (or --name) sweep of SPEC")
     tune.add_argument("--address", help="Ray cluster to run on (default: start a local one)")
+    rep = sub.add_parser("report", help="compare runs: a Markdown table (mean ± std over seeds) and curves")
+    rep.add_argument("runs", nargs="*", help="run directories, or folders holding them")
+    rep.add_argument("--experiment", help="also (or only) the finished runs of this MLflow experiment")
+    rep.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI or ./mlflow.db)")
+    rep.add_argument("--target", type=float, help="report rounds to reach this accuracy (0.6 or 60)")
+    rep.add_argument("--by-method", default="algorithm.name", help="comma-separated keys naming a method")
+    rep.add_argument("--by-setting", default="data.dataset,data.alpha", help="comma-separated keys of a setting")
+    rep.add_argument("--out", help="also write the table to this Markdown file")
+    rep.add_argument("--plot", help="write learning curves (mean ± std over seeds) to this PNG")
+    parser.commands = sub.choices  # for intermixed parsing in main()
     return parser
 
 
@@ -137,22 +147,42 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedray.report import report
+
+    markdown = report(args.runs, args.experiment, args.tracking_uri,
+                      by_method=tuple(k for k in args.by_method.split(",") if k),
+                      by_setting=tuple(k for k in args.by_setting.split(",") if k),
+                      target=args.target, out=args.out, plot=args.plot)
+    print(markdown)
+    return 0
+
+
 def _sigterm_as_interrupt(signum, frame) -> None:
     # A scheduler's SIGTERM (preemption, `kill`) ends the run like Ctrl-C: MLflow run KILLED, not RUNNING.
     raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in parser.commands:
+        # Options may come between overrides: fedray run quickstart --output-dir d seed=1
+        args = parser.commands[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+    else:
+        args = parser.parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
-        return {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune}[args.command](args)
+        commands = {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune, "report": cmd_report}
+        return commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        hint = f"; continue with: fedray tune {args.spec} --resume" if args.command == "tune" else ""
+        print("interrupted" + hint, file=sys.stderr)
         return 130
 
 

@@ -6,7 +6,7 @@
 - ``eval/fm``: the population variance of acc_k over clients (FedKF Def. 2; fairness, lower is fairer).
 - ``eval/wlp``: min_k acc_k (FedKF Def. 3; worst local performance).
 
-All are fractions in 0..1 (FM is in fraction^2 units; multiply by 1e4 for the papers' %^2).
+All are fractions in 0..1; FM is in fraction^2 units (FedKF's tables print it x 10^3).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from fedray.errors import UserError
+from fedray.tracking import resolve_tracking_uri
 
 DEFAULT_BY_METHOD: tuple[str, ...] = ("algorithm.name",)
 DEFAULT_BY_SETTING: tuple[str, ...] = ("data.dataset", "data.alpha")
@@ -264,12 +265,6 @@ def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
 
 # --------------------------------------------------------------------------------------------------
 # loading: MLflow
-
-
-def resolve_tracking_uri(uri: str | None) -> str:
-    """The given URI, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db`` (absolute)."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    return uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
 def _sqlite_path(uri: str) -> Path | None:

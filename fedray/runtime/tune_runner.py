@@ -106,6 +106,12 @@ class MlflowSweepCallback(tune.Callback):
         self._finish(trial, "FAILED", {"fedray.error_file": str(error)})
 
 
+def _kill_running_children(parent: MlflowTracker) -> None:
+    query = f"tags.mlflow.parentRunId = '{parent.run_id}' and attributes.status = 'RUNNING'"
+    for child in parent.client.search_runs([parent.experiment_id], query):
+        parent.client.set_terminated(child.info.run_id, "KILLED")
+
+
 def _sweep_dir(spec: SweepSpec) -> Path:
     return (Path(spec.storage).expanduser().resolve() / spec.name)
 
@@ -123,6 +129,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     # Rounds without evaluation carry no eval/* keys; ASHA skips them (it needs its metric).
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Tune's own Ctrl-C handler ends fit() as if the sweep had finished; let Ctrl-C raise instead, so the
+    # sweep's MLflow runs end KILLED and `--resume` continues from Tune's last saved experiment state.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     base = spec.base_config()
     sweep_dir = _sweep_dir(spec)
     state_file = sweep_dir / SWEEP_STATE
@@ -147,10 +156,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     if parent is not None and resume:
         parent.run_id = state["parent_run_id"]
         parent.client.update_run(parent.run_id, status="RUNNING")
-        for child in parent.client.search_runs(
-            [parent.experiment_id], f"tags.mlflow.parentRunId = '{parent.run_id}' and attributes.status = 'RUNNING'"
-        ):
-            parent.client.set_terminated(child.info.run_id, "KILLED")  # its trial is rerun as a new child
+        _kill_running_children(parent)  # left by a crashed driver; their trials rerun as new children
 
     owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}))
     try:
@@ -191,6 +197,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         return best
     except BaseException as exc:
         if parent is not None and parent.run_id is not None:
+            _kill_running_children(parent)
             parent.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     finally:

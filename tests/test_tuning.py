@@ -1,0 +1,247 @@
+"""Ray Tune sweeps: spec validation, placement groups, MLflow parent/child runs, failures, ASHA, resume."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from fedray.cli import main
+from fedray.errors import ConfigError
+from fedray.tuning import load_spec, num_trials, trial_bundles
+
+TINY = {"data.num_clients": 6, "data.synthetic_train_samples": 600, "data.synthetic_test_samples": 200,
+        "federation.clients_per_round": 3, "federation.rounds": 3, "federation.local_steps": 5}
+
+
+def write_spec(path, **spec):
+    spec.setdefault("base", "synthetic")
+    spec["overrides"] = {**TINY, **spec.get("overrides", {})}
+    spec.setdefault("storage", str(path.parent / "sweeps"))
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def children(client, experiment):
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("fedray.kind") == "sweep"]
+    kids = [r for r in runs if r.data.tags.get("fedray.kind") == "trial"]
+    return parents, kids
+
+
+# --- spec validation (no Ray) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("search, key, fragment", [
+    ({"data.alpah": {"grid": [1]}}, "search.data.alpah", "unknown key"),
+    ({"data.alpha": {"grid": [1.0, -1]}}, "search.data.alpha", "value -1 is invalid"),
+    ({"federation.lr": {"loguniform": [0, 1]}}, "search.federation.lr", "low > 0"),
+    ({"federation.lr": {"uniform": [1, 0.1]}}, "search.federation.lr", "low < high"),
+    ({"federation.lr": {"grid": [0.1], "choice": [0.2]}}, "search.federation.lr", "exactly one"),
+    ({"algorithm.name": {"choice": ["fedavg", "nope"]}}, "search.algorithm.name", "unknown algorithm"),
+])
+def test_bad_search_spaces_are_refused_naming_the_key(tmp_path, search, key, fragment):
+    path = write_spec(tmp_path / "s.yaml", search=search)
+    with pytest.raises(ConfigError) as e:
+        load_spec(path)
+    assert e.value.key == key and fragment in e.value.message
+
+
+def test_spec_defaults_and_bundles(tmp_path):
+    spec = load_spec(write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [0.5, 1.0]},
+                                                             "federation.lr": {"loguniform": [0.01, 0.1]}}))
+    assert spec.name == "s" and spec.metric == "eval/accuracy" and num_trials(spec) == 2
+    local = spec.trial_config({"data.alpha": 0.5, "federation.lr": 0.05})
+    assert local.tracking.enabled is False and local.data.alpha == 0.5
+    assert trial_bundles(local, 0.25) == [{"CPU": 1.0}]
+    gpu = spec.trial_config({"runtime.backend": "ray", "runtime.num_workers": 3, "runtime.num_cpus_per_worker": 0.5,
+                             "runtime.num_gpus_per_worker": 0.25, "runtime.server_num_gpus": 0.5})
+    assert trial_bundles(gpu, 0.25) == [{"CPU": 0.25}, {"GPU": 0.5}] + [{"CPU": 0.5, "GPU": 0.25}] * 3
+    ray1 = spec.trial_config({"runtime.backend": "ray"})
+    assert ray1.runtime.num_workers == 1  # a trial's pool is reserved up front
+
+
+def test_missing_spec_and_bad_flags_exit_2(tmp_path, capsys):
+    assert main(["tune", str(tmp_path / "nope.yaml")]) == 2
+    assert capsys.readouterr().err.startswith("error: SPEC:")
+    spec = write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [1.0]}})
+    assert main(["tune", str(spec), "--max-concurrent", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --max-concurrent")
+
+
+def test_shipped_specs_are_valid():
+    from pathlib import Path
+
+    specs = sorted(Path(__file__).parents[1].glob("tune_configs/*.yaml"))
+    assert len(specs) >= 3
+    for path in specs:
+        assert path.read_text().lstrip().startswith("#"), f"{path} must open with the question it answers"
+        load_spec(path)
+
+
+# --- real sweeps --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def four_trial_sweep(tmp_path_factory):
+    """A 4-trial sweep on the Ray runtime (each trial: its own server and worker actor in its placement group)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()  # the sweep starts its own Ray, as `fedray tune` does
+    root = tmp_path_factory.mktemp("sweep")
+    spec = write_spec(root / "grid.yaml", search={"data.alpha": {"grid": [0.5, 1.0]},
+                                                   "algorithm.name": {"grid": ["fedavg", "fedprox"]}},
+                      overrides={"runtime.backend": "ray", "runtime.num_cpus_per_worker": 0.5,
+                                 "tracking.experiment": "grid"}, trial_cpus=0.5)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        started = time.perf_counter()
+        code = main(["tune", str(spec), "--name", "g1"])
+        elapsed = time.perf_counter() - started
+    finally:
+        os.chdir(cwd)
+    assert code == 0
+    return root, elapsed
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
+    root, elapsed = four_trial_sweep
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    parents, kids = children(client, "grid")
+    assert len(parents) == 1 and len(kids) == 4
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["search.data.alpha"] == "grid [0.5, 1.0]"
+    seen = set()
+    for kid in kids:
+        assert kid.info.status == "FINISHED"
+        assert kid.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert [m.step for m in client.get_metric_history(kid.info.run_id, "eval/accuracy")] == [1, 2, 3]
+        assert {a.path for a in client.list_artifacts(kid.info.run_id)} >= {
+            "config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt"}
+        seen.add((kid.data.params["data.alpha"], kid.data.params["algorithm.name"]))
+        assert kid.data.params["runtime.num_workers"] == "1"
+    assert seen == {("0.5", "fedavg"), ("0.5", "fedprox"), ("1.0", "fedavg"), ("1.0", "fedprox")}
+    best = json.loads((root / "sweeps" / "g1" / "best.json").read_text())
+    assert best["trials"] == 4 and best["errored"] == 0
+    accs = [client.get_metric_history(k.info.run_id, "eval/accuracy")[-1].value for k in kids]
+    assert best["metric_value"] == max(accs)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_mlflow_server_serves_the_sweep_over_rest(four_trial_sweep):
+    """`mlflow server` on 127.0.0.1 against the sweep's store finds its runs; then it and its workers stop."""
+    root, _ = four_trial_sweep
+    port = _free_port()
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "mlflow"), "server", "--host", "127.0.0.1", "--port",
+         str(port), "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=grid", timeout=2) as r:
+                    exp = json.load(r)["experiment"]
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not answer within 60 s")
+        req = urllib.request.Request(f"{base}/runs/search", method="POST",
+                                     data=json.dumps({"experiment_ids": [exp["experiment_id"]]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            runs = json.load(r)["runs"]
+        kinds = sorted(next(t["value"] for t in run["data"]["tags"] if t["key"] == "fedray.kind") for run in runs)
+        assert kinds == ["sweep", "trial", "trial", "trial", "trial"]
+        assert all(run["info"]["status"] == "FINISHED" for run in runs)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and the workers it forked
+        server.wait(timeout=30)
+    time.sleep(1)
+    leftovers = subprocess.run(["pgrep", "-f", f"--port {port}|127.0.0.1:{port}"], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", "mlflow server processes survived"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, monkeypatch):
+    """data.min_samples=100000 cannot be partitioned: that trial raises; the others finish. ASHA may stop
+    the weak learning-rate trial early; every child run ends (none left RUNNING)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "fail.yaml",
+                      search={"federation.lr": {"grid": [0.1, 0.000001]}, "data.min_samples": {"grid": [10, 100000]}},
+                      overrides={"federation.rounds": 4, "tracking.experiment": "fail"}, trial_cpus=1,
+                      max_concurrent=1, scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 2})
+    assert main(["tune", str(spec), "--name", "f1"]) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parents, kids = children(client, "fail")
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    status = {(k.data.params["federation.lr"], k.data.params["data.min_samples"]): k.info.status for k in kids}
+    assert status[("0.1", "100000")] == "FAILED" and status[("1e-06", "100000")] == "FAILED"
+    assert status[("0.1", "10")] == "FINISHED" and status[("1e-06", "10")] == "FINISHED"
+    for kid in kids:
+        if kid.info.status == "FINISHED":
+            done = int(kid.data.tags["fedray.rounds_done"])
+            assert kid.data.tags["fedray.stopped_early"] == str(done < 4).lower()
+    best = json.loads((tmp_path / "sweeps" / "f1" / "best.json").read_text())
+    assert best["errored"] == 2 and best["config"]["federation.lr"] == 0.1
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_interrupted_sweep_resumes(tmp_path):
+    """Ctrl-C mid-sweep: runs end KILLED, exit 130; `--resume` finishes the sweep with new child runs."""
+    spec = write_spec(tmp_path / "long.yaml", search={"federation.lr": {"grid": [0.05, 0.1]}},
+                      overrides={"federation.rounds": 150, "federation.local_steps": 2, "tracking.experiment": "long"},
+                      trial_cpus=1, max_concurrent=1)
+    cmd = [sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", "r1"]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()  # create the tables before two processes use the store
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    client = MlflowClient(uri)
+    try:
+        for _ in range(240):
+            time.sleep(0.5)
+            exp = client.get_experiment_by_name("long")
+            kids = children(client, "long")[1] if exp else []
+            if kids and len(client.get_metric_history(kids[0].info.run_id, "comm/bytes_up")) >= 5:
+                break
+        else:
+            pytest.fail("the sweep never got going")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        proc.kill()
+    parents, kids = children(client, "long")
+    assert [p.info.status for p in parents] == ["KILLED"] and [k.info.status for k in kids] == ["KILLED"]
+    done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parents, kids = children(client, "long")
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    assert sorted(k.info.status for k in kids) == ["FINISHED", "FINISHED", "KILLED"]
+    best = json.loads((tmp_path / "sweeps" / "r1" / "best.json").read_text())
+    assert best["trials"] == 2 and best["errored"] == 0
