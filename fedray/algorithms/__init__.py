@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
-from fedray.algorithms.fedavg import FedAvg
-from fedray.algorithms.fedprox import FedProx
 from fedray.errors import ConfigError
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, FedProx)}
+ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
@@ -21,6 +19,15 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
         raise ValueError(f"algorithm name '{cls.name}' is already taken by {existing.__qualname__}")
     ALGORITHMS[cls.name] = cls
     return cls
+
+
+# Built-in methods: one import and one registration line each.
+from fedray.algorithms.fedavg import FedAvg  # noqa: E402
+
+register_algorithm(FedAvg)
+from fedray.algorithms.fedprox import FedProx  # noqa: E402
+
+register_algorithm(FedProx)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

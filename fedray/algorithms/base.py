@@ -147,6 +147,11 @@ class Algorithm(ABC, Generic[Params]):
     def global_weights(self, state: Any) -> Weights:
         """The weights of the global model that ``eval/*`` evaluates."""
 
+    def extra_eval_models(self, state: Any) -> dict[str, Weights]:
+        """Further models to evaluate every evaluation round, by suffix: ``{"oca": w}`` adds
+        ``eval/accuracy_oca``, ``eval/amp_oca``, ... beside the ``global_weights`` figures."""
+        return {}
+
     # --- client side -----------------------------------------------------------------------------
     def init_client_state(self, client_id: int) -> Any:
         """A client's private state before its first round (None for stateless methods)."""

@@ -105,7 +105,10 @@ class ServerCore:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        return self.evaluator.evaluate(self.algo.global_weights(self.state))
+        metrics = self.evaluator.evaluate(self.algo.global_weights(self.state))
+        for suffix, weights in self.algo.extra_eval_models(self.state).items():
+            metrics.update({f"{k}_{suffix}": v for k, v in self.evaluator.evaluate(weights).items()})
+        return metrics
 
     def global_weights(self) -> dict[str, torch.Tensor]:
         return self.algo.global_weights(self.state)
