@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from fedray.errors import ConfigError, UserError
+from fedray.errors import ConfigError, RunFailure, UserError
 
 EXIT_USAGE = 2
 MAX_TABLE_ROWS = 100
@@ -25,8 +25,8 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="a preset name (e.g. quickstart) or a YAML file")
+def _add_config_args(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("config", nargs="?" if optional else None, help="a preset name (e.g. quickstart) or a YAML file")
     p.add_argument("overrides", nargs="*", help="dotted overrides: data.alpha=0.5 federation.rounds=10 ...")
     p.add_argument("--data-dir", help="dataset root (torchvision layout); sets data.data_dir")
 
@@ -35,8 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedray", description="Federated learning and distillation simulator on Ray.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment and print its result table")
-    _add_config_args(run)
+    _add_config_args(run, optional=True)
     run.add_argument("--output-dir", help="where summary.json and history.parquet go (default runs/NAME-TIME)")
+    run.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR (only runtime.* "
+                     "and tracking.* overrides allowed)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     part = sub.add_parser("partition", help="print per-client sample counts; optionally plot them")
     _add_config_args(part)
@@ -81,16 +83,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedray.simulation import run_experiment
     from fedray.tracking import RunTracking, make_console, summary_table
 
-    cfg = _load(args)
-    out = _output_dir(args, cfg.name)
-    hooks = [RunTracking(cfg)] if cfg.tracking.enabled else []  # checks tracking.uri before any work
-    result = run_experiment(cfg, out, progress=not args.no_progress, hooks=hooks)
+    if args.resume:
+        cfg, out = _resume_target(args)
+    else:
+        if not args.config:
+            raise ConfigError("config", "give a preset name or a YAML file (or --resume DIR)")
+        cfg = _load(args)
+        out = _output_dir(args, cfg.name)
+        args.output_dir = str(out)  # for the resume hint if the run fails
+    # Built first: it checks tracking.uri before any work.
+    hooks = [RunTracking(cfg, run_file=out / "mlflow_run.json", resume=bool(args.resume))] if cfg.tracking.enabled else []
+    result = run_experiment(cfg, out, progress=not args.no_progress, hooks=hooks,
+                            resume_from=out if args.resume else None)
     console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ (summary.json, history.parquet)")
     if hooks:
         console.print(f"MLflow: {hooks[0].tracker.uri}, experiment '{cfg.tracking.experiment}'")
     return 0
+
+
+def _resume_target(args: argparse.Namespace):
+    from fedray.checkpoint import CheckpointError, load_checkpoint
+    from fedray.config import apply_overrides, validate_config
+
+    out = Path(args.resume)
+    if args.output_dir and Path(args.output_dir) != out:
+        raise ConfigError("--output-dir", "a resumed run continues in its own directory; drop --output-dir")
+    if (out / "summary.json").exists():
+        raise CheckpointError("--resume", f"{out} holds a finished run (summary.json); nothing to resume")
+    overrides = ([args.config] if args.config else []) + list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data.data_dir={args.data_dir}")
+    raw = load_checkpoint(out)["config"]
+    return validate_config(apply_overrides(raw, overrides)), out
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
@@ -180,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except RunFailure as e:
+        out = getattr(args, "resume", None) or getattr(args, "output_dir", None)
+        hint = f"; continue from the last checkpoint with: fedray run --resume {out}" if out else ""
+        print(f"error: {e}{hint}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         hint = f"; continue with: fedray tune {args.spec} --resume" if args.command == "tune" else ""
         print("interrupted" + hint, file=sys.stderr)

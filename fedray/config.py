@@ -82,6 +82,19 @@ class RuntimeConfig(_Strict):
     server_num_gpus: float = Field(default=0.0, ge=0)
     address: str | None = Field(default=None, description="Ray cluster address; default starts a local one")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    checkpoint_every: int | None = Field(
+        default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
+        "up to 100 rounds, else every rounds/100"
+    )
+    max_client_retries: int = Field(default=2, ge=0, description="reruns of a client whose worker died")
+    client_timeout_s: float | None = Field(
+        default=None, gt=0, description="drop a client not done this long after its turn on its worker began"
+    )
+
+    def checkpoint_interval(self, rounds: int) -> int:
+        if self.checkpoint_every is not None:
+            return self.checkpoint_every
+        return 1 if rounds <= 100 else -(-rounds // 100)
 
 
 class TrackingConfig(_Strict):

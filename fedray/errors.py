@@ -25,3 +25,10 @@ class DataError(UserError):
 
 class ResourceError(UserError):
     """The cluster cannot provide the CPUs/GPUs that the config asks for."""
+
+
+class RunFailure(Exception):
+    """A run that cannot go on (every upload non-finite, the server actor lost, no worker left).
+
+    Not a bug and not bad input: the CLI prints it on one line, exits 1 and points at ``--resume``.
+    """

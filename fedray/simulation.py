@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedray import __version__
+from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.runtime import make_runtime
@@ -66,7 +67,7 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
 class RunHooks(Protocol):
     """Observers of a run (MLflow tracking, Tune reporting). ``on_start`` comes after data and workers
     are ready, so input that fails validation never reaches a hook; exactly one of ``on_end`` /
-    ``on_error`` follows it."""
+    ``on_error`` follows it. ``on_checkpoint`` (optional) precedes the ``on_round`` of its round."""
 
     def on_start(self, cfg: ExperimentConfig, data: FederatedData) -> None: ...
     def on_round(self, row: dict[str, Any]) -> None: ...
@@ -80,27 +81,45 @@ def run_experiment(
     progress: bool = True,
     data: FederatedData | None = None,
     hooks: Sequence[RunHooks] = (),
+    resume_from: str | Path | None = None,
 ) -> RunResult:
     """Run ``cfg`` to the end; write ``summary.json``, ``history.parquet``, the config, the final model
     and two plots (learning curve, partition).
 
     Data loading and resource checks come first, so a bad path or an impossible resource request fails
-    before anything is written. Result files are written only once the run has finished.
+    before anything is written. Result files are written only once the run has finished. With an
+    ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
+    folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
     """
     start = time.perf_counter()
     fed = cfg.federation
+    ckpt = load_checkpoint(resume_from) if resume_from is not None else None
+    if ckpt is not None:
+        check_resumable(cfg, ckpt)
     data = data if data is not None else build_federated_data(cfg.data, cfg.seed)
-    history: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
+    every = cfg.runtime.checkpoint_interval(fed.rounds) if output_dir is not None else 0
     with make_runtime(cfg, data) as runtime:
         where = runtime.describe()
+        if ckpt is not None:
+            runtime.import_state(ckpt["server_state"], ckpt["client_states"])
+            restore_rng(ckpt["rng"])
         for hook in hooks:
             hook.on_start(cfg, data)
+            if ckpt is not None:
+                # The killed run may have died between writing its checkpoint and recording that round.
+                getattr(hook, "on_resume", lambda h: None)(history)
         try:
-            with ConsoleReporter(fed.rounds, f"{cfg.algorithm.name} on {cfg.data.dataset}", enabled=progress) as bar:
-                for r in range(1, fed.rounds + 1):
+            title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
+            with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
+                for r in range(len(history) + 1, fed.rounds + 1):
                     row = _round(cfg, runtime, data, r)
                     history.append(row)
                     bar.update(row)
+                    if every and r % every == 0:
+                        folder = _checkpoint(Path(output_dir), cfg, runtime, history)
+                        for hook in hooks:
+                            getattr(hook, "on_checkpoint", lambda f: None)(folder)
                     for hook in hooks:
                         hook.on_round(row)
             final_weights = runtime.global_weights() if output_dir is not None else None
@@ -116,6 +135,24 @@ def run_experiment(
     for hook in hooks:
         hook.on_end(result)
     return result
+
+
+def check_resumable(cfg: ExperimentConfig, ckpt: dict[str, Any]) -> None:
+    """Only where the work runs and how it is tracked may change on resume; the experiment may not."""
+    saved = ExperimentConfig.model_validate(ckpt["config"])
+    mine, theirs = cfg.flat(), saved.flat()
+    changed = sorted(k for k in mine if not k.startswith(("runtime.", "tracking.")) and mine[k] != theirs.get(k))
+    if changed:
+        raise CheckpointError("--resume", f"the checkpoint was written by another experiment ({', '.join(changed)} "
+                              "differ); only runtime.* and tracking.* keys may change on resume")
+
+
+def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]]) -> Path:
+    server_state, client_states = runtime.export_state()
+    save_checkpoint(out, {"round": len(history), "config": cfg.model_dump(mode="json"),
+                          "server_state": server_state, "client_states": client_states,
+                          "history": history, "rng": rng_state()})
+    return out
 
 
 def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int) -> dict[str, Any]:

@@ -32,7 +32,8 @@ def _fmt(value: Any) -> str:
 class ConsoleReporter:
     """A progress bar advanced once per round, showing the latest accuracy."""
 
-    def __init__(self, total_rounds: int, title: str, enabled: bool = True, console: Console | None = None):
+    def __init__(self, total_rounds: int, title: str, enabled: bool = True, console: Console | None = None,
+                 done: int = 0):
         self.console = console or make_console(stderr=True)
         self.enabled = enabled
         self.progress = Progress(
@@ -44,7 +45,7 @@ class ConsoleReporter:
             console=self.console,
             disable=not enabled,
         )
-        self.task = self.progress.add_task(title, total=total_rounds, acc="-")
+        self.task = self.progress.add_task(title, total=total_rounds, acc="-", completed=done)
 
     def __enter__(self) -> "ConsoleReporter":
         self.progress.start()
@@ -248,8 +249,10 @@ class RunTracking:
     always ends: FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM.
     """
 
-    def __init__(self, cfg, kind: str = "run", parent_run_id: str | None = None):
+    def __init__(self, cfg, kind: str = "run", parent_run_id: str | None = None, run_file: Path | None = None,
+                 resume: bool = False):
         self.cfg, self.kind, self.parent = cfg, kind, parent_run_id
+        self.run_file, self.resume = run_file, resume
         self.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)  # fails early on a bad URI
 
     @property
@@ -257,10 +260,22 @@ class RunTracking:
         return self.tracker.run_id
 
     def on_start(self, cfg, data) -> None:
-        self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
+        if self.resume and self.run_file is not None and self.run_file.is_file():
+            # A resumed run continues its MLflow run: same id, RUNNING again, later rounds appended.
+            self.tracker.run_id = json.loads(self.run_file.read_text())["run_id"]
+            self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
+            return
+        run_id = self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
+        if self.run_file is not None:
+            self.run_file.parent.mkdir(parents=True, exist_ok=True)
+            write_json(self.run_file, {"tracking_uri": self.tracker.uri, "run_id": run_id})
 
     def on_round(self, row: dict[str, Any]) -> None:
         self.tracker.log_round(row)
+
+    def on_resume(self, history: list[dict[str, Any]]) -> None:
+        if history:  # identical values if it was logged already: a duplicate, never a gap
+            self.tracker.log_round(history[-1])
 
     def on_end(self, result) -> None:
         if result.output_dir is not None:

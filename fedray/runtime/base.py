@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,14 @@ class Runtime(ABC):
     @abstractmethod
     def global_weights(self) -> dict[str, torch.Tensor]:
         """The current global model (CPU tensors), e.g. to save it."""
+
+    @abstractmethod
+    def export_state(self) -> tuple[Any, dict[int, Any]]:
+        """(server state, {client id: private state}) for a checkpoint, as plain objects."""
+
+    @abstractmethod
+    def import_state(self, server_state: Any, client_states: dict[int, Any]) -> None:
+        """Continue from a checkpoint's states."""
 
     @abstractmethod
     def describe(self) -> str:

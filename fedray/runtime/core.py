@@ -6,6 +6,9 @@ what makes the two runtimes produce identical numbers.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 import os
 from typing import Any
 
@@ -16,9 +19,13 @@ from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext,
 from fedray.algorithms.base import nbytes
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
+from fedray.errors import RunFailure
 from fedray.metrics import Evaluator
 from fedray.models import build_model
 from fedray.seeding import derive_seed
+
+
+log = logging.getLogger("fedray")
 
 
 def data_spec(data: FederatedData) -> DataSpec:
@@ -98,11 +105,16 @@ class ServerCore:
         payload = self.algo.broadcast(self.state, round_)
         return payload, nbytes(payload)
 
-    def aggregate(self, round_: int, uploads: list[Any]) -> dict[str, float]:
+    def aggregate(self, round_: int, uploads: list[Any], client_ids: list[int]) -> dict[str, float]:
+        """Reject non-finite uploads, then run the method's server update on the rest (client-id order)."""
+        kept = [u for u, c in zip(uploads, client_ids) if is_finite(u) or _reject(round_, c)]
+        if not kept:
+            raise RunFailure(f"round {round_}: every upload was non-finite (clients {', '.join(map(str, client_ids))}); "
+                             "the run stops with its last good checkpoint intact; lower federation.lr or check the data")
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules)
-        self.state, metrics = self.algo.server_update(self.state, uploads, ctx)
-        return metrics
+        self.state, metrics = self.algo.server_update(self.state, kept, ctx)
+        return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
     def evaluate(self) -> dict[str, float]:
         metrics = self.evaluator.evaluate(self.algo.global_weights(self.state))
@@ -112,6 +124,26 @@ class ServerCore:
 
     def global_weights(self) -> dict[str, torch.Tensor]:
         return self.algo.global_weights(self.state)
+
+
+def is_finite(obj: Any) -> bool:
+    """No NaN or inf in any floating tensor of an upload (dataclasses, dicts, lists)."""
+    if isinstance(obj, torch.Tensor):
+        return not torch.is_floating_point(obj) or bool(torch.isfinite(obj).all())
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return all(is_finite(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    if isinstance(obj, dict):
+        return all(is_finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(is_finite(v) for v in obj)
+    return True
+
+
+def _reject(round_: int, client_id: int) -> bool:
+    log.warning("round %d: rejected a non-finite upload from client %d", round_, client_id)
+    return False
 
 
 def summarise_clients(infos: list[dict]) -> dict[str, float]:

@@ -33,13 +33,20 @@ class LocalRuntime(Runtime):
                 self.client_states[cid] = state
             uploads.append(upload)
             infos.append(info)
-        return RoundOutcome(infos, self.server.aggregate(round_, uploads), payload_bytes)
+        return RoundOutcome(infos, self.server.aggregate(round_, uploads, client_ids), payload_bytes)
 
     def evaluate(self) -> dict[str, float]:
         return self.server.evaluate()
 
     def global_weights(self):
         return self.server.global_weights()
+
+    def export_state(self):
+        return self.server.state, dict(self.client_states)
+
+    def import_state(self, server_state, client_states) -> None:
+        self.server.state = server_state
+        self.client_states = dict(client_states)
 
     def describe(self) -> str:
         return f"local: in-process on {self.device}, {self.threads} torch thread(s)"

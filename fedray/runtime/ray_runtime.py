@@ -2,29 +2,48 @@
 
 - The dataset is put in the object store once; every actor maps it read-only (zero-copy numpy).
 - Each round the server's broadcast is stored once and every client task receives the same reference.
-- Client tasks return (upload, client state, info). Uploads go straight from the worker to the server
-  actor as task arguments, never through the driver; client states stay in the object store as
-  references owned by the driver; only the small infos are fetched.
+- Client tasks return (upload, client state, info). As each client finishes, its upload is handed to the
+  server actor by reference (the server fetches it from the worker's node, never through the driver);
+  client states stay in the object store as references owned by the driver; only small infos are fetched.
 - The pool is sized by resources, capped by the clients active in a round. When it has one actor per
   registered client, client ``k`` is always served by actor ``k``; otherwise the round's clients are dealt
   to the actors in client-id order.
+- Failures: a client whose worker dies (process killed, OOM, node lost) is rerun from the same inputs on
+  a live worker, up to ``runtime.max_client_retries`` times, giving the same result as without the
+  failure; then it is dropped from the round with a warning, as are clients exceeding
+  ``runtime.client_timeout_s``. Workers restart in place when their node is alive; a worker that cannot
+  come back is removed and the pool shrinks. Losing the server actor stops the run with
+  :class:`~fedray.errors.RunFailure` (resumable from the last checkpoint).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fedray.algorithms import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
-from fedray.errors import ResourceError
+from fedray.errors import ResourceError, RunFailure
 from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+
+
+log = logging.getLogger("fedray")
+
+# Failures of the machinery, not of the method: the client's task is rerun. An exception raised by the
+# method's own code (RayTaskError) is a bug and propagates.
+SYSTEM_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                 ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError)
+READY_TIMEOUT_S = 30.0  # a restarting worker imports torch and maps the dataset: seconds, not minutes
 
 
 def _actor_device() -> torch.device:
@@ -50,6 +69,7 @@ class ServerActor:
     def __init__(self, cfg: ExperimentConfig, data: FederatedData, algo_cls: type):
         torch.set_num_threads(torch_threads(cfg))
         self.core = ServerCore(cfg, data, _actor_device(), algo_cls)
+        self.inbox: dict[int, Any] = {}
 
     def ready(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
@@ -57,14 +77,25 @@ class ServerActor:
     def broadcast(self, round_: int):
         return self.core.broadcast(round_)
 
-    def aggregate(self, round_: int, *uploads: Any) -> dict[str, float]:
-        return self.core.aggregate(round_, list(uploads))
+    def receive(self, client_id: int, upload: Any) -> None:
+        self.inbox[client_id] = upload  # resolving the argument pulled the upload to this node
+
+    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+        uploads = [self.inbox.pop(c) for c in client_ids]
+        self.inbox.clear()  # uploads of clients dropped this round
+        return self.core.aggregate(round_, uploads, client_ids)
 
     def evaluate(self) -> dict[str, float]:
         return self.core.evaluate()
 
     def global_weights(self):
         return self.core.global_weights()
+
+    def get_state(self):
+        return self.core.state
+
+    def set_state(self, state) -> None:
+        self.core.state = state
 
 
 def start_ray(cfg: ExperimentConfig) -> bool:
@@ -110,6 +141,17 @@ def plan_pool(cfg: ExperimentConfig, resources: dict[str, float], node_resources
     return max(1, min(capacity, cfg.federation.clients_per_round))
 
 
+@dataclass
+class _Job:
+    client_id: int
+    worker: int
+    upload: Any
+    state: Any
+    info: Any
+    attempt: int
+    deadline: float
+
+
 class RayRuntime(Runtime):
     def __init__(self, cfg: ExperimentConfig, data: FederatedData):
         self.cfg = cfg
@@ -120,17 +162,19 @@ class RayRuntime(Runtime):
             nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
-            data_ref = ray.put(data)
-            algo_cls = get_algorithm(cfg.algorithm.name)
-            self.server = ServerActor.options(num_cpus=rt.server_num_cpus, num_gpus=rt.server_num_gpus).remote(
-                cfg, data_ref, algo_cls
-            )
-            self.workers = [
-                ClientWorker.options(num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker).remote(
-                    cfg, data_ref, algo_cls
-                )
-                for _ in range(self.pool_size)
-            ]
+            # Kept: restartable actors need their constructor arguments alive in the object store.
+            self.data_ref = data_ref = ray.put(data)
+            self.algo_cls = get_algorithm(cfg.algorithm.name)
+            self._new_worker = lambda: ClientWorker.options(
+                num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
+                max_task_retries=0).remote(cfg, data_ref, self.algo_cls)
+            server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
+            if ray.util.get_current_placement_group() is None:
+                # Beside the driver: a run survives losing any other node, not the one it is driven from.
+                server_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    ray.get_runtime_context().get_node_id(), soft=True)
+            self.server = ServerActor.options(**server_opts).remote(cfg, data_ref, self.algo_cls)
+            self.workers = [self._new_worker() for _ in range(self.pool_size)]
             # Wait for every actor so start-up is not billed to round 1.
             ready = ray.get([self.server.ready.remote()] + [w.ready.remote() for w in self.workers])
             self.server_pid, self.server_node = ready[0]
@@ -140,37 +184,151 @@ class RayRuntime(Runtime):
             self.close()
             raise
         self.num_clients = data.num_clients
+        self.one_actor_per_client = self.pool_size >= self.num_clients
+        self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
 
-    def _worker_for(self, position: int, client_id: int):
-        if self.pool_size >= self.num_clients:
-            return self.workers[client_id]
-        return self.workers[position % self.pool_size]
+    # --- pool health ------------------------------------------------------------------------------
+    def _check_pool(self) -> None:
+        """Keep suspect workers that came back (restarted in place); drop those that cannot."""
+        for idx in sorted(self.suspect, reverse=True):
+            back = self._ping(self.workers[idx])
+            if back is not None:
+                self.worker_pids[idx], self.worker_nodes[idx] = back
+            else:
+                log.warning("client worker %d did not come back; the pool shrinks to %d", idx, len(self.workers) - 1)
+                ray.kill(self.workers[idx], no_restart=True)
+                for lst in (self.workers, self.worker_pids, self.worker_nodes):
+                    del lst[idx]
+                self.one_actor_per_client = False
+        self.suspect.clear()
+        if not self.workers:
+            raise RunFailure("no client worker is left (all died and none could restart); resume from the last "
+                             "checkpoint once the cluster has capacity again")
+
+    @staticmethod
+    def _ping(worker) -> tuple[int, str] | None:
+        """(pid, node) once the worker answers; None if it is dead or not back within READY_TIMEOUT_S."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                return ray.get(worker.ready.remote(), timeout=left)
+            except ray.exceptions.ActorUnavailableError:  # restarting: ask again shortly
+                time.sleep(0.5)
+            except (ray.exceptions.GetTimeoutError, *SYSTEM_ERRORS):
+                return None
+        return None
+
+    def _worker_for(self, position: int, client_id: int) -> int:
+        if self.one_actor_per_client:
+            return client_id
+        return position % len(self.workers)
+
+    def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> _Job:
+        timeout = self.cfg.runtime.client_timeout_s
+        up, st, info = self.workers[worker].train.options(num_returns=3).remote(
+            round_, cid, payload_ref, self.client_states.get(cid))
+        deadline = start + timeout * (queue_pos + 1) if timeout else math.inf
+        return _Job(cid, worker, up, st, info, attempt, deadline)
+
+    def _retry_or_drop(self, job: _Job, round_, payload_ref, error: BaseException, jobs: dict) -> None:
+        self.suspect.add(job.worker)
+        if job.attempt >= self.cfg.runtime.max_client_retries:
+            log.warning("round %d: dropped client %d after %d attempt(s) (%s)", round_, job.client_id,
+                        job.attempt + 1, type(error).__name__)
+            return
+        live = [i for i in range(len(self.workers)) if i not in self.suspect] or [job.worker]
+        worker = live[(job.client_id + job.attempt) % len(live)]
+        log.warning("round %d: client %d lost its worker (%s); rerunning it on worker %d", round_, job.client_id,
+                    type(error).__name__, worker)
+        jobs[job.client_id] = self._submit(round_, job.client_id, payload_ref, worker, job.attempt + 1, 0,
+                                           time.monotonic())
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
-        payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
-        uploads, states, infos = [], {}, []
+        self._check_pool()
+        try:
+            payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
+            payload_bytes = ray.get(bytes_ref)
+        except SYSTEM_ERRORS as e:
+            raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+        start, queued = time.monotonic(), [0] * len(self.workers)
+        jobs: dict[int, _Job] = {}
         for pos, cid in enumerate(client_ids):
-            worker = self._worker_for(pos, cid)
-            up, st, info = worker.train.options(num_returns=3).remote(
-                round_, cid, payload_ref, self.client_states.get(cid)
-            )
-            uploads.append(up)
-            states[cid] = st
-            infos.append(info)
-        metrics_ref = self.server.aggregate.remote(round_, *uploads)
-        infos = ray.get(infos)
-        metrics = ray.get(metrics_ref)
-        for info, (cid, st) in zip(infos, states.items()):
+            w = self._worker_for(pos, cid)
+            jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
+            queued[w] += 1
+        done: dict[int, tuple[_Job, dict, Any]] = {}
+        while jobs:
+            by_ref = {job.info: job for job in jobs.values()}
+            wait_s = max(0.0, min(j.deadline for j in jobs.values()) - time.monotonic())
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=None if math.isinf(wait_s) else wait_s)
+            if not ready:
+                for job in [j for j in jobs.values() if j.deadline <= time.monotonic()]:
+                    log.warning("round %d: dropped client %d: not done within runtime.client_timeout_s=%gs",
+                                round_, job.client_id, self.cfg.runtime.client_timeout_s)
+                    del jobs[job.client_id]
+                    ray.kill(self.workers[job.worker], no_restart=False)  # stop the straggler; it restarts
+                    self.suspect.add(job.worker)
+                continue
+            job = by_ref[ready[0]]
+            del jobs[job.client_id]
+            try:
+                info = ray.get(job.info)
+                # Hand the upload to the server now: it fetches it from the worker's node at once.
+                done[job.client_id] = (job, info, self.server.receive.remote(job.client_id, job.upload))
+            except SYSTEM_ERRORS as e:
+                self._retry_or_drop(job, round_, payload_ref, e, jobs)
+        kept = []
+        for cid in client_ids:
+            if cid not in done:
+                continue
+            job, info, received = done[cid]
+            try:
+                ray.get(received)
+                kept.append(cid)
+            except ray.exceptions.RayActorError as e:
+                raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+            except SYSTEM_ERRORS:  # the upload died with its node before the server fetched it
+                log.warning("round %d: dropped client %d: its upload was lost with its node", round_, cid)
+        if not kept:
+            raise RunFailure(f"round {round_}: no client finished (all dropped after failures or timeouts)")
+        try:
+            metrics = ray.get(self.server.aggregate.remote(round_, kept))
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, RunFailure):
+                raise e.cause from None
+            raise
+        except SYSTEM_ERRORS as e:
+            raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+        infos = []
+        for cid in kept:
+            job, info, _ = done[cid]
             if info.get("has_state", True):
-                self.client_states[cid] = st
-        return RoundOutcome(infos, metrics, ray.get(bytes_ref))
+                self.client_states[cid] = job.state
+            infos.append(info)
+        metrics["health/dropped_clients"] = float(len(client_ids) - len(kept))
+        return RoundOutcome(infos, metrics, payload_bytes)
 
     def evaluate(self) -> dict[str, float]:
-        return ray.get(self.server.evaluate.remote())
+        return self._server_call(self.server.evaluate)
 
     def global_weights(self):
-        return ray.get(self.server.global_weights.remote())
+        return self._server_call(self.server.global_weights)
+
+    def _server_call(self, method, *args):
+        try:
+            return ray.get(method.remote(*args))
+        except SYSTEM_ERRORS as e:
+            raise RunFailure(f"the server actor was lost ({type(e).__name__})") from None
+
+    def export_state(self):
+        cids = sorted(self.client_states)
+        states = ray.get([self.client_states[c] for c in cids])
+        return self._server_call(self.server.get_state), dict(zip(cids, states))
+
+    def import_state(self, server_state, client_states) -> None:
+        self._server_call(self.server.set_state, server_state)
+        self.client_states = {cid: ray.put(st) for cid, st in client_states.items()}
 
     def describe(self) -> str:
         rt = self.cfg.runtime

@@ -1,0 +1,44 @@
+"""Test-only methods that misbehave on purpose: non-finite uploads and slow clients."""
+
+import math
+import time
+
+import torch
+
+from fedray.algorithms import register_algorithm
+from fedray.algorithms.base import ClientResult
+from fedray.algorithms.fedavg import FedAvg, ModelUpload
+
+
+@register_algorithm
+class NaNClient(FedAvg):
+    """Client 1 uploads NaN weights in round 2 (`nan_all`: every client does)."""
+
+    name = "test_nan_client"
+    nan_all = False
+
+    def client_update(self, ctx, payload, state) -> ClientResult:
+        result = super().client_update(ctx, payload, state)
+        if ctx.round == 2 and (self.nan_all or ctx.client_id == 1):
+            weights = {k: torch.full_like(v, math.nan) if torch.is_floating_point(v) else v
+                       for k, v in result.upload.weights.items()}
+            result.upload = ModelUpload(weights, result.upload.num_samples)
+        return result
+
+
+@register_algorithm
+class NaNEveryone(NaNClient):
+    name = "test_nan_everyone"
+    nan_all = True
+
+
+@register_algorithm
+class SlowClient0(FedAvg):
+    """Client 0 takes 30 s longer than everyone else: a straggler."""
+
+    name = "test_slow_client_0"
+
+    def client_update(self, ctx, payload, state) -> ClientResult:
+        if ctx.client_id == 0:
+            time.sleep(30)
+        return super().client_update(ctx, payload, state)
