@@ -215,7 +215,7 @@ def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, 
 def test_interrupted_sweep_resumes(tmp_path):
     """Ctrl-C mid-sweep: runs end KILLED, exit 130; `--resume` finishes the sweep with new child runs."""
     spec = write_spec(tmp_path / "long.yaml", search={"federation.lr": {"grid": [0.05, 0.1]}},
-                      overrides={"federation.rounds": 150, "federation.local_steps": 2, "tracking.experiment": "long"},
+                      overrides={"federation.rounds": 60, "federation.local_steps": 2, "tracking.experiment": "long"},
                       trial_cpus=1, max_concurrent=1)
     cmd = [sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", "r1"]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -243,5 +243,10 @@ def test_interrupted_sweep_resumes(tmp_path):
     parents, kids = children(client, "long")
     assert [p.info.status for p in parents] == ["FINISHED"]
     assert sorted(k.info.status for k in kids) == ["FINISHED", "FINISHED", "KILLED"]
+    killed = next(k for k in kids if k.info.status == "KILLED")
+    rerun = next(k for k in kids if k.info.status == "FINISHED" and
+                 k.data.tags["fedray.trial_id"] == killed.data.tags["fedray.trial_id"])
+    steps = [m.step for m in client.get_metric_history(rerun.info.run_id, "comm/bytes_up")]
+    assert min(steps) > 1 and max(steps) == 60  # the trial resumed from its Tune checkpoint
     best = json.loads((tmp_path / "sweeps" / "r1" / "best.json").read_text())
     assert best["trials"] == 2 and best["errored"] == 0

@@ -34,12 +34,21 @@ SWEEP_STATE = "fedray_sweep.json"
 
 
 class _TuneReport:
-    """Run hook inside a trial: one ``tune.report`` per round (the round is Tune's training iteration)."""
+    """Run hook inside a trial: one ``tune.report`` per round (the round is Tune's training iteration),
+    carrying the run's checkpoint when one was written that round, so a resumed sweep resumes its trials."""
+
+    def __init__(self):
+        self.pending: Path | None = None
 
     def on_start(self, cfg, data) -> None: ...
 
+    def on_checkpoint(self, folder: Path) -> None:
+        self.pending = folder
+
     def on_round(self, row: dict[str, Any]) -> None:
-        tune.report({**_numeric(row), "round": int(row["round"])})
+        ckpt = tune.Checkpoint.from_directory(str(self.pending)) if self.pending is not None else None
+        self.pending = None
+        tune.report({**_numeric(row), "round": int(row["round"])}, checkpoint=ckpt)
 
     def on_end(self, result) -> None: ...
 
@@ -49,7 +58,12 @@ class _TuneReport:
 def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
     cfg = spec.trial_config(config)
     out = Path(tune.get_context().get_trial_dir()) / "run"
-    run_experiment(cfg, out, progress=False, hooks=[_TuneReport()])
+    checkpoint = tune.get_checkpoint()  # set when Tune restarts this trial in a resumed sweep
+    if checkpoint is None:
+        run_experiment(cfg, out, progress=False, hooks=[_TuneReport()])
+        return
+    with checkpoint.as_directory() as folder:
+        run_experiment(cfg, out, progress=False, hooks=[_TuneReport()], resume_from=folder)
 
 
 def _domain(d):
@@ -73,7 +87,8 @@ class MlflowSweepCallback(tune.Callback):
             t = MlflowTracker(self.uri, self.experiment)
             cfg = self.spec.trial_config(trial.config)
             t.start(cfg, kind="trial", parent_run_id=self.parent, run_name=f"{self.spec.name}-{trial.trial_id}",
-                    extra_tags={"fedray.trial_id": trial.trial_id, "fedray.sweep": self.spec.name})
+                    extra_tags={"fedray.trial_id": trial.trial_id, "fedray.sweep": self.spec.name,
+                                "fedray.resumed": str(bool(getattr(trial, "checkpoint", None))).lower()})
             self._runs[trial.trial_id] = t
         return self._runs[trial.trial_id]
 
@@ -182,6 +197,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                             max_concurrent_trials=max_concurrent or spec.max_concurrent),
                 run_config=tune.RunConfig(name=spec.name, storage_path=str(sweep_dir.parent), callbacks=callbacks,
                                           failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+                                          checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                           verbose=1),
             )
         results = tuner.fit()
