@@ -182,10 +182,14 @@ class MlflowTracker:
     """
 
     def __init__(self, uri: str | None, experiment: str):
+        import logging
+
         from mlflow.tracking import MlflowClient
 
         from fedray.errors import ConfigError
 
+        for name in ("mlflow", "alembic"):  # their INFO lines (creating tables ...) are noise on our console
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = resolve_tracking_uri(uri)
         try:
             self.client = MlflowClient(tracking_uri=self.uri)

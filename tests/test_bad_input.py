@@ -1,0 +1,116 @@
+"""A corpus of user mistakes: each ends with exit status 2 and one line on stderr naming the field and what
+is allowed, before any work: no traceback, no output directory, no MLflow run."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from fedray.cli import main
+
+RUN = ["run", "synthetic", "data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=1",
+       "federation.local_steps=1", "data.synthetic_train_samples=600", "--output-dir", "out", "--no-progress"]
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="asking for a GPU is not an error on a GPU machine")
+
+CASES = [
+    # (extra argv for `run`, or a full argv starting with a command), key, a fragment of the message
+    (["data.alpha=0"], "data.alpha", "greater than 0"),
+    (["data.alpha=-1"], "data.alpha", "greater than 0"),
+    (["data.alpha=abc"], "data.alpha", "valid number"),
+    (["data.num_clients=0"], "data.num_clients", "greater than or equal to 1"),
+    (["data.min_samples=1"], "data.min_samples", "greater than or equal to 2"),
+    (["data.partition=random"], "data.partition", "'dirichlet', 'iid' or 'shards'"),
+    (["data.dataset=imagenet"], "data.dataset", "'fashion_mnist'"),
+    (["data.test_fraction=1.5"], "data.test_fraction", "less than 1"),
+    (["data.dataset=fashion_mnist", "data.data_dir=/no/such/dir"], "data.data_dir", "--data-dir"),
+    (["data.emnist_split=greek"], "data.emnist_split", "'balanced'"),
+    (["data.min_samples=100000"], "data.min_samples", "lower data.min_samples"),
+    (["data.partition=shards", "data.shards_per_client=100000"], "data.shards_per_client", ""),
+    (["model.name=vgg"], "model.name", "'lenet5', 'resnet8' or 'resnet11'"),
+    (["algorithm.name=fedfoo"], "algorithm.name", "allowed: "),
+    (["algorithm.mu=0.1"], "algorithm.mu", "not a parameter of 'fedavg'"),
+    (["algorithm.name=fedprox", "algorithm.mu=-1"], "algorithm.mu", "greater than or equal to 0"),
+    (["algorithm.name=fedprox", "algorithm.mux=1"], "algorithm.mux", "algorithm.mu"),
+    (["federation.rounds=0"], "federation.rounds", "greater than or equal to 1"),
+    (["federation.clients_per_round=50"], "federation.clients_per_round", "allowed: 1..6"),
+    (["federation.local_steps=-3"], "federation.local_steps", "greater than or equal to 1"),
+    (["federation.batch_size=0"], "federation.batch_size", "greater than or equal to 1"),
+    (["federation.lr=0"], "federation.lr", "greater than 0"),
+    (["federation.optimizer=rmsprop"], "federation.optimizer", "'sgd' or 'adam'"),
+    (["federation.momentum=1.5"], "federation.momentum", "less than 1"),
+    (["federation.eval_every=0"], "federation.eval_every", "greater than or equal to 1"),
+    (["runtime.backend=spark"], "runtime.backend", "'local' or 'ray'"),
+    (["runtime.num_workers=100"], "runtime.num_workers", "allowed: 1..6"),
+    pytest.param(["runtime.num_gpus_per_worker=1"], "runtime.num_gpus_per_worker", "none is visible", marks=NO_GPU),
+    (["runtime.num_gpus_per_worker=-1"], "runtime.num_gpus_per_worker", "greater than or equal to 0"),
+    pytest.param(["runtime.device=cuda"], "runtime.device", "runtime.device=cpu", marks=NO_GPU),
+    (["runtime.num_cpus_per_worker=0"], "runtime.num_cpus_per_worker", "greater than 0"),
+    (["runtime.checkpoint_every=-1"], "runtime.checkpoint_every", "greater than or equal to 0"),
+    (["runtime.client_timeout_s=0"], "runtime.client_timeout_s", "greater than 0"),
+    (["runtime.max_client_retries=-2"], "runtime.max_client_retries", "greater than or equal to 0"),
+    (["tracking.uri=nosuch://x"], "tracking.uri", "tracking.enabled=false"),
+    (["tracking.experiment="], "tracking.experiment", "string"),
+    (["colour=blue"], "colour", "allowed keys here: name, seed, data"),
+    (["data.alpah=1"], "data.alpah", "allowed keys here: dataset"),
+    (["federation.rounds"], "federation.rounds", "key=value"),
+    (["seed=abc"], "seed", "valid integer"),
+    (["run", "no_such_preset"], "config", "presets: "),
+    (["run", "--resume", "nowhere"], "--resume", "no checkpoint"),
+    (["partition", "synthetic", "data.partition=iid", "data.num_clients=3000", "federation.clients_per_round=2",
+      "data.synthetic_train_samples=1000"], "data.num_clients", ""),
+    (["tune", "missing_spec.yaml"], "SPEC", "does not exist"),
+    (["tune", "tune_configs/smoke.yaml", "--num-samples", "0"], "--num-samples", "at least 1"),
+    (["report", "no/such/run"], "RUNS", ""),
+]
+
+
+def _argv(extra):
+    return extra if extra[0] in ("run", "partition", "tune", "report") else RUN + extra
+
+
+@pytest.mark.parametrize("extra, key, fragment", CASES)
+def test_bad_input(extra, key, fragment, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    if extra[:2] == ["tune", "tune_configs/smoke.yaml"]:
+        from pathlib import Path
+
+        extra = ["tune", str(Path(__file__).parents[1] / "tune_configs" / "smoke.yaml"), *extra[2:]]
+    assert main(_argv(extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {key}"), err[0]
+    assert fragment in err[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+    if (tmp_path / "mlflow.db").exists():  # a store may be opened to check tracking.uri, never a run
+        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        assert all(not client.search_runs([e.experiment_id]) for e in client.search_experiments())
+
+
+def test_corpus_is_large_enough():
+    assert len(CASES) >= 30
+
+
+def test_bad_yaml_files(tmp_path, capsys):
+    (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    assert main(["run", str(tmp_path / "broken.yaml")]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "list.yaml")]) == 2
+    assert "must hold a mapping" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main(RUN[:-3] + ["--output-dir", str(tmp_path / "afile")]) == 2
+    assert capsys.readouterr().err.startswith("error: --output-dir")
+
+
+def test_no_traceback_from_a_real_process(tmp_path):
+    """The console script itself: exit 2, one line, no traceback, for a bad resource request on Ray."""
+    proc = subprocess.run([sys.executable, "-m", "fedray.cli", *RUN, "runtime.backend=ray",
+                           "runtime.num_cpus_per_worker=64"], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled", "HOME": str(tmp_path)})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("error: runtime.num_cpus_per_worker") and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
