@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fedray import __version__
+from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
 from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, build_federated_data
@@ -62,6 +63,10 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     summary["time/round_s"] = float(np.mean(times)) if times else math.nan
     summary["time/total_s"] = total_s
     return summary
+
+
+# What a finished run leaves in its output directory (and logs to MLflow).
+RESULT_FILES = ("config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt")
 
 
 class RunHooks(Protocol):
@@ -178,4 +183,5 @@ def _write_outputs(out: Path, cfg: ExperimentConfig, data: FederatedData, histor
     plot_partition(data, out / "partition.png",
                    title=f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g})")
     write_history(out / "history.parquet", history)
-    write_json(out / "summary.json", summary)  # last: its presence marks a finished run
+    write_json(out / "summary.json", summary)  # its presence marks a finished run
+    (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume

@@ -236,9 +236,11 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def log_artifacts(self, folder: Path) -> None:
-        for path in sorted(Path(folder).iterdir()):
-            if path.is_file() and not path.name.startswith("."):
-                self.client.log_artifact(self.run_id, str(path))
+        from fedray.simulation import RESULT_FILES
+
+        for name in RESULT_FILES:
+            if (Path(folder) / name).is_file():
+                self.client.log_artifact(self.run_id, str(Path(folder) / name))
 
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:

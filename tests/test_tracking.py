@@ -95,7 +95,7 @@ def test_sigterm_ends_the_run_killed(tmp_path):
     """A real process killed by SIGTERM (a scheduler's preemption) leaves its MLflow run KILLED."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [a for a in TINY_ARGS if not a.startswith(("tracking.", "federation.rounds"))]
-    cmd = [sys.executable, "-m", "fedray.cli", "run", *args, "federation.rounds=100000", f"tracking.uri={uri}",
+    cmd = [sys.executable, "-m", "fedray.cli", "run", *args, "federation.rounds=100000", "runtime.checkpoint_every=1", f"tracking.uri={uri}",
            "--output-dir", str(tmp_path / "out"), "--no-progress"]
     MlflowClient(uri).search_experiments()  # create the tables first: two processes must not both migrate
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -115,4 +115,5 @@ def test_sigterm_ends_the_run_killed(tmp_path):
         proc.kill()
     _, runs = _runs(uri)
     assert [r.info.status for r in runs] == ["KILLED"]
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out" / "summary.json").exists()  # no result presented as complete
+    assert (tmp_path / "out" / "checkpoint.pt").exists()  # but resumable

@@ -99,15 +99,17 @@ class ServerActor:
 
 
 def start_ray(cfg: ExperimentConfig) -> bool:
-    """Connect to ``runtime.address`` or start a local Ray; True if this call started it."""
+    """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray;
+    True if this call started it."""
     if ray.is_initialized():
         return False
+    address = cfg.runtime.address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"logging_level": "ERROR", "configure_logging": True}
-    if cfg.runtime.address is None:
-        # A local cluster: no dashboard (nothing listens beyond what Ray needs on 127.0.0.1).
+    if address is None:
+        # A local cluster: no dashboard (nothing listens beyond what Ray itself needs).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         kwargs.update(include_dashboard=False, num_cpus=os.cpu_count())
-    ray.init(address=cfg.runtime.address, **kwargs)
+    ray.init(address=address, **kwargs)
     return True
 
 
