@@ -28,6 +28,15 @@ register_algorithm(FedAvg)
 from fedray.algorithms.fedprox import FedProx  # noqa: E402
 
 register_algorithm(FedProx)
+from fedray.algorithms.fedkf import FedKF  # noqa: E402
+
+register_algorithm(FedKF)
+from fedray.algorithms.qffl import QFFL  # noqa: E402
+
+register_algorithm(QFFL)
+from fedray.algorithms.fedgkd import FedGKD  # noqa: E402
+
+register_algorithm(FedGKD)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

@@ -2,10 +2,15 @@
 
 Server update (the Eq. 6 of DaFKD, Alg. 1 line 9 of FedKF): w_{t+1} = sum_k |D_k| / sum_j |D_j| * w_k over
 the clients that took part in round t. Stateless on the client side.
+
+``algorithm.report_model=oca`` adds FedKF's cached-model aggregation (T1, :mod:`fedray.algorithms.cached`):
+the server also keeps every client's latest upload and reports the OCA model ("FedAvg (OCA)", FedKF
+Table XII); training and the broadcast model are unchanged. The default (``aca``) is plain FedAvg.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,14 +26,16 @@ from fedray.algorithms.base import (
     clone_weights,
     weighted_average,
 )
+from fedray.algorithms.cached import CacheParams, ModelCache, init_cache, update_cache
 from fedray.models import build_model
 
 
 @dataclass
 class ModelState:
-    """Server state: the global model's weights."""
+    """Server state: the global (ACA) model's weights, and the T1 cache when the method keeps one."""
 
     weights: Weights
+    cache: ModelCache | None = None
 
 
 @dataclass
@@ -43,24 +50,51 @@ class ModelUpload:
 
 
 @dataclass
+class CachedUpload(ModelUpload):
+    """An upload to a server that keeps T1 cache slots: it must know whose slot to overwrite."""
+
+    client_id: int = -1
+
+
+@dataclass
 class Modules:
     model: torch.nn.Module
 
 
+class FedAvgParams(CacheParams):
+    pass
+
+
 class FedAvg(Algorithm):
     name = "fedavg"
+    Params = FedAvgParams
+
+    @property
+    def uses_cache(self) -> bool:
+        """Keep T1 cache slots (only when the OCA model is asked for: plain FedAvg stays exactly FedAvg)."""
+        return getattr(self.params, "report_model", None) == "oca"
 
     def build_modules(self) -> Modules:
         return Modules(model=build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes))
 
     def init_server_state(self, modules: Modules) -> ModelState:
-        return ModelState(weights=clone_weights(modules.model))
+        w0 = clone_weights(modules.model)
+        cache = init_cache(w0, self.spec.num_clients, self.params.cache_init or "initial") if self.uses_cache else None
+        return ModelState(weights=w0, cache=cache)
 
     def broadcast(self, state: ModelState, round_: int) -> ModelPayload:
         return ModelPayload(weights=state.weights)
 
     def global_weights(self, state: ModelState) -> Weights:
+        if state.cache is not None and self.params.report_model == "oca":
+            return state.cache.oca
         return state.weights
+
+    def extra_eval_models(self, state: ModelState) -> dict[str, Weights]:
+        """With the cache: both the ACA and the OCA model, so one run gives both rows of Table XII."""
+        if state.cache is None:
+            return {}
+        return {"aca": state.weights, "oca": state.cache.oca}
 
     # --- client -------------------------------------------------------------------------------------
     def make_optimizer(self, params, fed) -> torch.optim.Optimizer:
@@ -72,15 +106,20 @@ class FedAvg(Algorithm):
         """The client's training objective; subclasses add terms (FedProx's proximal term)."""
         return F.cross_entropy(model(x), y)
 
-    def make_anchor(self, model: torch.nn.Module) -> Any:
-        """What the local loss may compare against (the received global model); None for FedAvg."""
+    def make_anchor(self, model: torch.nn.Module, ctx: ClientContext | None = None, payload: Any = None) -> Any:
+        """What the local loss may compare against (the received global model, a teacher); None for FedAvg."""
         return None
+
+    def make_upload(self, ctx: ClientContext, model: torch.nn.Module) -> ModelUpload:
+        if self.uses_cache:
+            return CachedUpload(weights=clone_weights(model), num_samples=ctx.num_samples, client_id=ctx.client_id)
+        return ModelUpload(weights=clone_weights(model), num_samples=ctx.num_samples)
 
     def client_update(self, ctx: ClientContext, payload: ModelPayload, state: Any) -> ClientResult:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         model.train()
-        anchor = self.make_anchor(model)
+        anchor = self.make_anchor(model, ctx, payload)
         opt = self.make_optimizer(model.parameters(), ctx.fed)
         total, steps = torch.zeros((), device=ctx.device), 0
         for x, y in ctx.batches():
@@ -90,7 +129,7 @@ class FedAvg(Algorithm):
             opt.step()
             total += loss.detach()
             steps += 1
-        upload = ModelUpload(weights=clone_weights(model), num_samples=ctx.num_samples)
+        upload = self.make_upload(ctx, model)
         return ClientResult(upload=upload, state=None, metrics={"train/loss": float(total) / max(steps, 1)})
 
     # --- server -------------------------------------------------------------------------------------
@@ -98,4 +137,9 @@ class FedAvg(Algorithm):
         self, state: ModelState, uploads: list[ModelUpload], ctx: ServerContext
     ) -> tuple[ModelState, dict[str, float]]:
         weights = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
-        return ModelState(weights=weights), {}
+        if state.cache is None:
+            return dataclasses.replace(state, weights=weights), {}
+        cache = update_cache(state.cache, [u.client_id for u in uploads], [u.weights for u in uploads],
+                             [u.num_samples for u in uploads])
+        return dataclasses.replace(state, weights=weights, cache=cache), {
+            "server/cache_filled": float(len(cache.slots))}

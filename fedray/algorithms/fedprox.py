@@ -1,19 +1,20 @@
 """FedProx (Li et al., 2020): FedAvg whose local objective adds the proximal term mu/2 ||w - w_t||^2.
 
-w_t is the global model received this round; the server step is FedAvg's sample-weighted average.
+w_t is the global model received this round; the server step is FedAvg's sample-weighted average
+(with ``algorithm.report_model=oca``, FedKF's cached-model aggregation as for FedAvg).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.fedavg import FedAvg
 
 
-class FedProxParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedProxParams(CacheParams):
     mu: float = Field(default=0.01, ge=0, description="weight of the proximal term")
 
 
@@ -21,7 +22,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def make_anchor(self, model: torch.nn.Module) -> list[torch.Tensor]:
+    def make_anchor(self, model: torch.nn.Module, ctx=None, payload=None) -> list[torch.Tensor]:
         return [p.detach().clone() for p in model.parameters()]
 
     def local_loss(self, model, x, y, anchor: list[torch.Tensor]) -> torch.Tensor:

@@ -117,9 +117,12 @@ class ServerCore:
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
     def evaluate(self) -> dict[str, float]:
-        metrics = self.evaluator.evaluate(self.algo.global_weights(self.state))
+        main = self.algo.global_weights(self.state)
+        metrics = self.evaluator.evaluate(main)
         for suffix, weights in self.algo.extra_eval_models(self.state).items():
-            metrics.update({f"{k}_{suffix}": v for k, v in self.evaluator.evaluate(weights).items()})
+            # The reported model is usually one of the extra ones (FedKF reports OCA): evaluate it once.
+            extra = dict(metrics) if weights is main else self.evaluator.evaluate(weights)
+            metrics.update({f"{k}_{suffix}": v for k, v in extra.items()})
         return metrics
 
     def global_weights(self) -> dict[str, torch.Tensor]:
