@@ -118,10 +118,11 @@ class ServerCore:
 
     def evaluate(self) -> dict[str, float]:
         main = self.algo.global_weights(self.state)
-        metrics = self.evaluator.evaluate(main)
+        base = self.evaluator.evaluate(main)
+        metrics = dict(base)
         for suffix, weights in self.algo.extra_eval_models(self.state).items():
             # The reported model is usually one of the extra ones (FedKF reports OCA): evaluate it once.
-            extra = dict(metrics) if weights is main else self.evaluator.evaluate(weights)
+            extra = base if weights is main else self.evaluator.evaluate(weights)
             metrics.update({f"{k}_{suffix}": v for k, v in extra.items()})
         return metrics
 

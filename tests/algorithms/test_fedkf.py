@@ -271,6 +271,8 @@ def test_two_round_runs_of_fedkf_and_fedkf_minus():
         for key in ("accuracy", "amp", "fm", "wlp"):
             assert math.isfinite(s[f"eval/{key}_aca"]) and math.isfinite(s[f"eval/{key}_oca"])
             assert s[f"eval/{key}"] == s[f"eval/{key}_oca"]  # report_model defaults to oca
+        assert sorted(k for k in s if k.startswith("eval/accuracy")) == [
+            "eval/accuracy", "eval/accuracy_aca", "eval/accuracy_oca"]
         row = res.history[-1]
         assert row["train/kl"] >= 0 and 0 <= row["train/l_ie"] <= 1 and row["train/l_a"] <= 0
         assert row["server/cache_filled"] >= 3
