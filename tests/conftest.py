@@ -51,7 +51,7 @@ def _ensure_ray():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     return ray
 
 

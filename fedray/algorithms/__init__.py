@@ -28,6 +28,8 @@ register_algorithm(FedAvg)
 from fedray.algorithms.fedprox import FedProx  # noqa: E402
 
 register_algorithm(FedProx)
+from fedray.algorithms.dafkd import DaFKD  # noqa: E402
+register_algorithm(DaFKD)
 from fedray.algorithms.fedkf import FedKF  # noqa: E402
 
 register_algorithm(FedKF)

@@ -106,7 +106,9 @@ def start_ray(cfg: ExperimentConfig) -> bool:
     address = cfg.runtime.address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"logging_level": "ERROR", "configure_logging": True}
     if address is None:
-        # A local cluster: no dashboard (nothing listens beyond what Ray itself needs).
+        # A new local cluster of our own ("local": never silently join a `ray start` cluster of this
+        # machine), with no dashboard: nothing listens beyond what Ray itself needs.
+        address = "local"
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         kwargs.update(include_dashboard=False, num_cpus=os.cpu_count())
     ray.init(address=address, **kwargs)

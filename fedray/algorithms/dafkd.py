@@ -1,0 +1,293 @@
+"""DaFKD: Domain-aware Federated Knowledge Distillation (Wang et al., CVPR 2023; ALGORITHMS.md "DaFKD").
+
+Round t (Algorithm 1). The server sends the global classifier w_t and generator theta^g_t. Each sampled
+client k (lines 15-26) loads them, keeps its own discriminator theta^d_k from its previous round (line 18,
+client state here), and for ``federation.local_steps`` steps
+
+- trains classifier and discriminator jointly (Eq. 9): CE on a private batch (Eq. 1) + the adversarial
+  BCE of Eq. 2 over the real batch (label 1) and as many generated samples (label 0), averaged over the
+  n + n_hat samples as Eq. 2 writes it;
+- then trains its copy of the generator against its discriminator (Eq. 3; non-saturating by default).
+
+With ``sharing=true`` (Sec. 3.4, Fig. 2) the discriminator is ``sigmoid(Linear(feature_dim, 1))`` on the
+classifier's ``features(x)``: only that head is the client's own; with ``sharing=false`` it is a separate
+network (Table 3, "no-sharing") whose full weights are the client's state.
+
+The server (lines 9-13) averages classifiers (Eq. 6) and generators (Eq. 4), draws the distillation set
+from the generator it broadcast this round with a seed derived from (run seed, round), weights each
+client per sample by Eq. 7 and distils the weighted ensemble into the averaged classifier by Eq. 8
+(:mod:`fedray.algorithms.dafkd_server`). ``private_discriminator=true`` is Appendix B: the discriminator
+never leaves the client; each client draws the same seeded distillation set from the broadcast generator
+and uploads f_k(x_i) * s_k(x_i) and f_k(x_i) (the paper sums the f's by secure aggregation; here the
+server sums them), and the server normalises. Same seed, same model as the main variant up to
+floating-point error (``tests/algorithms/test_dafkd.py``).
+
+Generated images live in the classifier's normalised input space: the generator's tanh output is read
+as pixels in [0, 1] and normalised with the dataset's mean/std (:mod:`fedray.models.dcgan`), so real and
+fake inputs of the discriminator are on the same scale.
+
+Choices where the paper is silent or disagrees with its authors' code (options expose the code's way):
+Eq. 6 / Eq. 4 average uniformly (code: by samples, ``aggregation=samples``); the ensemble is of
+probabilities (code: logits, ``ensemble=logits``); Eq. 7 is guarded by adding ``alpha_eps`` to every
+f_k, which is uniform when all are 0; no gradient penalty (code: 0.3, ``gp_weight``); adversarial
+training in every round (code: only early rounds, ``disc_train_rounds`` / ``gen_train_rounds``);
+distillation from round 1 (code: from round 2, ``distill_start_round``), temperature 1 = Eq. 8's plain KL
+(code: T=10, Adam lr 1e-5, KLDivLoss averaged over classes too: ``temperature``, ``distill_optimizer``,
+``distill_lr``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from fedray.algorithms.base import Algorithm, ClientContext, ClientResult, ServerContext, Weights, clone_weights
+from fedray.algorithms.dafkd_server import server_round
+from fedray.algorithms.distill import soft_targets
+from fedray.models import FedModel, build_model
+from fedray.models.dcgan import DCGANGenerator, separate_discriminator
+from fedray.seeding import derive_seed
+
+
+class DaFKDParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sharing: bool = Field(default=True, description="discriminator head on the classifier's extractor (Sec. 3.4)")
+    correlation: bool = Field(default=True, description="Eq. 7 weights; false = uniform (Table 3 no-correlation)")
+    private_discriminator: bool = Field(default=False, description="Appendix B: upload f*s and f, not theta^d")
+    ensemble: Literal["probs", "logits"] = Field(default="probs", description="paper: probs; authors' code: logits")
+    aggregation: Literal["uniform", "samples"] = Field(default="uniform", description="Eq. 4/6: 1/K_t; code: |D_k|")
+    noise_dim: int = Field(default=100, ge=1)
+    gen_width: int = Field(default=64, ge=1, description="DCGAN width w: 4w-2w-w channels (authors' code: 64)")
+    gen_lr: float = Field(default=0.001, gt=0, description="generator Adam lr (betas 0.5, 0.999)")
+    disc_lr: float = Field(default=0.001, gt=0, description="discriminator head / network lr")
+    gen_loss: Literal["nonsaturating", "minimax"] = "nonsaturating"
+    gp_weight: float = Field(default=0.0, ge=0, description="gradient penalty weight (authors' code: 0.3)")
+    disc_train_rounds: int | None = Field(default=None, ge=0, description="train D only in rounds 1..N (code: 3)")
+    gen_train_rounds: int | None = Field(default=None, ge=0, description="train G only in rounds 1..N (code: 5)")
+    distill_samples: int = Field(default=1024, ge=1, description="size of the generated distillation set")
+    distill_steps: int = Field(default=100, ge=0)
+    distill_batch_size: int = Field(default=64, ge=1)
+    distill_lr: float = Field(default=0.01, gt=0)
+    distill_optimizer: Literal["sgd", "adam"] = Field(default="sgd", description="sgd has momentum 0.9")
+    temperature: float = Field(default=1.0, gt=0)
+    distill_start_round: int = Field(default=1, ge=1, description="authors' code: 2 (no distillation in round 1)")
+    alpha_eps: float = Field(default=1e-8, gt=0, description="added to every f_k in Eq. 7")
+    eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
+
+
+# --- typed state (tensors, dicts of tensors, ints, None: checkpointable without pickle) ---------------
+
+
+@dataclass
+class DaFKDModules:
+    model: FedModel  # classifier w (student on the server)
+    generator: DCGANGenerator  # theta^g
+    disc: nn.Module  # sharing: Linear(feature_dim, 1) on model.features; else a separate network
+
+
+@dataclass
+class DaFKDServerState:
+    weights: Weights  # w_t, the global classifier
+    generator: Weights  # theta^g_t, the global generator
+    average: Weights | None = None  # w_hat_t before distillation (kept only with eval_average)
+
+
+@dataclass
+class DaFKDPayload:
+    weights: Weights
+    generator: Weights
+    distill_seed: int | None = None  # only the private variant needs (and is sent) the shared noise seed
+
+
+@dataclass
+class DaFKDUpload:
+    weights: Weights  # w_t^k
+    generator: Weights  # theta^g_k
+    num_samples: int
+    disc: Weights | None = None  # main variant with correlation: theta^d_k (the head only with sharing)
+    weighted_outputs: torch.Tensor | None = None  # private: (f_k + eps) * s_k on the distillation set (N, C)
+    output_weights: torch.Tensor | None = None  # private with correlation: f_k + eps (N,)
+
+
+@dataclass
+class DaFKDClientState:
+    client_id: int
+    disc: Weights  # theta^d_k: the head (sharing) or the whole separate network; never averaged, never sent
+    rounds: int = 0  # rounds this client has trained in
+
+
+class DaFKD(Algorithm):
+    name = "dafkd"
+    Params = DaFKDParams
+
+    # --- modules ------------------------------------------------------------------------------------
+    def _build_disc(self, feature_dim: int) -> nn.Module:
+        if self.params.sharing:
+            return nn.Linear(feature_dim, 1)
+        return separate_discriminator(self.cfg.model.name, self.spec.input_shape)
+
+    def build_modules(self) -> DaFKDModules:
+        model = build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes)
+        gen = DCGANGenerator(self.params.noise_dim, self.spec.input_shape, self.params.gen_width,
+                             self.spec.mean, self.spec.std)
+        return DaFKDModules(model=model, generator=gen, disc=self._build_disc(model.feature_dim))
+
+    def init_server_state(self, modules: DaFKDModules) -> DaFKDServerState:
+        return DaFKDServerState(weights=clone_weights(modules.model), generator=clone_weights(modules.generator))
+
+    def init_client_state(self, client_id: int) -> DaFKDClientState:
+        # A fresh discriminator drawn from (run seed, client); fork_rng leaves the global RNG untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.cfg.seed, "dafkd/disc-init", client_id) % (1 << 63))
+            feature_dim = build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes).feature_dim
+            disc = self._build_disc(feature_dim)
+        return DaFKDClientState(client_id=client_id, disc=clone_weights(disc))
+
+    def distill_seed(self, round_: int) -> int:
+        """Seed of round ``round_``'s distillation noise, shared by the server and (Appendix B) the clients."""
+        return derive_seed(self.cfg.seed, "dafkd/distill-noise", round_)
+
+    def broadcast(self, state: DaFKDServerState, round_: int) -> DaFKDPayload:
+        seed = self.distill_seed(round_) if self.params.private_discriminator else None
+        return DaFKDPayload(weights=state.weights, generator=state.generator, distill_seed=seed)
+
+    def global_weights(self, state: DaFKDServerState) -> Weights:
+        return state.weights
+
+    def extra_eval_models(self, state: DaFKDServerState) -> dict[str, Weights]:
+        return {"avg": state.average} if self.params.eval_average and state.average is not None else {}
+
+    # --- shared by client (Appendix B) and server ---------------------------------------------------
+    def disc_logits(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) logit of f(theta^d; x); f = sigmoid(logit) is the probability that x is real."""
+        if self.params.sharing:
+            return m.disc(m.model.features(x) if feats is None else feats).squeeze(1)
+        return m.disc(x).squeeze(1)
+
+    def distillation_set(self, m: DaFKDModules, generator: Weights, seed: int, device: torch.device) -> torch.Tensor:
+        """``distill_samples`` images from ``generator`` with noise from ``seed`` (Alg. 1 line 11).
+
+        Generated in chunks of ``federation.batch_size`` with BatchNorm on batch statistics, like the fakes
+        the discriminators were trained against (and like the authors' code). The module is only a
+        vessel: its running statistics change here, and every use loads weights first.
+        """
+        p = self.params
+        m.generator.load_state_dict(generator)
+        m.generator.train()
+        z = torch.randn(p.distill_samples, p.noise_dim, generator=torch.Generator().manual_seed(seed % (1 << 63)))
+        z, bs = z.to(device), self.cfg.federation.batch_size
+        with torch.no_grad():
+            return torch.cat([m.generator(z[i : i + bs]) for i in range(0, len(z), bs)])
+
+    def client_outputs(self, m: DaFKDModules, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Soft outputs s_k(x) (probabilities at temperature T, or logits) and f_k(x) (None without
+        correlation) of the classifier and discriminator loaded in ``m``, in eval mode."""
+        m.model.eval()
+        m.disc.eval()
+        outs, fs, bs = [], [], self.cfg.federation.eval_batch_size
+        with torch.no_grad():
+            for i in range(0, len(x), bs):
+                feats = m.model.features(x[i : i + bs])
+                outs.append(m.model.head(feats))
+                if self.params.correlation:
+                    fs.append(torch.sigmoid(self.disc_logits(m, x[i : i + bs], feats)))
+        logits = torch.cat(outs)
+        s = soft_targets(logits, self.params.temperature) if self.params.ensemble == "probs" else logits
+        return s, (torch.cat(fs) if fs else None)
+
+    # --- client (Alg. 1 lines 15-26) ----------------------------------------------------------------
+    def _local_optimizer(self, groups: list[dict], fed) -> torch.optim.Optimizer:
+        if fed.optimizer == "adam":
+            return torch.optim.Adam(groups, weight_decay=fed.weight_decay)
+        return torch.optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
+
+    def _gradient_penalty(self, m: DaFKDModules, real: torch.Tensor, fake: torch.Tensor,
+                          rng: torch.Generator) -> torch.Tensor:
+        """(||grad_x f(x_mix)||_2 - 1)^2 on random real/fake mixes, as the authors' code (on the sigmoid
+        output; the norm here is per sample over all pixels, theirs over channels only)."""
+        eps = torch.rand(real.shape[0], 1, 1, 1, generator=rng).to(real.device)
+        mix = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        out = torch.sigmoid(self.disc_logits(m, mix))
+        (grad,) = torch.autograd.grad(out.sum(), mix, create_graph=True)
+        return ((grad.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
+
+    def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
+        assert state.client_id == ctx.client_id, "a client received another client's discriminator"
+        p, m, fed, dev = self.params, ctx.modules, ctx.fed, ctx.device
+        m.model.load_state_dict(payload.weights)  # line 17: w_t^k = w_t, theta^g_k = theta^g_t
+        m.generator.load_state_dict(payload.generator)
+        m.disc.load_state_dict(state.disc)  # line 18: theta^d_k from this client's previous round
+        for module in (m.model, m.generator, m.disc):
+            module.train()
+        opt = self._local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
+                                     {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
+        gen_params = list(m.generator.parameters())
+        opt_g = torch.optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
+        noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
+        train_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
+        train_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
+        tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
+        for x, y in ctx.batches():  # lines 19-25
+            b = x.shape[0]
+            ones, zeros = torch.ones(b, device=dev), torch.zeros(b, device=dev)
+            opt.zero_grad(set_to_none=True)
+            feats = m.model.features(x)
+            ce = F.cross_entropy(m.model.head(feats), y)
+            loss = ce
+            if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
+                with torch.no_grad():
+                    fake = m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev))
+                d_real, d_fake = self.disc_logits(m, x, feats), self.disc_logits(m, fake)
+                adv = F.binary_cross_entropy_with_logits(torch.cat([d_real, d_fake]), torch.cat([ones, zeros]))
+                if p.gp_weight > 0:
+                    adv = adv + p.gp_weight * self._gradient_penalty(m, x, fake, gp_rng)
+                loss = ce + adv
+                tot["adv"] += float(adv.detach())
+                tot["real_ok"] += float((d_real.detach() > 0).sum())
+                tot["fake_ok"] += float((d_fake.detach() < 0).sum())
+                tot["n"] += b
+            loss.backward()
+            opt.step()
+            if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
+                d_gen = self.disc_logits(m, m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev)))
+                if p.gen_loss == "nonsaturating":
+                    g_loss = F.binary_cross_entropy_with_logits(d_gen, ones)  # -log f(G(z))
+                else:
+                    g_loss = -F.binary_cross_entropy_with_logits(d_gen, zeros)  # log(1 - f(G(z))), Eq. 3
+                for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
+                    prm.grad = g
+                opt_g.step()
+                tot["gen"] += float(g_loss.detach())
+            tot["ce"] += float(ce.detach())
+            tot["steps"] += 1
+
+        steps = max(tot["steps"], 1)
+        metrics = {"train/loss": tot["ce"] / steps}
+        if train_d and tot["n"]:
+            metrics.update({"train/disc_loss": tot["adv"] / steps, "train/disc_acc_real": tot["real_ok"] / tot["n"],
+                            "train/disc_acc_fake": tot["fake_ok"] / tot["n"]})
+        if train_g:
+            metrics["train/gen_loss"] = tot["gen"] / steps
+        disc_w = clone_weights(m.disc)
+        upload = DaFKDUpload(weights=clone_weights(m.model), generator=clone_weights(m.generator),
+                             num_samples=ctx.num_samples)
+        if p.private_discriminator:  # Appendix B: the same seeded samples as the server, from theta^g_t
+            x_hat = self.distillation_set(m, payload.generator, payload.distill_seed, dev)
+            s, f = self.client_outputs(m, x_hat)  # m still holds this client's trained w and theta^d
+            w = None if f is None else (f + p.alpha_eps)
+            upload.weighted_outputs = (s if w is None else w.unsqueeze(1) * s).cpu()
+            upload.output_weights = None if w is None else w.cpu()
+        elif p.correlation:
+            upload.disc = disc_w
+        new_state = DaFKDClientState(client_id=ctx.client_id, disc=disc_w, rounds=state.rounds + 1)
+        return ClientResult(upload=upload, state=new_state, metrics=metrics)
+
+    # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
+    def server_update(self, state: DaFKDServerState, uploads: list[DaFKDUpload],
+                      ctx: ServerContext) -> tuple[DaFKDServerState, dict[str, float]]:
+        return server_round(self, state, uploads, ctx)

@@ -1,0 +1,127 @@
+"""DaFKD's server round (Algorithm 1, lines 9-13): Eq. 4 and 6 averages, Eq. 7 weights, Eq. 8 distillation.
+
+Kept apart from :mod:`fedray.algorithms.dafkd` (the method's types and client) because it is the part
+another distillation method would read: how a per-sample weighted teacher is built from either the
+local models (main variant) or the clients' weighted outputs (Appendix B), and how it is distilled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedray.algorithms.base import ServerContext, Weights, clone_weights, weighted_average
+from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targets
+from fedray.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from fedray.algorithms.dafkd import DaFKD, DaFKDServerState, DaFKDUpload
+
+
+def correlation_weights(f: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 7: alpha_{k,i} = f_{k,i} / sum_j f_{j,i} for f of shape (K, N), guarded against a zero sum.
+
+    ``eps`` is added to every f_{k,i} first, so a sample that every discriminator scores 0 gets uniform
+    weights 1/K (and non-finite scores never arise); for f >> eps the change is below float precision.
+    The Appendix B variant applies the same eps on the clients, so both variants agree.
+    """
+    w = f + eps
+    return w / w.sum(0, keepdim=True)
+
+
+def alpha_metrics(alpha: torch.Tensor) -> dict[str, float]:
+    """How peaked the weights (K, N) are: ``alpha_max_mean`` = mean_i max_k alpha (1/K uniform .. 1 one
+    client), ``alpha_entropy`` = mean_i H(alpha_i) / log K (1 uniform .. 0 one client)."""
+    return {"server/alpha_max_mean": float(alpha.max(0).values.mean()),
+            "server/alpha_entropy": float(normalised_entropy(alpha, dim=0).mean())}
+
+
+def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tensor,
+                     ctx: ServerContext) -> tuple[torch.Tensor, dict[str, float]]:
+    """Teacher targets (N, C): sum_k alpha_{k,i} s_k(x_i), with s = probabilities or logits (``ensemble``)."""
+    p, m = algo.params, ctx.modules
+    if p.private_discriminator:  # Appendix B: sum_k (f_k + eps) s_k / sum_k (f_k + eps)
+        num = torch.stack([u.weighted_outputs.to(ctx.device) for u in uploads]).sum(0)
+        if p.correlation:
+            w = torch.stack([u.output_weights.to(ctx.device) for u in uploads])  # (K, N), f_k + eps
+            alpha, teacher = w / w.sum(0, keepdim=True), num / w.sum(0).unsqueeze(1)
+            scores = w - p.alpha_eps
+        else:
+            alpha = torch.full((len(uploads), x.shape[0]), 1.0 / len(uploads), device=ctx.device)
+            teacher, scores = num / len(uploads), None
+    else:  # main variant: run each uploaded classifier and discriminator on the distillation set
+        outs, fs = [], []
+        for u in uploads:
+            m.model.load_state_dict(u.weights)
+            if p.correlation:
+                m.disc.load_state_dict(u.disc)
+            s, f = algo.client_outputs(m, x)
+            outs.append(s)
+            fs.append(f)
+        s = torch.stack(outs)  # (K, N, C)
+        if p.correlation:
+            scores = torch.stack(fs)
+            alpha = correlation_weights(scores, p.alpha_eps)  # Eq. 7
+        else:  # Table 3 no-correlation: plain ensemble
+            scores, alpha = None, torch.full(s.shape[:2], 1.0 / len(uploads), device=ctx.device)
+        teacher = (alpha.unsqueeze(2) * s).sum(0)
+    metrics = alpha_metrics(alpha)
+    if scores is not None:
+        metrics["server/disc_score_mean"] = float(scores.mean())  # how real the discriminators find x_hat
+    return teacher, metrics
+
+
+def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.Tensor,
+           ctx: ServerContext) -> tuple[Weights, dict[str, float]]:
+    """Eq. 8: from w_hat, minimise KL(teacher || s(w; x)) (temperature KD, batch mean) over the set.
+
+    The student stays in eval mode: BatchNorm running statistics remain those averaged from the clients'
+    real data, and generated batches never enter them. Batches are drawn without replacement from a
+    seeded permutation (reshuffled after each pass).
+    """
+    p, model = algo.params, ctx.modules.model
+    model.load_state_dict(start)
+    model.eval()
+    if p.distill_optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=p.distill_lr)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=p.distill_lr, momentum=0.9)
+    rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "dafkd/distill-batches") % (1 << 63))
+    n, bs = x.shape[0], p.distill_batch_size
+    perm, pos, losses = torch.randperm(n, generator=rng), 0, []
+    for _ in range(p.distill_steps):
+        if pos >= n:
+            perm, pos = torch.randperm(n, generator=rng), 0
+        idx = perm[pos : pos + bs].to(x.device)
+        pos += bs
+        loss = kd_kl_probs(model(x[idx]), teacher_probs[idx], p.temperature)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    if not losses:
+        return start, {}
+    t = torch.stack(losses)
+    return clone_weights(model), {"server/kd_loss": float(t.mean()), "server/kd_loss_first": float(t[0]),
+                                  "server/kd_loss_last": float(t[-1])}
+
+
+def server_round(algo: "DaFKD", state: "DaFKDServerState", uploads: list["DaFKDUpload"],
+                 ctx: ServerContext) -> tuple["DaFKDServerState", dict[str, float]]:
+    from fedray.algorithms.dafkd import DaFKDServerState
+
+    p = algo.params
+    coefs = [1.0] * len(uploads) if p.aggregation == "uniform" else [float(u.num_samples) for u in uploads]
+    average = weighted_average([u.weights for u in uploads], coefs)  # Eq. 6
+    generator = weighted_average([u.generator for u in uploads], coefs)  # Eq. 4
+    weights, metrics = average, {}
+    if ctx.round >= p.distill_start_round:
+        # the set comes from the generator broadcast this round (the clients' theta^g_t), not the new average
+        x = algo.distillation_set(ctx.modules, state.generator, algo.distill_seed(ctx.round), ctx.device)
+        teacher, metrics = ensemble_teacher(algo, uploads, x, ctx)
+        probs = teacher if p.ensemble == "probs" else soft_targets(teacher, p.temperature)
+        weights, kd = distil(algo, average, x, probs, ctx)
+        metrics.update(kd)
+    new = DaFKDServerState(weights=weights, generator=generator, average=average if p.eval_average else None)
+    return new, metrics

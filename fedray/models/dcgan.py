@@ -1,0 +1,97 @@
+"""DaFKD's generator and its separate (no-sharing) discriminator.
+
+**Generator** (DCGAN, Radford et al. 2016; the DaFKD authors' ``GeneratorCifar``): z in R^nz, seen as a
+1x1 map, -> ConvTranspose to ``4w`` channels at a small base size -> three stride-2 ConvTranspose layers
+(``2w``, ``w``, then the image's channels), BatchNorm + ReLU after every hidden layer, tanh at the end.
+With ``w = 64`` on 3x32x32 images this is the authors' network exactly (base 4x4, three 4x4 stride-2
+transposed convolutions). For other shapes each side is halved three times (rounding up) to get the
+base size, and each upsampling uses a 4x4 kernel (n -> 2n) or, where the target side is odd, a 3x3
+kernel (n -> 2n - 1); on 1x28x28 (Fashion-MNIST, MNIST) that is 1x1 -> 4x4 -> 7x7 -> 14x14 -> 28x28, the
+usual DCGAN layout for MNIST, so the output is exactly C x H x W. (A stride-1 last layer at full size,
+the other way to reach 28, is 4-5x slower on a CPU for no gain.)
+
+**Output space.** The classifier sees images normalised as ``(pixel/255 - mean) / std``
+(:func:`fedray.data.federated.to_float`). The generator's tanh output t in [-1, 1] is read as pixels
+p = (t + 1) / 2 in [0, 1] and normalised the same way, ``(p - mean) / std``, inside ``forward``; so real
+and generated images reach the classifier and the discriminator in the same space and range.
+
+**Separate discriminator** (DaFKD Table 3, "no-sharing"): the classifier's own architecture with its own
+weights and a one-logit head, ``build_model(name, shape, 1)``; it differs from the shared variant
+(Sec. 3.4, Fig. 2) only in not sharing the extractor, which is what the ablation isolates.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from fedray.models import FedModel, build_model
+
+
+def _stages(size: int) -> tuple[int, list[int]]:
+    """Base side and the kernel of each of the three stride-2 upsamplings that end exactly at ``size``."""
+    sides = [size]
+    for _ in range(3):
+        sides.append(-(-sides[-1] // 2))
+    sides.reverse()  # base, ..., size
+    return sides[0], [4 if out == 2 * inp else 3 for inp, out in zip(sides, sides[1:])]
+
+
+class DCGANGenerator(nn.Module):
+    """z (B, noise_dim) -> images (B, C, H, W) in the classifier's normalised input space."""
+
+    def __init__(self, noise_dim: int, output_shape: tuple[int, int, int], width: int = 64,
+                 mean: tuple[float, ...] = (0.5,), std: tuple[float, ...] = (0.5,)):
+        super().__init__()
+        channels, height, width_px = (int(d) for d in output_shape)
+        self.noise_dim = int(noise_dim)
+        self.output_shape = (channels, height, width_px)
+        # plain tuples, not buffers: configuration, not state (never averaged or sent)
+        self.mean = tuple(float(m) for m in mean) * (channels if len(mean) == 1 else 1)
+        self.std = tuple(float(s) for s in std) * (channels if len(std) == 1 else 1)
+        (base_h, kernels_h), (base_w, kernels_w) = _stages(height), _stages(width_px)
+        chans = (4 * width, 2 * width, width, channels)
+        layers: list[nn.Module] = [
+            nn.ConvTranspose2d(self.noise_dim, chans[0], kernel_size=(base_h, base_w), bias=False),
+            nn.BatchNorm2d(chans[0]),
+            nn.ReLU(),
+        ]
+        for i in range(3):
+            last = i == 2
+            layers.append(nn.ConvTranspose2d(chans[i], chans[i + 1], kernel_size=(kernels_h[i], kernels_w[i]),
+                                             stride=2, padding=1, bias=last))
+            if not last:
+                layers += [nn.BatchNorm2d(chans[i + 1]), nn.ReLU()]
+        layers.append(nn.Tanh())
+        self.net = nn.Sequential(*layers)
+        dcgan_init(self)
+
+    def forward(self, z: Tensor) -> Tensor:
+        t = self.net(z.view(z.shape[0], self.noise_dim, 1, 1))
+        m = torch.as_tensor(self.mean, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
+        s = torch.as_tensor(self.std, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
+        return ((t + 1.0) * 0.5 - m) / s
+
+    def extra_repr(self) -> str:
+        return f"noise_dim={self.noise_dim}, output_shape={self.output_shape}"
+
+
+def dcgan_init(module: nn.Module) -> None:
+    """DCGAN's initialisation (Radford et al.): conv weights N(0, 0.02), BN weights N(1, 0.02), bias 0.
+
+    Draws from torch's global RNG, like every model constructor here: seed it first (the runtime builds
+    modules under the run's ``init`` seed).
+    """
+    for m in module.modules():
+        if isinstance(m, (nn.ConvTranspose2d, nn.Conv2d)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.normal_(m.weight, 1.0, 0.02)
+            nn.init.zeros_(m.bias)
+
+
+def separate_discriminator(model_name: str, input_shape: tuple[int, int, int]) -> FedModel:
+    """The no-sharing discriminator: the classifier's architecture, own weights, ``forward`` -> (B, 1) logit."""
+    return build_model(model_name, input_shape, 1)
