@@ -148,7 +148,7 @@ class ExperimentConfig(_Strict):
 
     def flat(self) -> dict[str, Any]:
         """Dotted ``key -> value`` view of the whole config (for MLflow params and reports)."""
-        return _flatten(self.model_dump(mode="json"))
+        return flatten(self.model_dump(mode="json"))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -158,12 +158,13 @@ class ExperimentConfig(_Strict):
 # loading
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested sections -> dotted keys (``{"data": {"alpha": 1}}`` -> ``{"data.alpha": 1}``)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v
     return out
@@ -184,12 +185,17 @@ def _read_yaml(name_or_path: str) -> dict:
             )
     if not path.exists():
         raise ConfigError("config", f"file {path} does not exist; give a YAML path or a preset name")
+    return read_yaml_mapping(path, "config")
+
+
+def read_yaml_mapping(path: Path, key: str) -> dict:
+    """A YAML file that must hold a mapping; errors name ``key`` (the argument that gave the path)."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError("config", f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(key, f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
-        raise ConfigError("config", f"{path} must hold a mapping of config keys, got {type(raw).__name__}")
+        raise ConfigError(key, f"{path} must hold a mapping of keys, got {type(raw).__name__}")
     return raw
 
 

@@ -23,10 +23,9 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedray.config import ExperimentConfig, load_config
+from fedray.config import ExperimentConfig, load_config, read_yaml_mapping
 from fedray.errors import ConfigError
 
 
@@ -123,10 +122,7 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
     path = Path(path)
     if not path.is_file():
         raise ConfigError("SPEC", f"{path} does not exist; give a sweep spec such as tune_configs/fedprox_mu.yaml")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError("SPEC", f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    raw = read_yaml_mapping(path, "SPEC")
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:

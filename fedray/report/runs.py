@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from fedray.config import flatten
 from fedray.errors import UserError
 from fedray.tracking import EVAL_KEYS, resolve_tracking_uri
 
@@ -114,17 +115,6 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _fill_algorithm_defaults(params: dict[str, Any]) -> dict[str, Any]:
     """Add the registered algorithm's default parameters that the config left implicit.
 
@@ -184,7 +174,7 @@ def _read_run_dir(path: Path) -> RunRecord:
     cfg_path = path / "config.yaml"
     if cfg_path.is_file():
         raw = yaml.safe_load(cfg_path.read_text()) or {}
-        params = _flatten(raw) if isinstance(raw, dict) else {}
+        params = flatten(raw) if isinstance(raw, dict) else {}
     else:
         _warn(f"{path}: no config.yaml; taking algorithm, dataset and seed from summary.json")
         params = {}
