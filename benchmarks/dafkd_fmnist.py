@@ -257,11 +257,15 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None, help="Fashion-MNIST root (default: fedray's usual lookup)")
     ap.add_argument("--track", action="store_true", help="also track every run in MLflow")
     ap.add_argument("--no-eval-average", action="store_true", help="skip evaluating DaFKD's pre-distillation average")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: tabulate the finished runs of the grid (missing ones are left out)")
     args = ap.parse_args()
     root = Path(args.runs_dir or f"runs/dafkd_fmnist_R{args.rounds}")
     jobs = [{"method": m, "alpha": a, "seed": s, "rounds": args.rounds, "track": args.track,
              "data_dir": args.data_dir, "eval_average": not args.no_eval_average, "out": str(run_dir(root, m, a, s))}
             for a in args.alphas for s in args.seeds for m in args.methods]
+    if args.report_only:
+        jobs = []
     t0 = time.perf_counter()
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
