@@ -73,12 +73,29 @@ def test_typed_state_round_trips_and_loads_without_pickle(tmp_path):
         decode(foreign)
 
 
+class _StopAfterRound2:
+    """Ends a run after its round-2 checkpoint, as a kill would (a finished run drops its checkpoint)."""
+
+    def on_start(self, cfg, data): ...
+    def on_end(self, result): ...
+    def on_error(self, exc): ...
+
+    def on_round(self, row):
+        if row["round"] == 2:
+            raise KeyboardInterrupt
+
+
+def _unfinished_run(folder):
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(tiny_config(federation__rounds=3), folder, progress=False, hooks=[_StopAfterRound2()])
+
+
 def test_corrupt_foreign_and_malicious_checkpoints_are_refused(tmp_path, capsys):
-    run_experiment(tiny_config(federation__rounds=2), tmp_path / "run", progress=False)
-    (tmp_path / "run" / "summary.json").unlink()  # as if killed after its last checkpoint
+    _unfinished_run(tmp_path / "run")
     good = (tmp_path / "run" / FILENAME).read_bytes()
     (tmp_path / "run" / f".{FILENAME}.tmp").write_bytes(good[:100])  # a crash mid-write leaves this behind
     assert load_checkpoint(tmp_path / "run")["round"] == 2  # the previous checkpoint is still good
+    assert not (tmp_path / "run" / "summary.json").exists()
 
     cases = {
         "truncated": good[: len(good) // 2],
@@ -100,10 +117,10 @@ def test_corrupt_foreign_and_malicious_checkpoints_are_refused(tmp_path, capsys)
 
 
 def test_resume_refuses_another_experiment_and_finished_runs(tmp_path, capsys):
-    run_experiment(tiny_config(federation__rounds=2), tmp_path / "run", progress=False)
-    assert main(["run", "--resume", str(tmp_path / "run")]) == 2
+    run_experiment(tiny_config(federation__rounds=2), tmp_path / "done", progress=False)
+    assert main(["run", "--resume", str(tmp_path / "done")]) == 2
     assert "finished run" in capsys.readouterr().err
-    (tmp_path / "run" / "summary.json").unlink()
+    _unfinished_run(tmp_path / "run")
     assert main(["run", "--resume", str(tmp_path / "run"), "data.alpha=0.3", "tracking.enabled=false"]) == 2
     assert "data.alpha" in capsys.readouterr().err
 

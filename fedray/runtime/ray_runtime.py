@@ -43,7 +43,7 @@ log = logging.getLogger("fedray")
 # method's own code (RayTaskError) is a bug and propagates.
 SYSTEM_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                  ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError)
-READY_TIMEOUT_S = 30.0  # a restarting worker imports torch and maps the dataset: seconds, not minutes
+READY_TIMEOUT_S = 60.0  # a restarting worker imports torch and maps the dataset: seconds, more on a busy node
 
 
 def _actor_device() -> torch.device:
@@ -175,8 +175,10 @@ class RayRuntime(Runtime):
             server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
             if ray.util.get_current_placement_group() is None:
                 # Beside the driver: a run survives losing any other node, not the one it is driven from.
+                # Pinned when the server needs no resources; a server asking for a GPU may go elsewhere.
+                needs = rt.server_num_cpus > 0 or rt.server_num_gpus > 0
                 server_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=True)
+                    ray.get_runtime_context().get_node_id(), soft=needs)
             self.server = ServerActor.options(**server_opts).remote(cfg, data_ref, self.algo_cls)
             self.workers = [self._new_worker() for _ in range(self.pool_size)]
             # Wait for every actor so start-up is not billed to round 1.
