@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ray = pytest.importorskip("ray")
+import ray  # noqa: E402  (a hard dependency: never skip these checks for its absence)
 
 from ray.autoscaler._private.util import prepare_config, validate_config  # noqa: E402
 from ray.runtime_env import RuntimeEnv  # noqa: E402

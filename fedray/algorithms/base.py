@@ -189,18 +189,29 @@ def weighted_average(weights: list[Weights], coefs: list[float]) -> Weights:
     return out
 
 
+def leaves(obj: Any) -> Iterator[Any]:
+    """Tensors, arrays and scalars inside a payload/upload (dataclasses, dicts, lists), depth first."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from leaves(getattr(obj, f.name))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from leaves(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from leaves(v)
+    else:
+        yield obj
+
+
+def _leaf_bytes(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    return 8 if isinstance(x, (int, float, bool, np.number)) else 0
+
+
 def nbytes(obj: Any) -> int:
     """Bytes of the tensors and arrays in a payload/upload (dataclasses, dicts, lists); scalars count 8."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return sum(nbytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    if isinstance(obj, dict):
-        return sum(nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(nbytes(v) for v in obj)
-    if isinstance(obj, (int, float, bool, np.number)):
-        return 8
-    return 0
+    return sum(_leaf_bytes(x) for x in leaves(obj))

@@ -6,7 +6,6 @@ what makes the two runtimes produce identical numbers.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -16,7 +15,7 @@ import numpy as np
 import torch
 
 from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
-from fedray.algorithms.base import nbytes
+from fedray.algorithms.base import leaves, nbytes
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
@@ -131,17 +130,12 @@ class ServerCore:
 
 
 def is_finite(obj: Any) -> bool:
-    """No NaN or inf in any floating tensor of an upload (dataclasses, dicts, lists)."""
-    if isinstance(obj, torch.Tensor):
-        return not torch.is_floating_point(obj) or bool(torch.isfinite(obj).all())
-    if isinstance(obj, float):
-        return math.isfinite(obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return all(is_finite(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    if isinstance(obj, dict):
-        return all(is_finite(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(is_finite(v) for v in obj)
+    """No NaN or inf in any floating tensor or float of an upload."""
+    for x in leaves(obj):
+        if isinstance(x, torch.Tensor) and torch.is_floating_point(x) and not bool(torch.isfinite(x).all()):
+            return False
+        if isinstance(x, float) and not math.isfinite(x):
+            return False
     return True
 
 
