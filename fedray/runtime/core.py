@@ -53,6 +53,10 @@ def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
            algo_cls: type[Algorithm] | None) -> tuple[Algorithm, Any]:
     # The class travels with the task (cloudpickle) so algorithms registered by a user's script work too.
     algo = (algo_cls or get_algorithm(cfg.algorithm.name))(cfg, data_spec(data))
+    # The first optimizer a process builds imports torch's compiler stack (~1 s idle, far longer on a
+    # busy node where Ray runs workers at low priority). Paid here, it stays out of round 1's timings and
+    # out of runtime.client_timeout_s, which would otherwise drop healthy clients in round 1.
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
     return algo, _to_device(algo.build_modules(), device)

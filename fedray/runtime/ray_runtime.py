@@ -243,8 +243,14 @@ class RayRuntime(Runtime):
             log.warning("round %d: dropped client %d after %d attempt(s) (%s)", round_, job.client_id,
                         job.attempt + 1, type(error).__name__)
             return
-        live = [i for i in range(len(self.workers)) if i not in self.suspect] or [job.worker]
-        worker = live[(job.client_id + job.attempt) % len(live)]
+        live = [i for i in range(len(self.workers)) if i not in self.suspect]
+        if live:
+            worker = live[(job.client_id + job.attempt) % len(live)]
+        else:  # every worker failed this round: wait for this one to restart rather than burn the retries
+            worker = job.worker
+            if self._ping(self.workers[worker]) is None:
+                log.warning("round %d: dropped client %d: no worker came back to rerun it", round_, job.client_id)
+                return
         log.warning("round %d: client %d lost its worker (%s); rerunning it on worker %d", round_, job.client_id,
                     type(error).__name__, worker)
         jobs[job.client_id] = self._submit(round_, job.client_id, payload_ref, worker, job.attempt + 1, 0,

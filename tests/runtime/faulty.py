@@ -34,11 +34,24 @@ class NaNEveryone(NaNClient):
 
 @register_algorithm
 class SlowClient0(FedAvg):
-    """Client 0 takes 30 s longer than everyone else: a straggler."""
+    """Client 0 takes 120 s longer than everyone else: a straggler."""
 
     name = "test_slow_client_0"
 
     def client_update(self, ctx, payload, state) -> ClientResult:
         if ctx.client_id == 0:
-            time.sleep(30)
+            time.sleep(120)
+        return super().client_update(ctx, payload, state)
+
+
+@register_algorithm
+class SlowRound2(FedAvg):
+    """Every client of round 2 idles 2 s before training, so a fault injected then lands mid-task
+    rather than racing the round's end."""
+
+    name = "test_slow_round_2"
+
+    def client_update(self, ctx, payload, state) -> ClientResult:
+        if ctx.round == 2:
+            time.sleep(2)
         return super().client_update(ctx, payload, state)
