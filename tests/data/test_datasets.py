@@ -2,7 +2,6 @@
 
 import gzip
 import pickle
-import time
 from pathlib import Path
 from urllib.error import URLError
 
@@ -261,16 +260,12 @@ def test_no_debian_copy_mentions_the_package(isolated_env):
 @pytest.mark.realdata
 def test_real_fashion_mnist(fashion_mnist_root):
     c = DataConfig(data_dir=str(fashion_mnist_root), dataset="fashion_mnist", download=False)
-    raw = load_dataset(c, 0)  # the first load may decompress Debian's copy
-    t0 = time.perf_counter()
     raw = load_dataset(c, 0)
-    elapsed = time.perf_counter() - t0
     _check_common(raw, 60000, 10000, (1, 28, 28))
     assert raw.num_classes == 10
     np.testing.assert_array_equal(np.bincount(raw.train_y), [6000] * 10)
     np.testing.assert_array_equal(np.bincount(raw.test_y), [1000] * 10)
     assert abs(raw.train_x.mean() / 255 - raw.mean[0]) < 1e-3  # published statistics match the data
-    assert elapsed < 5.0, f"loading took {elapsed:.1f}s"
 
 
 # ---------------------------------------------------------------------------------------------------

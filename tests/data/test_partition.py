@@ -1,5 +1,3 @@
-import time
-
 import numpy as np
 import pytest
 
@@ -84,14 +82,12 @@ def test_more_clients_than_samples_is_a_data_error(fn):
     assert e.value.key == "data.num_clients"
 
 
-def test_dirichlet_10000_clients_is_fast():
+def test_dirichlet_10000_clients():
+    # Its speed is benchmarks/scale.py's data_build_s; here only correctness at that size.
     y = _labels(600_000, 10)
-    t0 = time.perf_counter()
     parts = partition_dirichlet(y, 10_000, 1.0, 10, _rng())
-    elapsed = time.perf_counter() - t0
     _assert_exact_cover(parts, len(y))
     assert min(len(p) for p in parts) >= 10
-    assert elapsed < 5.0, f"took {elapsed:.1f}s"
 
 
 def test_iid_equal_sizes_and_cover():
@@ -116,11 +112,9 @@ def test_shards_limit_labels_per_client(shards):
     assert _mean_max_share(parts, y) > 0.25  # far from IID (~0.13 at 600 samples per client)
 
 
-def test_shards_deterministic_and_10000_clients_fast():
+def test_shards_deterministic_at_10000_clients():
     y = _labels(600_000)
-    t0 = time.perf_counter()
     a = partition_shards(y, 10_000, 2, _rng())
-    assert time.perf_counter() - t0 < 5.0
     b = partition_shards(y, 10_000, 2, _rng())
     assert all(np.array_equal(p, q) for p, q in zip(a[:100], b[:100]))
 
