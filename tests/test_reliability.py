@@ -213,27 +213,23 @@ def _kill_a_worker(rt):
     os.kill(rt.worker_pids[0], signal.SIGKILL)
 
 
+def _kill_every_worker(rt):
+    for pid in rt.worker_pids:
+        os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
-def test_killed_worker_costs_only_a_retry(ray_local, caplog):
+@pytest.mark.parametrize("kill", [_kill_a_worker, _kill_every_worker])
+def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
+    """With no live worker left, the client waits for a restart rather than spending its retries."""
     cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_slow_round_2")
     clean, _ = _run_rounds(cfg, 3)
     with caplog.at_level(logging.WARNING, logger="fedray"):
-        faulted, pool = _run_rounds(cfg, 3, during=_kill_a_worker)
-    assert "lost its worker" in caplog.text and "rerunning it" in caplog.text
+        faulted, pool = _run_rounds(cfg, 3, during=kill)
+    assert "lost its worker" in caplog.text and "rerunning it" in caplog.text and "dropped" not in caplog.text
     assert faulted == clean  # same losses, same aggregate, same evaluation
-    assert pool == 2  # the killed worker restarted in place
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_every_worker_killed_waits_for_restarts_not_drops(ray_local, caplog):
-    cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=2, algorithm__name="test_slow_round_2")
-    clean, _ = _run_rounds(cfg, 2)
-    with caplog.at_level(logging.WARNING, logger="fedray"):
-        faulted, pool = _run_rounds(cfg, 2, during=lambda rt: [os.kill(p, signal.SIGKILL) for p in rt.worker_pids])
-    assert "lost its worker" in caplog.text and "dropped" not in caplog.text
-    assert faulted == clean and pool == 2
+    assert pool == 2  # the killed workers restarted in place
 
 
 @pytest.mark.ray
