@@ -190,6 +190,10 @@ def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str
         for a in alphas:
             row += [_ms([r["accuracy"] for r in by.get((m, a), [])]), PAPER_ACC.get((m, a), "—")]
         lines.append("| " + " | ".join(row) + " |")
+    if any((m, a) not in PAPER_ACC for m in methods for a in alphas):
+        near = ", ".join(f"{m} {PAPER_ACC[(m, 10.0)]}" for m in methods if (m, 10.0) in PAPER_ACC)
+        lines += ["", "—: the paper has no such run; on Fashion-MNIST it reports α ∈ {0.05, 0.1, 10} "
+                  f"(α=10: {near}) and the ablations at α ∈ {{0.05, 0.1}}."]
     for a in alphas:
         lines += ["", f"## Rounds to reach 60% / 65% (α={a:g}; mean ± std over the seeds that reached it)", "",
                   "| method | 60% | 65% | paper 60% | paper 65% | best acc. (%) | s/round | MB up/round "
