@@ -27,8 +27,8 @@ data:
 
 run: install data
 	$(BIN)/fedray run quickstart federation.optimizer=adam federation.lr=0.001 federation.weight_decay=0.001 \
-	  data.min_samples=100 federation.rounds=20 --output-dir runs/make_run/fedavg
-	$(BIN)/fedray run dafkd_fmnist federation.rounds=20 --output-dir runs/make_run/dafkd
+	  data.min_samples=100 federation.rounds=30 --output-dir runs/make_run/fedavg
+	$(BIN)/fedray run dafkd_fmnist federation.rounds=30 --output-dir runs/make_run/dafkd
 	$(BIN)/fedray report runs/make_run/fedavg runs/make_run/dafkd --target 0.6
 
 test: install
