@@ -90,6 +90,8 @@ def _expected_row(root: Path, method: str, setting: str, rels: list[str], target
     for key, header, scale, dec in METRICS:
         mean, std = _mean_std([s[key] * scale for s in summaries])
         row[header] = f"{mean:.{dec}f} ± {std:.{dec}f}"
+    last = [_history(root, r)["eval/accuracy"].dropna().tail(5).mean() * 100 for r in rels]
+    row["last 5 (%)"] = "{:.2f} ± {:.2f}".format(*_mean_std(last))
     hits = [_first_round(root, r, target) for r in rels]
     reached = [h for h in hits if h is not None]
     if not reached:
@@ -170,13 +172,15 @@ def test_rounds_to_target_partial_and_std_of_one_seed():
     (row,) = build_table(two, target=0.5)
     assert row["rounds to 50%"] == "3 (1/2 reached)"
     assert row["accuracy (%)"] == f"57.50 ± {statistics.stdev([70, 45]):.2f}"
+    last = [statistics.fmean([10, 50, 70]), statistics.fmean([20, 30, 40, 45])]  # unevaluated rounds skipped
+    assert row["last 5 (%)"] == f"{statistics.fmean(last):.2f} ± {statistics.stdev(last):.2f}"
     assert row["AMP (%)"] == "—"  # not recorded by these runs
     (row,) = build_table(two, target=60)  # a percentage is read as 60 %
     assert row["rounds to 60%"] == "4 (1/2 reached)"
     (row,) = build_table(two, target=0.9)
     assert row["rounds to 90%"] == "— (0/2 reached)"
-    (row,) = build_table([rec(1, [0.6, 0.7])], target=0.65)
-    assert row["rounds to 65%"] == "2" and row["accuracy (%)"] == "70.00 ± 0.00"
+    (row,) = build_table([rec(1, [0.1, 0.2, 0.6, 0.7, 0.8, 0.9])], target=0.65)  # only the last 5 count
+    assert row["rounds to 65%"] == "4" and row["accuracy (%)"] == "90.00 ± 0.00" and row["last 5 (%)"] == "64.00 ± 0.00"
 
 
 def test_pool_of_different_configs_warns(capsys):
@@ -194,9 +198,9 @@ def test_markdown_shape(run_root):
     text = to_markdown(rows)
     lines = text.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == ["method", "setting", "seeds", "accuracy (%)", "AMP (%)", "FM (×10⁻³)", "WLP (%)",
+    assert header == ["method", "setting", "seeds", "accuracy (%)", "last 5 (%)", "AMP (%)", "FM (×10⁻³)", "WLP (%)",
                       "rounds to 50%", "MB up", "MB down"]
-    assert [c.strip() for c in lines[1].strip("|").split("|")] == [":---", ":---"] + ["---:"] * 8
+    assert [c.strip() for c in lines[1].strip("|").split("|")] == [":---", ":---"] + ["---:"] * 9
     table = lines[2 : 2 + len(rows)]
     assert all(line.startswith("| ") and line.count(" | ") == len(header) - 1 for line in table)
     assert table[1].startswith("| fedavg | synthetic α=1 | 2 | ")
