@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from fedray.errors import ConfigError, RunFailure, UserError
+from fedray.errors import ConfigError, RunFailure, UserError, clear_interrupted, interrupt
 
 EXIT_USAGE = 2
 MAX_TABLE_ROWS = 100
@@ -184,11 +184,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sigterm_as_interrupt(signum, frame) -> None:
-    # A scheduler's SIGTERM (preemption, `kill`) ends the run like Ctrl-C: MLflow run KILLED, not RUNNING.
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -198,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         args.command = argv[0]
     else:
         args = parser.parse_args(argv)
+    clear_interrupted()
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        # A scheduler's SIGTERM (preemption, `kill`) ends the run like Ctrl-C: MLflow run KILLED, not RUNNING.
+        signal.signal(signal.SIGTERM, interrupt)
+        signal.signal(signal.SIGINT, interrupt)
     try:
         commands = {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune, "report": cmd_report}
         return commands[args.command](args)

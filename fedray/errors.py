@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 
 class UserError(Exception):
     """A problem with what the user asked for (config, data path, resources), not a bug.
@@ -32,3 +34,26 @@ class RunFailure(Exception):
 
     Not a bug and not bad input: the CLI prints it on one line, exits 1 and points at ``--resume``.
     """
+
+
+_INTERRUPTED = threading.Event()
+
+
+def interrupt(signum=None, frame=None) -> None:
+    """Ctrl-C / SIGTERM handler: remember the interrupt, then raise KeyboardInterrupt.
+
+    Remembered because Python drops an exception raised while a finaliser runs ("Exception ignored in
+    ... __del__"), and Ray runs many: long loops call :func:`check_interrupted` at safe points, so a
+    Ctrl-C that landed in one still stops them.
+    """
+    _INTERRUPTED.set()
+    raise KeyboardInterrupt
+
+
+def check_interrupted() -> None:
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+
+
+def clear_interrupted() -> None:
+    _INTERRUPTED.clear()

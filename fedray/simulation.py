@@ -19,6 +19,7 @@ from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
 from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, build_federated_data
+from fedray.errors import check_interrupted
 from fedray.runtime import make_runtime
 from fedray.runtime.core import summarise_clients
 from fedray.seeding import sample_clients
@@ -127,6 +128,7 @@ def run_experiment(
                             getattr(hook, "on_checkpoint", lambda f: None)(folder)
                     for hook in hooks:
                         hook.on_round(row)
+                    check_interrupted()
             final_weights = runtime.global_weights() if output_dir is not None else None
             summary = summarise(cfg, history, where, time.perf_counter() - start)
             out = Path(output_dir) if output_dir is not None else None

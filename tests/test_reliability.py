@@ -20,7 +20,7 @@ from fedray.checkpoint import FILENAME, CheckpointError, decode, encode, load_ch
 from fedray.cli import main
 from fedray.config import load_config
 from fedray.data import build_federated_data
-from fedray.errors import RunFailure
+from fedray.errors import RunFailure, clear_interrupted, interrupt
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
@@ -123,6 +123,32 @@ def test_resume_refuses_another_experiment_and_finished_runs(tmp_path, capsys):
     _unfinished_run(tmp_path / "run")
     assert main(["run", "--resume", str(tmp_path / "run"), "data.alpha=0.3", "tracking.enabled=false"]) == 2
     assert "data.alpha" in capsys.readouterr().err
+
+
+class _CtrlCInFinaliser:
+    """A Ctrl-C that lands while a finaliser runs: Python prints "Exception ignored" and drops it."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def on_start(self, cfg, data): ...
+    def on_end(self, result): ...
+    def on_error(self, exc): ...
+
+    def on_round(self, row):
+        self.rounds.append(row["round"])
+        if row["round"] == 1:
+            type("Finalised", (), {"__del__": lambda self: interrupt()})()  # collected at once
+
+
+def test_ctrl_c_dropped_in_a_finaliser_still_stops_the_run():
+    hook = _CtrlCInFinaliser()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(tiny_config(federation__rounds=4), progress=False, hooks=[hook])
+    finally:
+        clear_interrupted()
+    assert hook.rounds == [1]
 
 
 # --- SIGKILL and exact resume -----------------------------------------------------------------------

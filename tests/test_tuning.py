@@ -231,7 +231,7 @@ def test_interrupted_sweep_resumes(tmp_path):
         else:
             pytest.fail("the sweep never got going")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+        assert proc.wait(timeout=120) == 130, proc.stderr.read()[-3000:]
     finally:
         proc.kill()
     parents, kids = children(client, "long")

@@ -24,7 +24,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from fedray.errors import ConfigError
+from fedray.errors import ConfigError, check_interrupted
 from fedray.runtime.ray_runtime import start_ray
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri
@@ -69,6 +69,13 @@ def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
 def _domain(d):
     return {"grid": tune.grid_search, "choice": tune.choice, "uniform": lambda v: tune.uniform(*v),
             "loguniform": lambda v: tune.loguniform(*v)}[d.kind](getattr(d, d.kind))
+
+
+class _StopOnInterrupt(tune.Callback):
+    """Re-raises a Ctrl-C that Python dropped inside a finaliser, at the start of Tune's next step."""
+
+    def on_step_begin(self, iteration, trials, **info):
+        check_interrupted()
 
 
 class MlflowSweepCallback(tune.Callback):
@@ -179,7 +186,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             tune.with_parameters(_trial, spec=spec),
             lambda config: tune.PlacementGroupFactory(trial_bundles(spec.trial_config(config), spec.trial_cpus)),
         )
-        callbacks = [MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"])] if parent else []
+        callbacks: list[tune.Callback] = [_StopOnInterrupt()]
+        if parent is not None:
+            callbacks.append(MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"]))
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=False)
@@ -201,6 +210,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                           verbose=1),
             )
         results = tuner.fit()
+        check_interrupted()  # a dropped Ctrl-C during the last step: the sweep still ends KILLED
         best = _best(results, spec)
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
         if parent is not None:
