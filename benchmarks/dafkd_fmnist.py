@@ -116,6 +116,7 @@ def _num(v: Any) -> float | None:
 
 def collect(root: Path, methods, alphas, seeds) -> list[dict]:
     from fedray.metrics import rounds_to_target
+    from fedray.report.table import last_n_mean
     from fedray.tracking import read_history
 
     runs = []
@@ -129,7 +130,7 @@ def collect(root: Path, methods, alphas, seeds) -> list[dict]:
                 hist = read_history(d / "history.parquet")
                 rec = {"method": m, "alpha": a, "seed": s, "dir": str(d),
                        "accuracy": summary["eval/accuracy"], "best_accuracy": summary["eval/best_accuracy"],
-                       "accuracy_last5": _last5(hist, "eval/accuracy"),
+                       "accuracy_last5": last_n_mean(hist, "eval/accuracy"),
                        "rounds": summary["rounds"], "time_round_s": summary["time/round_s"],
                        "comm_bytes_up": summary["comm/bytes_up"], "comm_bytes_down": summary["comm/bytes_down"],
                        "rounds_to": {f"{t:.2f}": rounds_to_target([row["round"] for row in hist],
@@ -137,16 +138,10 @@ def collect(root: Path, methods, alphas, seeds) -> list[dict]:
                                      for t in TARGETS}}
                 if m.startswith("dafkd"):
                     rec["accuracy_avg"] = _num(summary.get("eval/accuracy_avg"))
-                    rec["accuracy_avg_last5"] = _last5(hist, "eval/accuracy_avg")
+                    rec["accuracy_avg_last5"] = last_n_mean(hist, "eval/accuracy_avg")
                     rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in DIAGNOSTICS}
                 runs.append(rec)
     return runs
-
-
-def _last5(hist: list[dict], key: str) -> float | None:
-    """Mean over the last 5 evaluated rounds: at alpha=0.1 one round's accuracy swings by 10-20 points."""
-    vals = [v for v in (_num(row.get(key)) for row in hist) if v is not None][-5:]
-    return float(np.mean(vals)) if vals else None
 
 
 def _ms(values: list[float], scale: float = 100.0) -> str:

@@ -184,9 +184,9 @@ def _final(run: RunRecord, key: str) -> float | None:
     return None
 
 
-def _last_n_mean(run: RunRecord, key: str = "eval/accuracy", n: int = LAST_N) -> float | None:
-    """Mean of ``key`` over the run's last ``n`` evaluated rounds (rounds without evaluation skipped)."""
-    rows = sorted(run.history, key=lambda r: r.get("round", 0))
+def last_n_mean(history: Sequence[dict], key: str = "eval/accuracy", n: int = LAST_N) -> float | None:
+    """Mean of ``key`` over a history's last ``n`` evaluated rounds (rounds without evaluation skipped)."""
+    rows = sorted(history, key=lambda r: r.get("round", 0))
     vals = [v for v in (_num(r.get(key)) for r in rows) if v is not None][-n:]
     return sum(vals) / len(vals) if vals else None
 
@@ -220,9 +220,8 @@ def build_table(
     """One row per (method, setting), sorted by setting then method.
 
     Each row maps the column headers (``method``, ``setting``, ``seeds``, ``accuracy (%)``, ``last 5 (%)``,
-    ``AMP (%)``,
-    ``FM (×10⁻³)``, ``WLP (%)``, ``rounds to X%`` when ``target`` is given, ``MB up``, ``MB down``) to
-    display strings; ``_stats`` holds the raw per-seed numbers behind them (fractions and bytes) and
+    ``AMP (%)``, ``FM (×10⁻³)``, ``WLP (%)``, ``rounds to X%`` when ``target`` is given, ``MB up``,
+    ``MB down``) to display strings; ``_stats`` holds the raw per-seed numbers behind them (fractions and bytes) and
     ``_runs`` the run names.
     """
     if not runs:
@@ -237,7 +236,7 @@ def build_table(
             row[header] = _fmt_mean_std(vals, scale, decimals)
             stats[key] = vals
             if key == "eval/accuracy":
-                last = [v for v in (_last_n_mean(r) for r in g.runs) if v is not None]
+                last = [v for v in (last_n_mean(r.history) for r in g.runs) if v is not None]
                 row[LAST_N_COLUMN] = _fmt_mean_std(last, scale, decimals)
                 stats["eval/accuracy_last_n"] = last
         if tgt is not None:
