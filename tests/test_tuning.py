@@ -240,7 +240,7 @@ def test_interrupted_sweep_resumes(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     parents, kids = children(client, "long")
     assert [p.info.status for p in parents] == ["FINISHED"]
-    assert sorted(k.info.status for k in kids) == ["FINISHED", "FINISHED", "KILLED"]
+    assert sorted(k.info.status for k in kids) == ["FINISHED", "FINISHED", "KILLED"], done.stderr[-4000:]
     killed = next(k for k in kids if k.info.status == "KILLED")
     rerun = next(k for k in kids if k.info.status == "FINISHED" and
                  k.data.tags["fedray.trial_id"] == killed.data.tags["fedray.trial_id"])
