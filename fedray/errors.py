@@ -50,6 +50,13 @@ def interrupt(signum=None, frame=None) -> None:
     raise KeyboardInterrupt
 
 
+def record_interrupt() -> bool:
+    """Remember an interrupt without raising; True if one was already recorded (a second Ctrl-C)."""
+    again = _INTERRUPTED.is_set()
+    _INTERRUPTED.set()
+    return again
+
+
 def check_interrupted() -> None:
     if _INTERRUPTED.is_set():
         raise KeyboardInterrupt

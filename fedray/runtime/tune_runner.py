@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from fedray.errors import ConfigError, check_interrupted
+from fedray.errors import ConfigError, check_interrupted, record_interrupt
 from fedray.runtime.ray_runtime import start_ray
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri
@@ -71,11 +73,14 @@ def _domain(d):
             "loguniform": lambda v: tune.loguniform(*v)}[d.kind](getattr(d, d.kind))
 
 
-class _StopOnInterrupt(tune.Callback):
-    """Re-raises a Ctrl-C that Python dropped inside a finaliser, at the start of Tune's next step."""
-
-    def on_step_begin(self, iteration, trials, **info):
-        check_interrupted()
+def _stop_tune_gracefully(signum, frame) -> None:
+    """Ctrl-C / SIGTERM during ``fit()``: ask Tune to stop through its own SIGUSR1 handler, which saves the
+    experiment state one last time. Raising instead skips that save, and the state saved seconds earlier
+    may name a trial checkpoint that ``num_to_keep=1`` has since deleted, so `--resume` could not restore
+    that trial. A second signal raises at once; ``run_sweep`` raises after ``fit()`` returns."""
+    if record_interrupt() or not hasattr(signal, "SIGUSR1"):
+        raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGUSR1)
 
 
 class MlflowSweepCallback(tune.Callback):
@@ -151,8 +156,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     # Rounds without evaluation carry no eval/* keys; ASHA skips them (it needs its metric).
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # Tune's own Ctrl-C handler ends fit() as if the sweep had finished; let Ctrl-C raise instead, so the
-    # sweep's MLflow runs end KILLED and `--resume` continues from Tune's last saved experiment state.
+    # Tune's own Ctrl-C handler ends fit() as if the sweep had finished; ours (_stop_tune_gracefully) stops
+    # it the same way but remembers why, so the sweep's MLflow runs end KILLED and the CLI exits 130.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     base = spec.base_config()
     sweep_dir = _sweep_dir(spec)
@@ -186,9 +191,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             tune.with_parameters(_trial, spec=spec),
             lambda config: tune.PlacementGroupFactory(trial_bundles(spec.trial_config(config), spec.trial_cpus)),
         )
-        callbacks: list[tune.Callback] = [_StopOnInterrupt()]
-        if parent is not None:
-            callbacks.append(MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"]))
+        callbacks = [MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"])] if parent else []
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=False)
@@ -209,8 +212,15 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                           checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                           verbose=1),
             )
-        results = tuner.fit()
-        check_interrupted()  # a dropped Ctrl-C during the last step: the sweep still ends KILLED
+        main_thread = threading.current_thread() is threading.main_thread()
+        stops = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, _stop_tune_gracefully) for sig in stops} if main_thread else {}
+        try:
+            results = tuner.fit()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        check_interrupted()  # fit() returned because of Ctrl-C / SIGTERM: the sweep ends KILLED
         best = _best(results, spec)
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
         if parent is not None:
