@@ -144,6 +144,13 @@ def collect(root: Path, methods, alphas, seeds) -> list[dict]:
     return runs
 
 
+def _vs_fedavg_and_average(dk: list[dict], fa: list[dict], key: str, avg_key: str) -> tuple[float, float | None]:
+    """DaFKD minus FedAvg, and DaFKD minus its own pre-distillation average, in points (means over seeds)."""
+    dafkd = np.mean([r[key] for r in dk])
+    avg = [r[avg_key] for r in dk if r.get(avg_key) is not None]
+    return 100 * (dafkd - np.mean([r[key] for r in fa])), (100 * (dafkd - np.mean(avg)) if avg else None)
+
+
 def _ms(values: list[float], scale: float = 100.0) -> str:
     if not values:
         return "—"
@@ -222,17 +229,15 @@ def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str
     for a in alphas:
         fa, dk = by.get(("fedavg", a), []), by.get(("dafkd", a), [])
         if fa and dk:
-            diff = 100 * (np.mean([r["accuracy"] for r in dk]) - np.mean([r["accuracy"] for r in fa]))
-            avg = [r["accuracy_avg"] for r in dk if r.get("accuracy_avg") is not None]
-            gain = (f"; distillation vs. the plain average before it: "
-                    f"{100 * (np.mean([r['accuracy'] for r in dk]) - np.mean(avg)):+.2f} points" if avg else "")
+            diff, gain = _vs_fedavg_and_average(dk, fa, "accuracy", "accuracy_avg")
             verdict = "beats" if diff > 0 else "does NOT beat"
-            lines.append(f"- α={a:g}: DaFKD {verdict} FedAvg: {diff:+.2f} points (last round, mean over seeds){gain}.")
-            diff5 = 100 * (np.mean([r["accuracy_last5"] for r in dk]) - np.mean([r["accuracy_last5"] for r in fa]))
-            avg5 = [r["accuracy_avg_last5"] for r in dk if r.get("accuracy_avg_last5") is not None]
-            gain5 = (f"; distillation vs. the plain average: "
-                     f"{100 * (np.mean([r['accuracy_last5'] for r in dk]) - np.mean(avg5)):+.2f} points" if avg5 else "")
-            lines.append(f"  Over the last 5 rounds: {diff5:+.2f} points against FedAvg{gain5}.")
+            lines.append(f"- α={a:g}: DaFKD {verdict} FedAvg: {diff:+.2f} points (last round, mean over seeds)"
+                         + (f"; distillation vs. the plain average before it: {gain:+.2f} points" if gain is not None
+                            else "") + ".")
+            diff5, gain5 = _vs_fedavg_and_average(dk, fa, "accuracy_last5", "accuracy_avg_last5")
+            lines.append(f"  Over the last 5 rounds: {diff5:+.2f} points against FedAvg"
+                         + (f"; distillation vs. the plain average: {gain5:+.2f} points" if gain5 is not None else "")
+                         + ".")
     lines += ["", "Diagnostics (mean over seeds; `acc_avg` = the plain Eq. 6 average before distillation; "
               "`alpha_max` = mean over samples of max_k alpha (1/8 uniform .. 1 one client); `alpha_H` = mean "
               "normalised entropy of alpha (1 uniform .. 0 one client); `D(x̂)` = mean discriminator score on the "

@@ -46,7 +46,7 @@ def interrupt(signum=None, frame=None) -> None:
     ... __del__"), and Ray runs many: long loops call :func:`check_interrupted` at safe points, so a
     Ctrl-C that landed in one still stops them.
     """
-    _INTERRUPTED.set()
+    record_interrupt()
     raise KeyboardInterrupt
 
 

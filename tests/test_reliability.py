@@ -22,7 +22,7 @@ from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.errors import RunFailure, clear_interrupted, interrupt
 from fedray.seeding import sample_clients
-from fedray.simulation import run_experiment
+from fedray.simulation import RunHooks, run_experiment
 from tests.conftest import tiny_config
 from tests.runtime import faulty
 
@@ -65,7 +65,8 @@ def test_typed_state_round_trips_and_loads_without_pickle(tmp_path):
     save_checkpoint(tmp_path, {"round": 3, "state": state})
     back = load_checkpoint(tmp_path)
     assert back["round"] == 3 and torch.equal(back["state"]["server"].weights["a"], torch.arange(3.0))
-    assert isinstance(back["state"]["server"], ModelState) and back["state"]["clients"] == {2: None, 5: [1.5, "x", True]}
+    assert isinstance(back["state"]["server"], ModelState)
+    assert back["state"]["clients"] == {2: None, 5: [1.5, "x", True]}
     # a class from outside fedray and the registered methods is refused, not imported
     foreign = encode(_Inner(torch.ones(1), 1))
     foreign["__dataclass__"] = "os.path:join"
@@ -73,12 +74,8 @@ def test_typed_state_round_trips_and_loads_without_pickle(tmp_path):
         decode(foreign)
 
 
-class _StopAfterRound2:
+class _StopAfterRound2(RunHooks):
     """Ends a run after its round-2 checkpoint, as a kill would (a finished run drops its checkpoint)."""
-
-    def on_start(self, cfg, data): ...
-    def on_end(self, result): ...
-    def on_error(self, exc): ...
 
     def on_round(self, row):
         if row["round"] == 2:
@@ -125,15 +122,11 @@ def test_resume_refuses_another_experiment_and_finished_runs(tmp_path, capsys):
     assert "data.alpha" in capsys.readouterr().err
 
 
-class _CtrlCInFinaliser:
+class _CtrlCInFinaliser(RunHooks):
     """A Ctrl-C that lands while a finaliser runs: Python prints "Exception ignored" and drops it."""
 
     def __init__(self):
         self.rounds = []
-
-    def on_start(self, cfg, data): ...
-    def on_end(self, result): ...
-    def on_error(self, exc): ...
 
     def on_round(self, row):
         self.rounds.append(row["round"])
@@ -295,13 +288,9 @@ def test_lost_server_actor_stops_the_round_clearly(ray_local):
             rt.run_round(2, [0, 1, 2])
 
 
-class _RemoveNodeDuringRound3:
+class _RemoveNodeDuringRound3(RunHooks):
     def __init__(self, cluster, node):
         self.cluster, self.node, self.timer = cluster, node, None
-
-    def on_start(self, cfg, data): ...
-    def on_end(self, result): ...
-    def on_error(self, exc): ...
 
     def on_round(self, row):
         if row["round"] == 2:
