@@ -18,11 +18,41 @@ from fedray.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
-DatasetName = Literal["fashion_mnist", "mnist", "emnist", "svhn", "cifar10", "cifar100", "synthetic"]
+DatasetName = Literal["fashion_mnist", "mnist", "emnist", "svhn", "cifar10", "cifar100", "synthetic",
+                      "fmnist_domains", "digit5", "office_caltech10", "domainnet"]
+
+#: The domains of each multi-domain dataset, in their canonical order (``data.domains`` picks a subset).
+#: ``fmnist_domains`` is built from Fashion-MNIST by fixed transforms (``fedray.data.domains``); the others
+#: are read from torchvision ``ImageFolder`` trees, one folder per domain.
+DOMAINS: dict[str, tuple[str, ...]] = {
+    "fmnist_domains": ("original", "rotated", "inverted", "noisy", "blurred"),
+    "digit5": ("mnist", "mnistm", "svhn", "syn", "usps"),
+    "office_caltech10": ("amazon", "caltech", "dslr", "webcam"),
+    "domainnet": ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
+}
+DOMAIN_PARTITIONS = ("domain", "domain_dirichlet")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerDataConfig(_Strict):
+    """Data held by the server (FedCD's shared validation set, FedD3A's / FedDF's unlabelled proxy data).
+
+    It never reaches a client unless a method sends it, and what a method sends is counted in ``comm/*``.
+    """
+
+    kind: Literal["none", "holdout", "domain"] = Field(
+        default="none", description="holdout: per_class labelled samples per class taken out of the training "
+        "set before partitioning; domain: one domain of a multi-domain dataset")
+    per_class: int = Field(default=50, ge=1, description="holdout: samples per class (FedCD: 50 on CIFAR-100)")
+    domain: str | None = Field(default=None, description="domain: which one (default: the last of data.domains)")
+    labelled: bool | None = Field(default=None, description="whether methods see the labels; default: true for "
+                                  "holdout, false for domain (labels are then used by diag/* metrics only)")
+
+    def is_labelled(self) -> bool:
+        return self.labelled if self.labelled is not None else self.kind == "holdout"
 
 
 class DataConfig(_Strict):
@@ -33,12 +63,21 @@ class DataConfig(_Strict):
         "~/.cache/fedray/data (Debian's dataset-fashion-mnist is found and used when installed).",
     )
     download: bool = True
-    partition: Literal["dirichlet", "iid", "shards"] = "dirichlet"
+    partition: Literal["dirichlet", "iid", "shards", "domain", "domain_dirichlet"] = Field(
+        default="dirichlet", description="domain: one client per domain (cross-silo); domain_dirichlet: each "
+        "domain split over clients_per_domain clients by Dirichlet(alpha) over labels (cross-device)")
     alpha: float = Field(default=0.1, gt=0, description="Dirichlet concentration; smaller = more non-IID")
     num_clients: int = Field(default=20, ge=1)
     min_samples: int = Field(default=10, ge=2, description="Dirichlet: redraw until every client has this many")
     shards_per_client: int = Field(default=2, ge=1)
     test_fraction: float = Field(default=0.2, gt=0, lt=1, description="each client's local test split")
+    domains: list[str] | None = Field(default=None, description="multi-domain datasets: the domains to use "
+                                      "(default: all, in the dataset's order)")
+    clients_per_domain: int = Field(default=1, ge=1, description="domain_dirichlet: clients per domain")
+    image_size: int | None = Field(default=None, ge=8, description="ImageFolder datasets (digit5, "
+                                   "office_caltech10, domainnet): images are resized to this square size "
+                                   "(default 32)")
+    server_data: ServerDataConfig = Field(default_factory=ServerDataConfig)
     emnist_split: Literal["balanced", "byclass", "bymerge", "digits", "letters", "mnist"] = "balanced"
     # synthetic: a learnable image-shaped dataset generated from the seed (for tests and scale runs)
     synthetic_train_samples: int | None = Field(
@@ -49,9 +88,36 @@ class DataConfig(_Strict):
     synthetic_image_size: int = Field(default=16, ge=8)
     synthetic_channels: int = Field(default=1, ge=1)
 
+    def all_domains(self) -> list[str]:
+        """The run's domains (``data.domains`` or all of the dataset's); empty for single-domain datasets."""
+        return list(self.domains or DOMAINS.get(self.dataset, ()))
+
+    def server_domain(self) -> str | None:
+        """The domain held by the server (``server_data.kind=domain``), else None."""
+        if self.server_data.kind != "domain":
+            return None
+        return self.server_data.domain or self.all_domains()[-1]
+
+    def client_domains(self) -> list[str]:
+        """The domains clients' data comes from: every domain but the server's."""
+        return [x for x in self.all_domains() if x != self.server_domain()]
+
 
 class ModelConfig(_Strict):
-    name: Literal["lenet5", "resnet8", "resnet11"] = "lenet5"
+    """Model names are checked against the zoo by :func:`fedray.algorithms.validate_experiment`."""
+
+    name: str = Field(default="lenet5", description="the global model (and every client's, by default)")
+    client_models: list[str] | None = Field(
+        default=None, description="per-client architectures, assigned round-robin: client k gets entry "
+        "k mod len; absent: every client uses model.name")
+
+    def client_architecture(self, client_id: int) -> str:
+        """The architecture client ``client_id`` trains."""
+        return self.client_models[client_id % len(self.client_models)] if self.client_models else self.name
+
+    def architectures(self) -> list[str]:
+        """The distinct architectures of the run's clients, in first-use order."""
+        return list(dict.fromkeys(self.client_models or [self.name]))
 
 
 class FederationConfig(_Strict):
@@ -126,6 +192,7 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
+        self._check_domains()
         if self.federation.clients_per_round > self.data.num_clients:
             raise ConfigError(
                 "federation.clients_per_round",
@@ -140,11 +207,42 @@ class ExperimentConfig(_Strict):
             )
         return self
 
-    def algorithm_params(self):
-        """The validated ``Params`` instance of the configured algorithm."""
-        from fedray.algorithms import get_algorithm
-
-        return get_algorithm(self.algorithm.name).parse_params(self.algorithm.params())
+    def _check_domains(self) -> None:
+        """Domains, server data and domain partitions fit the dataset; domain partitions set num_clients."""
+        d = self.data
+        known = DOMAINS.get(d.dataset)
+        if d.domains is not None:
+            if known is None:
+                raise ConfigError("data.domains", f"{d.dataset} has no domains; multi-domain datasets: "
+                                  f"{', '.join(DOMAINS)}")
+            bad = [x for x in d.domains if x not in known]
+            if bad or not d.domains or len(set(d.domains)) != len(d.domains):
+                raise ConfigError("data.domains", f"{d.domains} is not a list of distinct domains of {d.dataset}; "
+                                  f"allowed: {', '.join(known)}")
+        sd = d.server_data
+        if sd.kind == "domain":
+            if known is None:
+                raise ConfigError("data.server_data.kind", f"'domain' needs a multi-domain data.dataset "
+                                  f"({', '.join(DOMAINS)}); {d.dataset} has none (use kind=holdout)")
+            if sd.domain is not None and sd.domain not in d.all_domains():
+                raise ConfigError("data.server_data.domain", f"{sd.domain!r} is not one of data.domains; "
+                                  f"allowed: {', '.join(d.all_domains())}")
+        elif sd.domain is not None:
+            raise ConfigError("data.server_data.domain", "is only used with data.server_data.kind=domain")
+        clients = d.client_domains()
+        if known is not None and not clients:
+            raise ConfigError("data.domains", "no domain is left for clients once the server's domain is "
+                              "taken; give data.domains at least two domains")
+        if d.partition in DOMAIN_PARTITIONS:
+            if known is None:
+                raise ConfigError("data.partition", f"'{d.partition}' needs a multi-domain data.dataset "
+                                  f"({', '.join(DOMAINS)}); {d.dataset} has no domains")
+            per = d.clients_per_domain if d.partition == "domain_dirichlet" else 1
+            # The partition defines the clients: one per domain (cross-silo) or clients_per_domain per domain.
+            if d.num_clients != per * len(clients):
+                d.num_clients = per * len(clients)
+            if self.federation.clients_per_round > d.num_clients:
+                self.federation.clients_per_round = d.num_clients  # cross-silo: every silo takes part
 
     def flat(self) -> dict[str, Any]:
         """Dotted ``key -> value`` view of the whole config (for MLflow params and reports)."""
@@ -255,7 +353,11 @@ def _section_model(loc) -> type[BaseModel] | None:
 
 
 def validate_config(raw: dict) -> ExperimentConfig:
-    """Validate a nested dict into an :class:`ExperimentConfig`, including the algorithm's parameters."""
+    """Validate a nested dict into an :class:`ExperimentConfig`.
+
+    The algorithm's own parameters and the model names are checked against their registries by
+    :func:`fedray.algorithms.validate_experiment` (this module imports no method and no model).
+    """
     try:
         cfg = ExperimentConfig.model_validate(raw)
     except ValidationError as e:
@@ -266,7 +368,6 @@ def validate_config(raw: dict) -> ExperimentConfig:
                 raise ctx_err from None
         key, msg = _describe(e.errors()[0])
         raise ConfigError(key, msg) from None
-    cfg.algorithm_params()  # raises ConfigError naming algorithm.<param>
     return cfg
 
 
