@@ -1,3 +1,4 @@
+from fedray.algorithms import algorithm_params, validate_experiment
 import pytest
 
 from fedray.config import ExperimentConfig, apply_overrides, load_config, parse_override, preset_names
@@ -17,7 +18,7 @@ def test_dotted_overrides_are_parsed_as_yaml_scalars():
     cfg = load_config("quickstart", ["data.alpha=0.5", "federation.rounds=3", "algorithm.name=fedprox",
                                      "algorithm.mu=0.1", "tracking.enabled=false", "runtime.num_workers=4"])
     assert cfg.data.alpha == 0.5 and cfg.federation.rounds == 3
-    assert cfg.algorithm.name == "fedprox" and cfg.algorithm_params().mu == 0.1
+    assert cfg.algorithm.name == "fedprox" and algorithm_params(cfg).mu == 0.1
     assert cfg.runtime.num_workers == 4 and cfg.tracking.enabled is False
 
 
@@ -34,7 +35,7 @@ def test_yaml_file(tmp_path):
         ("data.alpha=0", "data.alpha", "greater than 0"),
         ("data.alpha=-1", "data.alpha", "greater than 0"),
         ("data.alpha=abc", "data.alpha", "valid number"),
-        ("data.partition=random", "data.partition", "'dirichlet', 'iid' or 'shards'"),
+        ("data.partition=random", "data.partition", "'dirichlet', 'iid', 'shards', 'domain' or 'domain_dirichlet'"),
         ("data.dataset=imagenet", "data.dataset", "fashion_mnist"),
         ("model.name=vgg", "model.name", "lenet5"),
         ("algorithm.name=fedfoo", "algorithm.name", "allowed: "),
@@ -49,14 +50,14 @@ def test_yaml_file(tmp_path):
 )
 def test_bad_values_name_the_key_and_what_is_allowed(override, key, fragment):
     with pytest.raises(ConfigError) as e:
-        load_config("quickstart", [override])
+        validate_experiment(load_config("quickstart", [override]))
     assert e.value.key == key
     assert fragment in e.value.message
 
 
 def test_fedprox_mu_is_validated():
     with pytest.raises(ConfigError) as e:
-        load_config("quickstart", ["algorithm.name=fedprox", "algorithm.mu=-1"])
+        validate_experiment(load_config("quickstart", ["algorithm.name=fedprox", "algorithm.mu=-1"]))
     assert e.value.key == "algorithm.mu"
 
 

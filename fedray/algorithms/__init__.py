@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
 from fedray.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedray.config import ExperimentConfig
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -39,6 +46,9 @@ register_algorithm(QFFL)
 from fedray.algorithms.fedgkd import FedGKD  # noqa: E402
 
 register_algorithm(FedGKD)
+from fedray.algorithms.local import Local  # noqa: E402
+
+register_algorithm(Local)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
@@ -50,4 +60,34 @@ def get_algorithm(name: str) -> type[Algorithm]:
         ) from None
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "get_algorithm", "register_algorithm"]
+def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:
+    """The validated ``Params`` of ``cfg``'s algorithm (raises ConfigError naming ``algorithm.<param>``)."""
+    return get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params())
+
+
+def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
+    """What ``fedray.config`` cannot check without the registries: the algorithm's name and parameters, the
+    model names, and that a method which averages parameters gets one architecture. Every entry point
+    calls this before any work; it raises :class:`ConfigError` naming the key."""
+    from fedray.models import MODEL_NAMES
+
+    algo = get_algorithm(cfg.algorithm.name)
+    algo.parse_params(cfg.algorithm.params())
+    if cfg.model.name not in MODEL_NAMES:
+        raise ConfigError("model.name", f"unknown model {cfg.model.name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    if cfg.model.client_models is not None:
+        unknown = [m for m in cfg.model.client_models if m not in MODEL_NAMES]
+        if unknown or not cfg.model.client_models:
+            raise ConfigError("model.client_models", f"{cfg.model.client_models} must be a non-empty list of "
+                              f"model names; allowed: {', '.join(MODEL_NAMES)}")
+        others = sorted(set(cfg.model.client_models) - {cfg.model.name})
+        if algo.shared_architecture and others:
+            raise ConfigError("model.client_models", f"'{algo.name}' averages parameters, so every client must "
+                              f"train model.name={cfg.model.name}, not {', '.join(others)}; drop "
+                              "model.client_models or use a method with per-client models "
+                              f"({', '.join(n for n, c in sorted(ALGORITHMS.items()) if not c.shared_architecture)})")
+    return cfg
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "algorithm_params", "get_algorithm",
+           "register_algorithm", "validate_experiment"]

@@ -1,9 +1,17 @@
-"""The algorithm interface of DESIGN.md: broadcast -> client_update -> server_update.
+"""The algorithm interface: broadcast -> client_update -> server_update.
 
 An algorithm is plain PyTorch and never knows where it runs. The runtime builds its modules once per
 process (``build_modules``), hands each client a :class:`ClientContext` with that client's data and
-seeded generator, ships the ``Payload`` down and the ``Upload`` up, and keeps each client's private
-``ClientState`` on the client side (it is never passed to ``server_update``).
+seeded generator, ships the :class:`Payload` down and the :class:`Upload` up, and keeps each client's
+private :class:`ClientState` on the client side (it is never passed to ``server_update``). These four
+types are the privacy boundary of a method: every method subclasses them with its own dataclasses, so
+what crosses between client and server is explicit and typed, and the checkpoint code can save it.
+
+Per-client models: a method whose clients each own a model (possibly of a different architecture,
+``model.client_models``) sets ``shared_architecture = False``; the client's weights are its client
+state, and ``ctx.own_model()`` is a module of the client's architecture to load them into.
+``personalised = True`` makes ``eval/*`` score each client's own model (:meth:`Algorithm.personal_model`)
+instead of a global one.
 """
 
 from __future__ import annotations
@@ -24,6 +32,51 @@ from fedray.errors import ConfigError
 Weights = dict[str, torch.Tensor]
 
 
+# --- what crosses the client/server boundary: each method subclasses these with its own dataclasses ---
+
+
+@dataclass
+class Payload:
+    """What the server broadcasts to every client sampled in a round (counted in ``comm/bytes_down``)."""
+
+
+@dataclass
+class Upload:
+    """What one client sends the server after its local update (counted in ``comm/bytes_up``)."""
+
+
+@dataclass
+class ClientState:
+    """A client's private, persistent state (its own model, discriminator, generator); never uploaded."""
+
+
+@dataclass
+class ServerState:
+    """The server's state between rounds (global model, caches, buffers); checkpointed."""
+
+
+@dataclass
+class ServerSideData:
+    """Data held by the server (``data.server_data``): uint8 images on the server's device, and labels only
+    when the run says the server's data is labelled. Clients never see it unless a method sends it."""
+
+    x: torch.Tensor  # uint8 (N, C, H, W); normalise with to_float(x, spec.mean, spec.std)
+    y: torch.Tensor | None  # int64 (N,), or None for unlabelled server data
+    domain: str | None = None
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+@dataclass
+class PersonalModel(ClientState):
+    """A client's own model: its architecture's name and weights (FedCD, the isolated baseline)."""
+
+    client_id: int
+    architecture: str
+    weights: Weights
+
+
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -39,6 +92,24 @@ class DataSpec:
     std: tuple[float, ...]
 
 
+class ModelBank:
+    """One module per architecture, built on first use and reused for every client of that architecture
+    (a worker swaps clients' weights into it, as it does for a shared model), so a worker's memory grows
+    with the architectures it has seen, not with the clients it serves."""
+
+    def __init__(self, spec: DataSpec, device: torch.device):
+        self.spec, self.device = spec, device
+        self._modules: dict[str, torch.nn.Module] = {}
+
+    def get(self, architecture: str) -> torch.nn.Module:
+        from fedray.models import build_model
+
+        if architecture not in self._modules:
+            model = build_model(architecture, self.spec.input_shape, self.spec.num_classes)
+            self._modules[architecture] = model.to(self.device)
+        return self._modules[architecture]
+
+
 @dataclass
 class ClientContext:
     """Everything a client update may use: its own data, its seeded randomness, the worker's modules."""
@@ -51,7 +122,14 @@ class ClientContext:
     spec: DataSpec
     fed: FederationConfig
     device: torch.device
-    modules: Any
+    modules: Any  # what the method's build_modules() returned, built once per process
+    architecture: str = ""  # this client's model architecture (model.client_models, else model.name)
+    models: ModelBank | None = None  # one built module per architecture, shared by the worker's clients
+
+    def own_model(self) -> torch.nn.Module:
+        """A module of this client's architecture (weights are whatever the last user left: load first)."""
+        assert self.models is not None, "the runtime gives every client context a model bank"
+        return self.models.get(self.architecture)
 
     @property
     def num_samples(self) -> int:
@@ -94,8 +172,8 @@ class ServerContext:
 
 @dataclass
 class ClientResult:
-    upload: Any  # sent to the server; counted in comm/bytes_up
-    state: Any  # stays client-side; None for stateless methods
+    upload: Upload  # sent to the server; counted in comm/bytes_up
+    state: ClientState | None  # stays client-side; None for stateless methods
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. train/loss, averaged over clients
 
 
@@ -107,11 +185,18 @@ class Algorithm(ABC, Generic[Params]):
 
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
+    #: True for methods that average parameters: every client must train the same architecture, and
+    #: ``model.client_models`` naming several is refused before any work.
+    shared_architecture: ClassVar[bool] = True
+    #: True for methods without a global model: ``eval/*`` scores each client's own model.
+    personalised: ClassVar[bool] = False
 
     def __init__(self, cfg: ExperimentConfig, spec: DataSpec):
         self.cfg = cfg
         self.spec = spec
         self.params: Params = self.parse_params(cfg.algorithm.params())  # type: ignore[assignment]
+        #: The server's data (``data.server_data``) on the server's instance; always None on clients.
+        self.server_data: ServerSideData | None = None
 
     @classmethod
     def parse_params(cls, values: dict[str, Any]) -> BaseModel:
@@ -132,38 +217,76 @@ class Algorithm(ABC, Generic[Params]):
 
     # --- server side -----------------------------------------------------------------------------
     @abstractmethod
-    def init_server_state(self, modules: Any) -> Any:
+    def init_server_state(self, modules: Any) -> ServerState:
         """Round-0 server state; ``modules`` were built under the run's ``init`` seed."""
 
     @abstractmethod
-    def broadcast(self, state: Any, round_: int) -> Any:
+    def broadcast(self, state: ServerState, round_: int) -> Payload:
         """The payload sent to every client sampled in ``round_`` (put in the object store once)."""
 
     @abstractmethod
-    def server_update(self, state: Any, uploads: list[Any], ctx: ServerContext) -> tuple[Any, dict[str, float]]:
+    def server_update(self, state: ServerState, uploads: list[Upload],
+                      ctx: ServerContext) -> tuple[ServerState, dict[str, float]]:
         """New server state from this round's uploads (in client-id order) and server metrics."""
 
-    @abstractmethod
-    def global_weights(self, state: Any) -> Weights:
-        """The weights of the global model that ``eval/*`` evaluates."""
+    def global_weights(self, state: ServerState) -> Weights | None:
+        """The weights of the global model that ``eval/*`` evaluates; None for personalised methods."""
+        return None
 
-    def extra_eval_models(self, state: Any) -> dict[str, Weights]:
+    def extra_eval_models(self, state: ServerState) -> dict[str, Weights]:
         """Further models to evaluate every evaluation round, by suffix: ``{"oca": w}`` adds
         ``eval/accuracy_oca``, ``eval/amp_oca``, ... beside the ``global_weights`` figures."""
         return {}
 
     # --- client side -----------------------------------------------------------------------------
-    def init_client_state(self, client_id: int) -> Any:
+    def init_client_state(self, client_id: int) -> ClientState | None:
         """A client's private state before its first round (None for stateless methods)."""
         return None
 
     @abstractmethod
-    def client_update(self, ctx: ClientContext, payload: Any, state: Any) -> ClientResult:
+    def client_update(self, ctx: ClientContext, payload: Payload, state: ClientState | None) -> ClientResult:
         """Local training from the payload and this client's private state."""
+
+    def personal_model(self, state: ClientState) -> PersonalModel:
+        """Personalised methods: the client's own model inside its state (what ``eval/*`` scores)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-client models")
+
+    def init_personal_model(self, client_id: int) -> PersonalModel:
+        """Client ``client_id``'s own model before its first round: its architecture, initialised from
+        (run seed, client) alone, so every process and a resumed run draw the same weights."""
+        from fedray.models import build_model
+        from fedray.seeding import derive_seed
+
+        arch = self.cfg.model.client_architecture(client_id)
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
+            torch.manual_seed(derive_seed(self.cfg.seed, "client-model", client_id) % (1 << 63))
+            model = build_model(arch, self.spec.input_shape, self.spec.num_classes)
+        return PersonalModel(client_id=client_id, architecture=arch, weights=clone_weights(model))
 
 
 # --------------------------------------------------------------------------------------------------
 # helpers shared by methods
+
+
+def make_optimizer(params, fed: FederationConfig) -> torch.optim.Optimizer:
+    """The local optimizer of ``federation.*``: SGD (momentum, weight decay) or Adam (weight decay)."""
+    if fed.optimizer == "adam":
+        return torch.optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
+    return torch.optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
+
+
+def train_local(ctx: ClientContext, model: torch.nn.Module, loss_fn, opt: torch.optim.Optimizer) -> float:
+    """``ctx.batches()`` steps of ``loss_fn(model, x, y)`` with ``opt``; returns the mean loss."""
+    model.train()
+    total, steps = torch.zeros((), device=ctx.device), 0
+    for x, y in ctx.batches():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        total += loss.detach()
+        steps += 1
+    return float(total) / max(steps, 1)
 
 
 def clone_weights(module: torch.nn.Module) -> Weights:

@@ -46,7 +46,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from fedray.algorithms.base import Algorithm, ClientContext, ClientResult, ServerContext, Weights, clone_weights
+from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, ClientState, Payload, ServerContext,
+                                    ServerState, Upload, Weights, clone_weights)
 from fedray.algorithms.dafkd_server import server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.models import FedModel, build_model
@@ -91,21 +92,21 @@ class DaFKDModules:
 
 
 @dataclass
-class DaFKDServerState:
+class DaFKDServerState(ServerState):
     weights: Weights  # w_t, the global classifier
     generator: Weights  # theta^g_t, the global generator
     average: Weights | None = None  # w_hat_t before distillation (kept only with eval_average)
 
 
 @dataclass
-class DaFKDPayload:
+class DaFKDPayload(Payload):
     weights: Weights
     generator: Weights
     distill_seed: int | None = None  # only the private variant needs (and is sent) the shared noise seed
 
 
 @dataclass
-class DaFKDUpload:
+class DaFKDUpload(Upload):
     weights: Weights  # w_t^k
     generator: Weights  # theta^g_k
     num_samples: int
@@ -115,7 +116,7 @@ class DaFKDUpload:
 
 
 @dataclass
-class DaFKDClientState:
+class DaFKDClientState(ClientState):
     client_id: int
     disc: Weights  # theta^d_k: the head (sharing) or the whole separate network; never averaged, never sent
     rounds: int = 0  # rounds this client has trained in

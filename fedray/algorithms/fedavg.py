@@ -21,9 +21,15 @@ from fedray.algorithms.base import (
     Algorithm,
     ClientContext,
     ClientResult,
+    ClientState,
+    Payload,
     ServerContext,
+    ServerState,
+    Upload,
     Weights,
     clone_weights,
+    make_optimizer,
+    train_local,
     weighted_average,
 )
 from fedray.algorithms.cached import CacheParams, ModelCache, init_cache, update_cache
@@ -31,7 +37,7 @@ from fedray.models import build_model
 
 
 @dataclass
-class ModelState:
+class ModelState(ServerState):
     """Server state: the global (ACA) model's weights, and the T1 cache when the method keeps one."""
 
     weights: Weights
@@ -39,12 +45,12 @@ class ModelState:
 
 
 @dataclass
-class ModelPayload:
+class ModelPayload(Payload):
     weights: Weights
 
 
 @dataclass
-class ModelUpload:
+class ModelUpload(Upload):
     weights: Weights
     num_samples: int
 
@@ -97,11 +103,6 @@ class FedAvg(Algorithm):
         return {"aca": state.weights, "oca": state.cache.oca}
 
     # --- client -------------------------------------------------------------------------------------
-    def make_optimizer(self, params, fed) -> torch.optim.Optimizer:
-        if fed.optimizer == "adam":
-            return torch.optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
-        return torch.optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
-
     def local_loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, anchor: Any) -> torch.Tensor:
         """The client's training objective; subclasses add terms (FedProx's proximal term)."""
         return F.cross_entropy(model(x), y)
@@ -115,22 +116,14 @@ class FedAvg(Algorithm):
             return CachedUpload(weights=clone_weights(model), num_samples=ctx.num_samples, client_id=ctx.client_id)
         return ModelUpload(weights=clone_weights(model), num_samples=ctx.num_samples)
 
-    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: Any) -> ClientResult:
+    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         model.train()
         anchor = self.make_anchor(model, ctx, payload)
-        opt = self.make_optimizer(model.parameters(), ctx.fed)
-        total, steps = torch.zeros((), device=ctx.device), 0
-        for x, y in ctx.batches():
-            opt.zero_grad(set_to_none=True)
-            loss = self.local_loss(model, x, y, anchor)
-            loss.backward()
-            opt.step()
-            total += loss.detach()
-            steps += 1
-        upload = self.make_upload(ctx, model)
-        return ClientResult(upload=upload, state=None, metrics={"train/loss": float(total) / max(steps, 1)})
+        loss = train_local(ctx, model, lambda m, x, y: self.local_loss(m, x, y, anchor),
+                           make_optimizer(model.parameters(), ctx.fed))
+        return ClientResult(upload=self.make_upload(ctx, model), state=None, metrics={"train/loss": loss})
 
     # --- server -------------------------------------------------------------------------------------
     def server_update(

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import ServerContext, Weights, weighted_average
+from fedray.algorithms.base import Payload, ServerContext, Weights, weighted_average
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.fedavg import FedAvg, ModelState, ModelUpload
 from fedray.models import build_model
@@ -46,7 +46,7 @@ class GKDState(ModelState):
 
 
 @dataclass
-class GKDPayload:
+class GKDPayload(Payload):
     weights: Weights  # the global model, the student's start
     teacher: Weights | None  # mean of the buffered models; None = no distillation this round
 

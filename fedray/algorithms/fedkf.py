@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import ClientContext, ClientResult, Weights, clone_weights
+from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights, clone_weights, make_optimizer
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
 from fedray.models import build_model
@@ -88,7 +88,7 @@ class FedKFParams(CacheParams):
 
 
 @dataclass
-class FedKFPayload:
+class FedKFPayload(Payload):
     """What each active client receives: the ACA model, and the OCA model as teacher in variant fedkf."""
 
     weights: Weights  # w^{t-1}, the student's start (ACA)
@@ -96,7 +96,7 @@ class FedKFPayload:
 
 
 @dataclass
-class GeneratorState:
+class GeneratorState(ClientState):
     """A client's private state: its local generator theta_k (and its Adam moments). Never uploaded."""
 
     client_id: int
@@ -212,7 +212,7 @@ class FedKF(FedAvg):
         teacher.load_state_dict(payload.teacher if payload.teacher is not None else payload.weights)
         teacher.eval()
         state, opt_g = self._load_generator(ctx, state)
-        opt_s = self.make_optimizer(student.parameters(), ctx.fed)
+        opt_s = make_optimizer(student.parameters(), ctx.fed)
         noise = ctx.generator("noise")
         gen_batch = p.generator_batch_size or ctx.fed.batch_size
         sums = torch.zeros(7, dtype=torch.float64, device=ctx.device)  # on the device: no sync per step

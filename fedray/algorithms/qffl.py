@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.algorithms.base import ClientContext, ClientResult, ServerContext, Weights
+from fedray.algorithms.base import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
 from fedray.algorithms.fedavg import FedAvg, ModelPayload, ModelState
 from fedray.data.federated import to_float
 
@@ -40,7 +39,7 @@ class QFFLParams(BaseModel):
 
 
 @dataclass
-class QFFLUpload:
+class QFFLUpload(Upload):
     delta: Weights  # Delta_k, floating-point entries of the model only
     h: float  # h_k
 
@@ -90,7 +89,7 @@ class QFFL(FedAvg):
             total += float(F.cross_entropy(logits, ctx.y[s : s + bs], reduction="sum"))
         return total / max(ctx.num_samples, 1)
 
-    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: Any) -> ClientResult:
+    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         loss = self.local_objective(ctx, model)

@@ -26,11 +26,12 @@ class Runtime(ABC):
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:
-        """``eval/*`` metrics of the current global model."""
+        """``eval/*`` metrics of the current global model (personalised methods: of every client's own)."""
 
     @abstractmethod
-    def global_weights(self) -> dict[str, torch.Tensor]:
-        """The current global model (CPU tensors), e.g. to save it."""
+    def global_weights(self) -> dict:
+        """The current global model (CPU tensors), e.g. to save it; for personalised methods
+        ``{client id: weights}`` of every client that has trained."""
 
     @abstractmethod
     def export_state(self) -> tuple[Any, dict[int, Any]]:

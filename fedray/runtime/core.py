@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
-from fedray.algorithms.base import leaves, nbytes
+from fedray.algorithms.base import ClientState, ModelBank, ServerSideData, Upload, Weights, leaves, nbytes
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
-from fedray.metrics import Evaluator
+from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
 from fedray.seeding import derive_seed
 
@@ -43,7 +43,7 @@ def torch_threads(cfg: ExperimentConfig) -> int:
 
 
 def _to_device(modules: Any, device: torch.device) -> Any:
-    for value in vars(modules).values():
+    for value in (vars(modules).values() if modules is not None else ()):
         if isinstance(value, torch.nn.Module):
             value.to(device)
     return modules
@@ -63,14 +63,21 @@ def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
 
 
 class ClientWorkerCore:
-    """Builds the method's modules once and trains whichever client it is handed, one at a time."""
+    """Builds the method's modules once and trains whichever client it is handed, one at a time.
+
+    Per-client models are loaded into one module per architecture (:class:`ModelBank`), so a worker
+    serving 1,000 clients holds a handful of modules; the clients' weights are their client state.
+    """
 
     def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
                  algo_cls: type[Algorithm] | None = None):
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
+        self.models = ModelBank(self.algo.spec, device)
+        self._evaluator: Evaluator | None = None
 
-    def train(self, round_: int, client_id: int, payload: Any, state: Any) -> tuple[Any, Any, dict]:
+    def train(self, round_: int, client_id: int, payload: Any,
+              state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
         idx = self.data.client_train[client_id]
         if state is None:
             state = self.algo.init_client_state(client_id)
@@ -84,12 +91,28 @@ class ClientWorkerCore:
             fed=self.cfg.federation,
             device=self.device,
             modules=self.modules,
+            architecture=self.cfg.model.client_architecture(client_id),
+            models=self.models,
         )
         result = self.algo.client_update(ctx, payload, state)
         info = {"client": client_id, "num_samples": int(len(idx)), "bytes_up": nbytes(result.upload),
                 "has_state": result.state is not None, "pid": os.getpid()}
         info.update(result.metrics)
         return result.upload, result.state, info
+
+    def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple[int, ...]]:
+        """Personalised evaluation: each client's own model on its own test split and on the global test
+        set (rows of :func:`fedray.metrics.personal_metrics`). A client that never trained is scored with
+        its initial model, which is built here and not kept."""
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
+        rows = []
+        for cid, state in zip(client_ids, states):
+            own = self.algo.personal_model(state if state is not None else self.algo.init_client_state(cid))
+            model = self.models.get(own.architecture)
+            model.load_state_dict(own.weights)
+            rows.append(self._evaluator.personal_counts(model, cid))
+        return rows
 
 
 class ServerCore:
@@ -99,10 +122,13 @@ class ServerCore:
                  algo_cls: type[Algorithm] | None = None):
         self.cfg, self.device = cfg, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
+        self.algo.server_data = server_side_data(data, device)
         self.state = self.algo.init_server_state(self.modules)
         spec = self.algo.spec
-        eval_model = build_model(cfg.model.name, spec.input_shape, spec.num_classes).to(device)
-        self.evaluator = Evaluator(data, eval_model, device, cfg.federation.eval_batch_size)
+        self.evaluator = None
+        if not self.algo.personalised:  # personalised methods are evaluated where the clients' models are
+            eval_model = build_model(cfg.model.name, spec.input_shape, spec.num_classes).to(device)
+            self.evaluator = Evaluator(data, eval_model, device, cfg.federation.eval_batch_size)
 
     def broadcast(self, round_: int) -> tuple[Any, int]:
         payload = self.algo.broadcast(self.state, round_)
@@ -120,6 +146,7 @@ class ServerCore:
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
     def evaluate(self) -> dict[str, float]:
+        assert self.evaluator is not None, "personalised methods are evaluated by the client workers"
         main = self.algo.global_weights(self.state)
         base = self.evaluator.evaluate(main)
         metrics = dict(base)
@@ -129,8 +156,27 @@ class ServerCore:
             metrics.update({f"{k}_{suffix}": v for k, v in extra.items()})
         return metrics
 
-    def global_weights(self) -> dict[str, torch.Tensor]:
+    def global_weights(self) -> Weights | None:
         return self.algo.global_weights(self.state)
+
+
+def server_side_data(data: FederatedData, device: torch.device) -> ServerSideData | None:
+    """The server's data as the method may see it: labels only when ``data.server_data.labelled``."""
+    server = getattr(data, "server", None)
+    if server is None:
+        return None
+    y = torch.from_numpy(np.array(server.y)).to(device) if server.labelled else None
+    return ServerSideData(x=torch.from_numpy(np.array(server.x)).to(device), y=y, domain=server.domain)
+
+
+def personal_evaluation(rows: list[tuple[int, ...]]) -> dict[str, float]:
+    """``eval/*`` from every client's :meth:`ClientWorkerCore.evaluate_clients` row (client-id order)."""
+    return personal_metrics(np.array(rows, dtype=np.float64))
+
+
+def personal_models(algo: Algorithm, states: dict[int, ClientState]) -> dict[int, Weights]:
+    """{client id: own model weights} of the clients that have a state (what ``model.pt`` holds)."""
+    return {cid: algo.personal_model(st).weights for cid, st in sorted(states.items())}
 
 
 def is_finite(obj: Any) -> bool:

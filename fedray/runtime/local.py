@@ -10,7 +10,7 @@ from fedray.algorithms import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
-from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+from fedray.runtime.core import ClientWorkerCore, ServerCore, personal_evaluation, personal_models, torch_threads
 
 
 class LocalRuntime(Runtime):
@@ -23,6 +23,8 @@ class LocalRuntime(Runtime):
         self.server = ServerCore(cfg, data, self.device, algo_cls)
         self.worker = ClientWorkerCore(cfg, data, self.device, algo_cls)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
+        self.personalised = algo_cls.personalised
+        self.num_clients = data.num_clients
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
         payload, payload_bytes = self.server.broadcast(round_)
@@ -36,9 +38,14 @@ class LocalRuntime(Runtime):
         return RoundOutcome(infos, self.server.aggregate(round_, uploads, client_ids), payload_bytes)
 
     def evaluate(self) -> dict[str, float]:
+        if self.personalised:
+            cids = list(range(self.num_clients))
+            return personal_evaluation(self.worker.evaluate_clients(cids, [self.client_states.get(c) for c in cids]))
         return self.server.evaluate()
 
     def global_weights(self):
+        if self.personalised:
+            return personal_models(self.worker.algo, self.client_states)
         return self.server.global_weights()
 
     def export_state(self):

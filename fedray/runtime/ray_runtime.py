@@ -34,7 +34,8 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError, RunFailure
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+from fedray.runtime.core import (ClientWorkerCore, ServerCore, data_spec, personal_evaluation, personal_models,
+                                 torch_threads)
 
 
 log = logging.getLogger("fedray")
@@ -62,6 +63,10 @@ class ClientWorker:
 
     def train(self, round_: int, client_id: int, payload: Any, state: Any):
         return self.core.train(round_, client_id, payload, state)
+
+    def evaluate_clients(self, client_ids: list[int], *states: Any):
+        # States arrive as top-level arguments so Ray resolves their references before the call.
+        return self.core.evaluate_clients(client_ids, list(states))
 
 
 @ray.remote
@@ -190,6 +195,8 @@ class RayRuntime(Runtime):
             self.close()
             raise
         self.num_clients = data.num_clients
+        self.personalised = self.algo_cls.personalised
+        self.algo = self.algo_cls(cfg, data_spec(data))  # the driver's copy: reads client states, builds nothing
         self.one_actor_per_client = self.pool_size >= self.num_clients
         self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
@@ -322,9 +329,32 @@ class RayRuntime(Runtime):
         return RoundOutcome(infos, metrics, payload_bytes)
 
     def evaluate(self) -> dict[str, float]:
+        if self.personalised:
+            return personal_evaluation(self._evaluate_clients(list(range(self.num_clients))))
         return self._server_call(self.server.evaluate)
 
+    def _evaluate_clients(self, client_ids: list[int]) -> list[tuple[int, ...]]:
+        """Every client's own model scored on the workers, one task per worker over a contiguous share of
+        the clients; a worker lost mid-way costs a rerun of the evaluation once the pool is checked."""
+        for attempt in range(2):
+            self._check_pool()
+            shares = [client_ids[i::len(self.workers)] for i in range(len(self.workers))]
+            refs = [w.evaluate_clients.remote(share, *[self.client_states.get(c) for c in share])
+                    for w, share in zip(self.workers, shares) if share]
+            try:
+                rows = dict(zip([c for share in shares for c in share], [r for part in ray.get(refs) for r in part]))
+                return [rows[c] for c in client_ids]
+            except SYSTEM_ERRORS as e:
+                if attempt:
+                    raise RunFailure(f"evaluation failed twice: a client worker was lost ({type(e).__name__})") from None
+                log.warning("evaluation lost a client worker (%s); rerunning it", type(e).__name__)
+                self.suspect.update(range(len(self.workers)))
+        raise AssertionError("unreachable")
+
     def global_weights(self):
+        if self.personalised:
+            cids = sorted(self.client_states)
+            return personal_models(self.algo, dict(zip(cids, ray.get([self.client_states[c] for c in cids]))))
         return self._server_call(self.server.global_weights)
 
     def _server_call(self, method, *args):

@@ -2,6 +2,7 @@
 persisting per client, Appendix B == main variant, communication bytes of every variant, two-round runs
 of every option on both runtimes, the generator's shape and output space, presets and the sweep spec."""
 
+from fedray.algorithms import algorithm_params
 import dataclasses
 import math
 from collections import Counter
@@ -213,7 +214,7 @@ def test_comm_bytes_are_the_sizes_of_what_is_sent(variant):
             "private": {"algorithm__private_discriminator": True},
             "private_no_correlation": {"algorithm__private_discriminator": True, "algorithm__correlation": False}}
     cfg = dafkd_config(federation__rounds=1, **over[variant])
-    shape, classes, n = (1, 16, 16), 10, cfg.algorithm_params().distill_samples
+    shape, classes, n = (1, 16, 16), 10, algorithm_params(cfg).distill_samples
     model = build_model("lenet5", shape, classes)
     down = _bytes(model) + _bytes(DCGANGenerator(100, shape, 8))  # classifier + generator
     up = down + 8  # + num_samples
@@ -313,7 +314,7 @@ def test_presets_and_sweep_spec_validate():
     assert (fm.model.name, fm.algorithm.name, fm.federation.rounds, fm.federation.clients_per_round) == \
         ("lenet5", "dafkd", 60, 8)
     rn = load_config("dafkd_resnet11")
-    assert rn.model.name == "resnet11" and rn.algorithm_params().gen_width == 64
+    assert rn.model.name == "resnet11" and algorithm_params(rn).gen_width == 64
     spec_path = ROOT / "tune_configs" / "dafkd_distill.yaml"
     assert spec_path.read_text().startswith("#")
     spec = load_spec(spec_path)

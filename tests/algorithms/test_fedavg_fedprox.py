@@ -76,7 +76,8 @@ def test_fedprox_keeps_clients_closer_to_the_global_model():
     assert _client_drift("fedprox", mu=0.0) == pytest.approx(_client_drift("fedavg"), rel=1e-6)
 
 
-BUILTIN = sorted(name for name in ALGORITHMS if not name.startswith("test_"))  # not the tests' own methods
+# The built-in methods with a global model (not the tests' own methods; personalised ones: test_local.py).
+BUILTIN = sorted(name for name, cls in ALGORITHMS.items() if not name.startswith("test_") and not cls.personalised)
 
 
 @pytest.mark.parametrize("name", BUILTIN)

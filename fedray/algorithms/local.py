@@ -1,0 +1,82 @@
+"""Isolated training: every client trains only its own model on its own data; nothing is exchanged.
+
+This is the "trained in isolation" row of FedCD (Table I): the gain of a collaborative method is measured
+against it, client by client. Each client owns a model of its own architecture (``model.client_models``,
+assigned round-robin; else ``model.name``), initialised from (run seed, client) alone; its weights are the
+client's private state and persist across the rounds it is sampled in. Local training is the engine's
+supervised step (cross-entropy, ``federation.*`` optimizer, ``federation.local_steps`` or
+``local_epochs``). The broadcast and the uploads are empty, so communication is 0 bytes.
+
+``eval/*`` is personalised: each client's own model on its own test split (AMP / FM / WLP) and on the
+global test set (``eval/accuracy`` = the mean over clients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from fedray.algorithms.base import (
+    Algorithm,
+    ClientContext,
+    ClientResult,
+    Payload,
+    PersonalModel,
+    ServerContext,
+    ServerState,
+    Upload,
+    clone_weights,
+    make_optimizer,
+    train_local,
+)
+
+
+@dataclass
+class NoServerState(ServerState):
+    """The isolated baseline has no server state."""
+
+
+@dataclass
+class EmptyPayload(Payload):
+    """Nothing is sent down."""
+
+
+@dataclass
+class EmptyUpload(Upload):
+    """Nothing is sent up."""
+
+
+class Local(Algorithm):
+    name = "local"
+    shared_architecture = False
+    personalised = True
+
+    def build_modules(self) -> None:
+        return None  # a client's model comes from the worker's model bank (ctx.own_model())
+
+    def init_server_state(self, modules: None) -> NoServerState:
+        return NoServerState()
+
+    def broadcast(self, state: NoServerState, round_: int) -> EmptyPayload:
+        return EmptyPayload()
+
+    def init_client_state(self, client_id: int) -> PersonalModel:
+        return self.init_personal_model(client_id)
+
+    def personal_model(self, state: PersonalModel) -> PersonalModel:
+        return state
+
+    def client_update(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> ClientResult:
+        if state.client_id != ctx.client_id:
+            raise RuntimeError(f"client {ctx.client_id} received the model of client {state.client_id}")
+        model = ctx.own_model()
+        model.load_state_dict(state.weights)
+        loss = train_local(ctx, model, lambda m, x, y: F.cross_entropy(m(x), y),
+                           make_optimizer(model.parameters(), ctx.fed))
+        new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
+        return ClientResult(upload=EmptyUpload(), state=new, metrics={"train/loss": loss})
+
+    def server_update(self, state: NoServerState, uploads: list[EmptyUpload],
+                      ctx: ServerContext) -> tuple[NoServerState, dict[str, float]]:
+        return state, {}
