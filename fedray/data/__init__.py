@@ -1,5 +1,7 @@
-"""Datasets (torchvision loaders on offline roots, Debian's Fashion-MNIST, synthetic), partitioners,
-and :class:`FederatedData`. See ``fedray/data/datasets.py`` for where data is looked for."""
+"""Datasets (torchvision loaders on offline roots, Debian's Fashion-MNIST, synthetic, multi-domain),
+partitioners, server-side data and :class:`FederatedData`. See ``fedray/data/datasets.py`` for where
+data is looked for, ``fedray/data/domains.py`` for ``fmnist_domains`` and ``fedray/data/imagefolder.py``
+for the ImageFolder layout of ``digit5``, ``office_caltech10`` and ``domainnet``."""
 
 from fedray.data.datasets import (
     DEBIAN_FASHION_MNIST,
@@ -9,27 +11,56 @@ from fedray.data.datasets import (
     load_dataset,
     resolve_root,
 )
-from fedray.data.federated import FederatedData, build_federated_data, partition, to_float
-from fedray.data.partition import partition_dirichlet, partition_iid, partition_shards, split_train_test
+from fedray.data.domains import (
+    FMNIST_DOMAINS,
+    DomainDataset,
+    DomainSplit,
+    fmnist_domain_shares,
+    fmnist_domain_transform,
+    load_domains,
+)
+from fedray.data.federated import FederatedData, ServerData, build_federated_data, partition, to_float
+from fedray.data.imagefolder import IMAGEFOLDER_DATASETS, load_imagefolder_domains
+from fedray.data.partition import (
+    partition_by_domain,
+    partition_dirichlet,
+    partition_domain_dirichlet,
+    partition_iid,
+    partition_shards,
+    select_holdout,
+    split_train_test,
+)
 from fedray.data.plot import partition_summary, plot_partition
 from fedray.data.synthetic import make_synthetic
 
 __all__ = [
     "DEBIAN_FASHION_MNIST",
+    "FMNIST_DOMAINS",
+    "IMAGEFOLDER_DATASETS",
+    "DomainDataset",
+    "DomainSplit",
     "FederatedData",
     "RawDataset",
+    "ServerData",
     "build_federated_data",
     "debian_fashion_mnist_dir",
     "display_name",
+    "fmnist_domain_shares",
+    "fmnist_domain_transform",
     "load_dataset",
+    "load_domains",
+    "load_imagefolder_domains",
     "make_synthetic",
     "partition",
+    "partition_by_domain",
     "partition_dirichlet",
+    "partition_domain_dirichlet",
     "partition_iid",
     "partition_shards",
     "partition_summary",
     "plot_partition",
     "resolve_root",
+    "select_holdout",
     "split_train_test",
     "to_float",
 ]

@@ -8,6 +8,10 @@ Where the data comes from (``resolve_root``): ``data.data_dir`` if given (it mus
 (``FashionMNIST/raw/...``, ``cifar-10-batches-py/...``, ``train_32x32.mat`` ...). For Fashion-MNIST,
 Debian's ``dataset-fashion-mnist`` package is found and decompressed into that layout once, so the
 default experiment runs offline.
+
+Multi-domain datasets live in :mod:`fedray.data.domains` (``fmnist_domains``, built from Fashion-MNIST
+loaded here) and :mod:`fedray.data.imagefolder` (``digit5``, ``office_caltech10``, ``domainnet``, read
+from ``<data_dir>/<dataset>/<domain>/<class>/<image>``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from urllib.error import URLError
 
 import numpy as np
 
-from fedray.config import DataConfig
+from fedray.config import DOMAINS, DataConfig
 from fedray.errors import DataError
 
 #: Where Debian's ``dataset-fashion-mnist`` installs the four gzipped IDX files.
@@ -57,6 +61,10 @@ _DISPLAY = {
     "svhn": "SVHN",
     "cifar10": "CIFAR-10",
     "cifar100": "CIFAR-100",
+    "fmnist_domains": "Fashion-MNIST domains",
+    "digit5": "Digit-5",
+    "office_caltech10": "Office-Caltech-10",
+    "domainnet": "DomainNet",
 }
 
 
@@ -239,7 +247,15 @@ def _load_torchvision(cfg: DataConfig) -> RawDataset:
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
-    """Load ``cfg.dataset``; the synthetic dataset is generated from ``seed``."""
+    """Load ``cfg.dataset``; the synthetic dataset is generated from ``seed``.
+
+    A multi-domain dataset comes back as its client domains pooled (domain-major); use
+    :func:`fedray.data.domains.load_domains` to keep the domains apart.
+    """
+    from fedray.data.domains import is_multi_domain, load_domains
+
+    if is_multi_domain(cfg.dataset):
+        return load_domains(cfg).pooled(cfg.client_domains())
     if cfg.dataset == "synthetic":
         from fedray.data.synthetic import make_synthetic
 
@@ -253,7 +269,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
             seed,
         )
     if cfg.dataset not in _STATS:
-        allowed = ", ".join([*_STATS, "synthetic"])
+        allowed = ", ".join([*_STATS, "synthetic", *DOMAINS])
         raise DataError("data.dataset", f"unknown dataset {cfg.dataset!r}; allowed: {allowed}")
     return _load_torchvision(cfg)
 

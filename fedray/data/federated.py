@@ -1,10 +1,24 @@
-"""``FederatedData``: one dataset, partitioned over clients, each client split 80/20 into train/test.
+"""``FederatedData``: one dataset, partitioned over clients, each client split 80/20 into train/test,
+plus the server's own data and, for multi-domain datasets, which domain every sample comes from.
 
 The images are stored once as uint8 (clients hold index arrays into them), so 10,000 clients cost one
 copy of the dataset plus their indices. Normalisation happens per batch with :func:`to_float`.
 
-Per-client 80/20 split: FedKF Sec. VI-A (AMP, FM and WLP are computed on the client test splits; see
-ALGORITHMS.md "Shared conventions"). The global test split is the dataset's own test set.
+Per-client 80/20 split: FedKF Sec. VI-A (AMP, FM and WLP are computed on the client test splits). The
+global test split is the dataset's own test set; for a multi-domain dataset, the test shares of the
+client domains (the server's domain excluded).
+
+Server data (``data.server_data``), never in any client's indices:
+
+- ``holdout``: ``per_class`` samples of every class taken out of the training set before partitioning,
+  labelled by default (FedCD Sec. V-A: a 50-per-class validation set sampled from the training set).
+- ``domain``: the training images of one domain of a multi-domain dataset, unlabelled by default
+  (FedD3A Sec. 3-4: the server's public unlabelled data comes from its own domain, which has no clients).
+
+Multi-domain partitions (FedD3A Sec. 4): ``domain`` gives each client domain to one client (cross-silo);
+``domain_dirichlet`` splits each client domain over ``clients_per_domain`` clients by the Dirichlet label
+partition (cross-device). The label partitions (``dirichlet``, ``iid``, ``shards``) pool the client
+domains' images.
 """
 
 from __future__ import annotations
@@ -15,17 +29,57 @@ import numpy as np
 import torch
 
 from fedray.config import DataConfig
-from fedray.data.datasets import load_dataset
-from fedray.data.partition import partition_dirichlet, partition_iid, partition_shards, split_train_test
+from fedray.data.datasets import canonical, load_dataset
+from fedray.data.domains import is_multi_domain, load_domains
+from fedray.data.partition import (
+    partition_by_domain,
+    partition_dirichlet,
+    partition_domain_dirichlet,
+    partition_iid,
+    partition_shards,
+    select_holdout,
+    split_train_test,
+)
+from fedray.errors import DataError
 
 # Fixed purpose ids for the seed streams, so adding a random draw elsewhere never shifts the partition.
 PARTITION_STREAM = 1
 SPLIT_STREAM = 2
+SERVER_STREAM = 3
+
+
+@dataclass
+class ServerData:
+    """Data held by the server: uint8 NCHW images and their int64 labels.
+
+    ``y`` is always stored because simulation-only diagnostics may score against it; ``labelled`` says
+    whether a method may use it (:meth:`visible_y`). ``domain`` names the server's domain (kind=domain),
+    else None.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    labelled: bool
+    domain: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def visible_y(self) -> np.ndarray | None:
+        """The labels a method may see: ``y`` when labelled, else None."""
+        return self.y if self.labelled else None
 
 
 @dataclass
 class FederatedData:
-    """A partitioned dataset. ``client_train[k]`` / ``client_test[k]`` index into ``train_x``."""
+    """A partitioned dataset. ``client_train[k]`` / ``client_test[k]`` index into ``train_x``.
+
+    ``server`` is the server's own data (None without ``data.server_data``). For a multi-domain dataset,
+    ``domains`` lists the run's domains (``data.domains`` order, the server's included), ``train_domain``
+    / ``test_domain`` give each training / global-test sample's index into ``domains`` and
+    ``client_domain`` each client's domain index (-1 when its samples come from several domains); all
+    are empty / None for a single-domain dataset.
+    """
 
     dataset: str
     train_x: np.ndarray
@@ -37,6 +91,11 @@ class FederatedData:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    server: ServerData | None = None
+    domains: tuple[str, ...] = ()
+    train_domain: np.ndarray | None = None
+    test_domain: np.ndarray | None = None
+    client_domain: np.ndarray | None = None
 
     @property
     def num_clients(self) -> int:
@@ -67,10 +126,36 @@ class FederatedData:
         flat = owner * self.num_classes + self.train_y[idx]
         return np.bincount(flat, minlength=k * self.num_classes).reshape(k, self.num_classes)
 
+    def client_domain_name(self, k: int) -> str | None:
+        """Client ``k``'s domain name, "mixed" if its samples span domains, None for single-domain data."""
+        if self.client_domain is None:
+            return None
+        d = int(self.client_domain[k])
+        return self.domains[d] if d >= 0 else "mixed"
 
-def partition(cfg: DataConfig, labels: np.ndarray, seed: int) -> list[np.ndarray]:
-    """Partition ``labels`` over ``cfg.num_clients`` clients as ``cfg.partition`` says."""
+
+def partition(
+    cfg: DataConfig,
+    labels: np.ndarray,
+    seed: int,
+    domain: np.ndarray | None = None,
+    domain_ids=None,
+    domain_names=None,
+) -> list[np.ndarray]:
+    """Partition ``labels`` over clients as ``cfg.partition`` says.
+
+    The label partitions use ``cfg.num_clients``; the domain partitions need ``domain`` (each sample's
+    domain id) and ``domain_ids`` (the client domains' ids, in client order) and define the number of
+    clients themselves (one, or ``cfg.clients_per_domain``, per domain).
+    """
     rng = np.random.default_rng([seed, PARTITION_STREAM])
+    if cfg.partition in ("domain", "domain_dirichlet"):
+        if domain is None or domain_ids is None:
+            raise DataError("data.partition", f"'{cfg.partition}' needs a multi-domain data.dataset")
+        if cfg.partition == "domain":
+            return partition_by_domain(domain, domain_ids)
+        return partition_domain_dirichlet(labels, domain, domain_ids, cfg.clients_per_domain, cfg.alpha,
+                                          cfg.min_samples, rng, names=domain_names)
     if cfg.partition == "dirichlet":
         return partition_dirichlet(labels, cfg.num_clients, cfg.alpha, cfg.min_samples, rng)
     if cfg.partition == "iid":
@@ -78,16 +163,69 @@ def partition(cfg: DataConfig, labels: np.ndarray, seed: int) -> list[np.ndarray
     return partition_shards(labels, cfg.num_clients, cfg.shards_per_client, rng)
 
 
+def _client_domains(parts: list[np.ndarray], train_domain: np.ndarray | None) -> np.ndarray | None:
+    """Each client's domain index, or -1 when its samples come from more than one domain."""
+    if train_domain is None:
+        return None
+    out = np.full(len(parts), -1, dtype=np.int64)
+    for k, idx in enumerate(parts):
+        d = train_domain[idx]
+        if len(d) and (d == d[0]).all():
+            out[k] = d[0]
+    return out
+
+
 def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
-    """Load ``cfg.dataset`` and partition its training split; same (cfg, seed) -> identical arrays."""
-    raw = load_dataset(cfg, seed)
-    parts = partition(cfg, raw.train_y, seed)
+    """Load ``cfg.dataset``, set the server's data aside and partition the rest of the training split.
+
+    Same (cfg, seed) -> identical arrays. The server's data never appears in a client's indices.
+    """
+    labelled = cfg.server_data.is_labelled()
+    server = None
+    domains: tuple[str, ...] = ()
+    train_domain = test_domain = None
+    domain_ids: list[int] | None = None
+    client_names = None
+    if is_multi_domain(cfg.dataset):
+        md = load_domains(cfg)
+        domains = tuple(md.domains)
+        client_names = cfg.client_domains()
+        domain_ids = [domains.index(d) for d in client_names]
+        raw = md.pooled(client_names)  # the server's domain is in neither the pool nor the global test
+        train_domain = np.repeat(np.array(domain_ids, dtype=np.int64),
+                                 [len(md.domains[d].train_y) for d in client_names])
+        test_domain = np.repeat(np.array(domain_ids, dtype=np.int64),
+                                [len(md.domains[d].test_y) for d in client_names])
+        sd = cfg.server_domain()
+        if sd is not None:
+            own = md.domains[sd]
+            server = ServerData(own.train_x, own.train_y, labelled, sd)
+        md = None  # drop the per-domain copies before the partition's allocations
+    else:
+        raw = load_dataset(cfg, seed)
+    train_x, train_y = raw.train_x, raw.train_y
+    if cfg.server_data.kind == "holdout":
+        # Its own stream: the holdout does not move when other draws are added, nor they with it.
+        held = select_holdout(train_y, cfg.server_data.per_class, raw.num_classes,
+                              np.random.default_rng([seed, SERVER_STREAM]))
+        keep = np.ones(len(train_y), dtype=bool)
+        keep[held] = False
+        domain = None
+        if train_domain is not None:
+            got = np.unique(train_domain[held])
+            domain = domains[int(got[0])] if len(got) == 1 else None
+        server = ServerData(canonical(train_x[held], np.uint8), train_y[held], labelled, domain)
+        # Removed from the training arrays, so every remaining training sample belongs to some client.
+        train_x, train_y = train_x[keep], train_y[keep]
+        if train_domain is not None:
+            train_domain = train_domain[keep]
+    parts = partition(cfg, train_y, seed, train_domain, domain_ids, client_names)
     rng = np.random.default_rng([seed, SPLIT_STREAM])
     splits = [split_train_test(idx, cfg.test_fraction, rng) for idx in parts]
     return FederatedData(
         dataset=raw.name,
-        train_x=raw.train_x,
-        train_y=raw.train_y,
+        train_x=train_x,
+        train_y=train_y,
         test_x=raw.test_x,
         test_y=raw.test_y,
         client_train=[tr for tr, _ in splits],
@@ -95,6 +233,11 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
         num_classes=raw.num_classes,
         mean=tuple(raw.mean),
         std=tuple(raw.std),
+        server=server,
+        domains=domains,
+        train_domain=train_domain,
+        test_domain=test_domain,
+        client_domain=_client_domains(parts, train_domain),
     )
 
 

@@ -4,9 +4,14 @@ Every partitioner takes an explicit ``np.random.Generator`` so the caller decide
 (``build_federated_data`` uses ``default_rng([seed, 1])``), and returns one sorted ``int64`` index array
 per client. Dirichlet and IID use every sample exactly once; shards use every sample at most once.
 
-- :func:`partition_dirichlet` is the common Dirichlet label partition of ALGORITHMS.md ("Shared
-  conventions"), as in DaFKD's and FedKF's code (FedKF Sec. VI-A, Fig. 4).
+- :func:`partition_dirichlet` is the common Dirichlet label partition, as in DaFKD's and FedKF's code
+  (FedKF Sec. VI-A, Fig. 4).
 - :func:`partition_shards` is FedAvg's pathological non-IID split (sort by label, deal out shards).
+- :func:`partition_by_domain` (cross-silo: one client per domain) and
+  :func:`partition_domain_dirichlet` (cross-device: each domain split over several clients by the
+  Dirichlet label partition) are FedD3A's two settings (Sec. 4, "Cross-silo" / "Cross-device Setting").
+- :func:`select_holdout` takes a fixed number of samples per class out for the server (FedCD Sec. V-A:
+  a 50-per-class validation set sampled from the training set).
 - :func:`split_train_test` is FedKF's per-client 80/20 train/test split.
 """
 
@@ -53,7 +58,7 @@ def partition_dirichlet(
     rng: np.random.Generator,
     max_tries: int = 1000,
 ) -> list[np.ndarray]:
-    """Dirichlet label partition (ALGORITHMS.md "Shared conventions"; DaFKD / FedKF code).
+    """Dirichlet label partition (DaFKD / FedKF code; FedD3A Sec. 4 "Cross-device Setting").
 
     For each class c: p ~ Dir(alpha * 1_K); clients already holding >= N/K samples get p_k = 0 and p
     is renormalised; the shuffled indices of c are cut at cumsum(p) * n_c. The whole draw is repeated
@@ -133,6 +138,69 @@ def partition_shards(
     shards = np.array_split(by_label, num_shards)  # sizes differ by at most one; all samples used
     deal = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
     return [np.sort(np.concatenate([shards[s] for s in row])) for row in deal]
+
+
+def partition_by_domain(domain: np.ndarray, domain_ids) -> list[np.ndarray]:
+    """Cross-silo (FedD3A Sec. 4): client k holds every sample whose ``domain`` is ``domain_ids[k]``."""
+    domain = np.asarray(domain)
+    return [np.flatnonzero(domain == d).astype(_INT) for d in domain_ids]
+
+
+def partition_domain_dirichlet(
+    labels: np.ndarray,
+    domain: np.ndarray,
+    domain_ids,
+    clients_per_domain: int,
+    alpha: float,
+    min_samples: int,
+    rng: np.random.Generator,
+    names=None,
+) -> list[np.ndarray]:
+    """Cross-device (FedD3A Sec. 4): each domain's samples split over ``clients_per_domain`` clients.
+
+    Every domain gets its own :func:`partition_dirichlet` (Dir(alpha) per class, within the domain),
+    drawn from ``rng`` in ``domain_ids`` order; clients are numbered domain-major (domain ``i``'s
+    clients are ``i * clients_per_domain ...``). ``names`` (one per id) only improves error messages.
+    """
+    labels, domain = np.asarray(labels), np.asarray(domain)
+    parts: list[np.ndarray] = []
+    for i, d in enumerate(domain_ids):
+        idx = np.flatnonzero(domain == d).astype(_INT)
+        name = repr(names[i]) if names is not None else str(d)
+        try:
+            sub = partition_dirichlet(labels[idx], clients_per_domain, alpha, min_samples, rng)
+        except DataError as e:
+            key = "data.clients_per_domain" if e.key == "data.num_clients" else e.key
+            raise DataError(key, f"domain {name}: {e.message}".replace(
+                "use fewer data.num_clients", "use fewer data.clients_per_domain").replace(
+                "clients but", "clients per domain but")) from None
+        parts.extend(idx[s] for s in sub)
+    return parts
+
+
+def select_holdout(
+    labels: np.ndarray, per_class: int, num_classes: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``per_class`` random samples of each of the ``num_classes`` classes (FedCD Sec. V-A).
+
+    Returns their sorted int64 indices. Every class must keep at least one sample for the clients.
+    """
+    labels = np.asarray(labels)
+    counts = np.bincount(labels, minlength=num_classes)
+    short = np.flatnonzero(counts <= per_class)
+    if short.size:
+        c = int(short[0])
+        raise DataError(
+            "data.server_data.per_class",
+            f"{per_class} per class cannot be held out for the server: class {c} has only "
+            f"{int(counts[c])} training sample(s) ({short.size} class(es) have <= {per_class}); use at "
+            f"most {max(int(counts.min()) - 1, 0)}",
+        )
+    perm = rng.permutation(len(labels))
+    order = perm[np.argsort(labels[perm], kind="stable")]
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    held = order[(starts[:, None] + np.arange(per_class)[None, :]).ravel()]
+    return np.sort(held).astype(_INT)
 
 
 def split_train_test(
