@@ -85,10 +85,11 @@ def make_config(method: str, alpha: float, seed: int, rounds: int, track: bool, 
 
 def run_one(job: dict) -> str:
     """One run, in its own process; skipped when its directory already holds summary.json."""
+    from fedray.results import MLFLOW_RUN_FILE, is_finished
     from fedray.simulation import run_experiment
 
     out = Path(job["out"])
-    if (out / "summary.json").exists():
+    if is_finished(out):
         return f"skip {out.name} (finished)"
     cfg = make_config(job["method"], job["alpha"], job["seed"], job["rounds"], job["track"], job["data_dir"],
                       job["eval_average"])
@@ -96,7 +97,7 @@ def run_one(job: dict) -> str:
     if job["track"]:
         from fedray.tracking import RunTracking
 
-        hooks = [RunTracking(cfg, run_file=out / "mlflow_run.json")]
+        hooks = [RunTracking(cfg, run_file=out / MLFLOW_RUN_FILE)]
     t0 = time.perf_counter()
     result = run_experiment(cfg, out, progress=False, hooks=hooks)
     return (f"done {out.name}: acc {result.summary['eval/accuracy']:.4f}, "
@@ -117,17 +118,17 @@ def _num(v: Any) -> float | None:
 def collect(root: Path, methods, alphas, seeds) -> list[dict]:
     from fedray.metrics import rounds_to_target
     from fedray.report.table import last_n_mean
-    from fedray.tracking import read_history
+    from fedray.results import is_finished, read_history, read_summary
 
     runs = []
     for m in methods:
         for a in alphas:
             for s in seeds:
                 d = run_dir(root, m, a, s)
-                if not (d / "summary.json").exists():
+                if not is_finished(d):
                     continue
-                summary = json.loads((d / "summary.json").read_text())
-                hist = read_history(d / "history.parquet")
+                summary = read_summary(d)
+                hist = read_history(d)
                 rec = {"method": m, "alpha": a, "seed": s, "dir": str(d),
                        "accuracy": summary["eval/accuracy"], "best_accuracy": summary["eval/best_accuracy"],
                        "accuracy_last5": last_n_mean(hist, "eval/accuracy"),

@@ -51,6 +51,7 @@ from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.errors import DataError  # noqa: E402
 from fedray.report import load_run_dirs  # noqa: E402
+from fedray.results import is_finished  # noqa: E402
 from fedray.simulation import run_experiment  # noqa: E402
 
 METHODS: dict[str, dict] = {
@@ -155,7 +156,7 @@ def run_all(args) -> dict:
     used_min_samples: dict[str, int] = {}
     for alpha in args.alphas:
         for seed in args.seeds:
-            todo = [m for m in args.methods if not (run_dir(args, alpha, m, seed) / "summary.json").is_file()]
+            todo = [m for m in args.methods if not is_finished(run_dir(args, alpha, m, seed))]
             if not todo:
                 print(f"alpha={alpha:g} seed={seed}: all done", flush=True)
             data_cfg, data, ms = load_data(args, alpha, seed) if todo else (None, None, None)
@@ -198,7 +199,7 @@ def collect(args) -> dict:
         for method in args.methods:
             for seed in args.seeds:
                 d = run_dir(args, alpha, method, seed)
-                if (d / "summary.json").is_file():
+                if is_finished(d):
                     runs[(alpha, method, seed)] = load_run_dirs([d])[0]
     out: dict = {"rows": {}, "xii": {}, "rounds": {}, "timing": {}}
     for alpha in args.alphas:

@@ -64,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace):
-    from fedray.config import load_config
+    from fedray.algorithms import load_experiment
 
     overrides = list(args.overrides)
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
-    return load_config(args.config, overrides)
+    return load_experiment(args.config, overrides)
 
 
 def _output_dir(args: argparse.Namespace, name: str) -> Path:
@@ -80,8 +80,10 @@ def _output_dir(args: argparse.Namespace, name: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedray.console import make_console, summary_table
+    from fedray.results import HISTORY_FILE, MLFLOW_RUN_FILE, SUMMARY_FILE
     from fedray.simulation import run_experiment
-    from fedray.tracking import RunTracking, make_console, summary_table
+    from fedray.tracking import RunTracking
 
     if args.resume:
         cfg, out = _resume_target(args)
@@ -92,12 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = _output_dir(args, cfg.name)
         args.output_dir = str(out)  # for the resume hint if the run fails
     # Built first: it checks tracking.uri before any work.
-    hooks = [RunTracking(cfg, run_file=out / "mlflow_run.json", resume=bool(args.resume))] if cfg.tracking.enabled else []
+    hooks = [RunTracking(cfg, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume))] if cfg.tracking.enabled else []
     result = run_experiment(cfg, out, progress=not args.no_progress, hooks=hooks,
                             resume_from=out if args.resume else None)
     console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
-    console.print(f"results in {out}/ (summary.json, history.parquet)")
+    console.print(f"results in {out}/ ({SUMMARY_FILE}, {HISTORY_FILE})")
     if hooks:
         console.print(f"MLflow: {hooks[0].tracker.uri}, experiment '{cfg.tracking.experiment}'")
     return 0
@@ -105,24 +107,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _resume_target(args: argparse.Namespace):
     from fedray.checkpoint import CheckpointError, load_checkpoint
+    from fedray.algorithms import validate_experiment
     from fedray.config import apply_overrides, validate_config
+    from fedray.results import SUMMARY_FILE, is_finished
 
     out = Path(args.resume)
     if args.output_dir and Path(args.output_dir) != out:
         raise ConfigError("--output-dir", "a resumed run continues in its own directory; drop --output-dir")
-    if (out / "summary.json").exists():
-        raise CheckpointError("--resume", f"{out} holds a finished run (summary.json); nothing to resume")
+    if is_finished(out):
+        raise CheckpointError("--resume", f"{out} holds a finished run ({SUMMARY_FILE}); nothing to resume")
     overrides = ([args.config] if args.config else []) + list(args.overrides)
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
     raw = load_checkpoint(out)["config"]
-    return validate_config(apply_overrides(raw, overrides)), out
+    return validate_experiment(validate_config(apply_overrides(raw, overrides))), out
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    from fedray.console import comparison_table, make_console
     from fedray.data import build_federated_data
     from fedray.data.plot import partition_summary, plot_partition
-    from fedray.tracking import comparison_table, make_console
 
     cfg = _load(args)
     fd = build_federated_data(cfg.data, cfg.seed)
@@ -130,8 +134,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
     labels = [str(c) for c in range(fd.num_classes)] if fd.num_classes <= 20 else []
     for row in rows:
         row.update(zip(labels, row["label_counts"]))
-    columns = ["client", "train", "test", *labels, "num_labels", "dominant_share"]
+    columns = ["client", *(["domain"] if fd.domains else []), "train", "test", *labels, "num_labels",
+               "dominant_share"]
     title = f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g}), {fd.num_clients} clients"
+    if fd.server is not None:
+        title += f"; server: {len(fd.server.y)} {'labelled' if fd.server.labelled else 'unlabelled'} samples" + (
+            f" of domain {fd.server.domain}" if fd.server.domain else "")
     console = make_console()
     console.print(comparison_table(rows[:MAX_TABLE_ROWS], columns, title=title + " (label columns: samples)"))
     if len(rows) > MAX_TABLE_ROWS:
@@ -143,7 +151,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from fedray.tracking import comparison_table, make_console
+    from fedray.console import comparison_table, make_console
     from fedray.tuning import load_spec, num_trials
 
     for flag in ("num_samples", "max_concurrent"):

@@ -12,18 +12,17 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
-import torch
 
 from fedray import __version__
-from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
 from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
+from fedray.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
+from fedray.results import EVAL_KEYS, write_run_outputs
 from fedray.runtime import make_runtime
 from fedray.runtime.core import summarise_clients
 from fedray.seeding import sample_clients
-from fedray.tracking import EVAL_KEYS, ConsoleReporter, plot_learning_curve, write_history, write_json
 
 
 
@@ -66,10 +65,6 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     return summary
 
 
-# What a finished run leaves in its output directory (and logs to MLflow).
-RESULT_FILES = ("config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt")
-
-
 class RunHooks(Protocol):
     """Observers of a run (MLflow tracking, Tune reporting). ``on_start`` comes after data and workers
     are ready, so input that fails validation never reaches a hook; exactly one of ``on_end`` /
@@ -97,6 +92,9 @@ def run_experiment(
     ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
     folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
     """
+    from fedray.algorithms import validate_experiment
+
+    validate_experiment(cfg)  # a config built in code gets the registries' checks too, before any work
     start = time.perf_counter()
     fed = cfg.federation
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
@@ -133,7 +131,7 @@ def run_experiment(
             summary = summarise(cfg, history, where, time.perf_counter() - start)
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
-                _write_outputs(out, cfg, data, history, summary, final_weights)
+                write_run_outputs(out, cfg, data, history, summary, final_weights)
             result = RunResult(summary, history, out)
         except BaseException as exc:
             for hook in hooks:
@@ -173,17 +171,3 @@ def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int) -> dict[
     row["time/round_s"] = time.perf_counter() - t0
     return row
 
-
-def _write_outputs(out: Path, cfg: ExperimentConfig, data: FederatedData, history, summary, weights) -> None:
-    from fedray.data.plot import plot_partition
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(cfg.to_yaml())
-    torch.save(weights, out / "model.pt")
-    title = f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"
-    plot_learning_curve(history, out / "curves.png", title=title)
-    plot_partition(data, out / "partition.png",
-                   title=f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g})")
-    write_history(out / "history.parquet", history)
-    write_json(out / "summary.json", summary)  # its presence marks a finished run
-    (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume

@@ -25,7 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedray.config import ExperimentConfig, load_config, read_yaml_mapping
+from fedray.algorithms import load_experiment
+from fedray.config import ExperimentConfig, read_yaml_mapping
 from fedray.errors import ConfigError
 
 
@@ -85,15 +86,15 @@ class SweepSpec(BaseModel):
     storage: str = Field(default="runs/tune", description="where Tune keeps sweep state (for --resume)")
 
     def base_config(self) -> ExperimentConfig:
-        return load_config(self.base, self.overrides)
+        return load_experiment(self.base, self.overrides)
 
     def trial_config(self, sampled: dict[str, Any]) -> ExperimentConfig:
         """The config of one trial: base, overrides, then its sampled values. Trials never track to
         MLflow themselves: the sweep's driver records them as child runs."""
-        cfg = load_config(self.base, {**self.overrides, **sampled, "tracking.enabled": False})
+        cfg = load_experiment(self.base, {**self.overrides, **sampled, "tracking.enabled": False})
         if cfg.runtime.backend == "ray" and cfg.runtime.num_workers is None:
             # A trial's workers are reserved up front in its placement group: one each unless asked.
-            cfg = load_config(self.base, {**self.overrides, **sampled, "tracking.enabled": False,
+            cfg = load_experiment(self.base, {**self.overrides, **sampled, "tracking.enabled": False,
                                           "runtime.num_workers": 1})
         return cfg
 

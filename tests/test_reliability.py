@@ -267,12 +267,13 @@ def test_client_dropped_after_max_retries(ray_local, caplog):
 def test_straggler_is_dropped_after_client_timeout(ray_local, caplog):
     cfg = tiny_config(algorithm__name="test_slow_client_0", runtime__backend="ray", data__num_clients=3,
                       federation__clients_per_round=3, federation__rounds=1, runtime__client_timeout_s=10)
-    started = time.perf_counter()
     with caplog.at_level(logging.WARNING, logger="fedray"):
         out, _ = _run_rounds(cfg, 1)
-    assert time.perf_counter() - started < 60  # did not wait for the 120 s straggler
     assert "dropped client 0: not done within runtime.client_timeout_s=10s" in caplog.text
+    # The round closed without the straggler's result (had it waited the 120 s, client 0 would be kept) ...
     assert sorted(out[0][0]) == [1, 2] and out[0][1]["health/dropped_clients"] == 1
+    # ... and the run went on: its round was aggregated and the model evaluated after it.
+    assert len(out) == 2 and 0.0 <= out[1]["eval/accuracy"] <= 1.0
 
 
 @pytest.mark.ray

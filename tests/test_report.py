@@ -142,6 +142,20 @@ def test_single_run_dir_and_typed_params(run_root):
     assert run.history[0]["eval/accuracy"] is None  # round 1 not evaluated
 
 
+def test_run_dir_layout_and_readers(run_root):
+    from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
+    from fedray.results import RESULT_FILES, is_finished, read_history, read_summary
+
+    run = run_root / "fedavg/s1"
+    assert sorted(p.name for p in run.iterdir()) == sorted(RESULT_FILES)  # no temp file, no checkpoint left
+    assert not (run / CHECKPOINT_FILE).exists()
+    assert is_finished(run) and not is_finished(run_root / "fedavg/crashed")
+    assert read_summary(run) == _summary(run_root, "fedavg/s1")
+    history = read_history(run)
+    assert history == read_history(run / "history.parquet")
+    assert [row["round"] for row in history] == _history(run_root, "fedavg/s1")["round"].tolist()
+
+
 def test_method_label_adds_differing_algorithm_params_and_fills_defaults():
     def rec(name, seed, **params):
         p = {"data.dataset": "synthetic", "data.alpha": 0.1, "seed": seed, **params}

@@ -12,12 +12,17 @@ from mlflow.tracking import MlflowClient
 from fedray.algorithms import register_algorithm
 from fedray.algorithms.fedavg import FedAvg
 from fedray.cli import main
+from fedray.results import RESULT_FILES
 from fedray.simulation import run_experiment
 from fedray.tracking import RunTracking, resolve_tracking_uri
 from tests.conftest import tiny_config
 from tests.test_cli import TINY_ARGS
 
 ARTIFACTS = {"config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt"}
+
+
+def test_artifacts_are_the_result_files():
+    assert set(RESULT_FILES) == ARTIFACTS and len(RESULT_FILES) == len(ARTIFACTS)
 
 
 def _runs(uri, experiment="fedray"):

@@ -12,6 +12,7 @@ from typing import Sequence
 from fedray.errors import UserError
 from fedray.report.runs import RunRecord, _fill_algorithm_defaults, load_mlflow_runs, load_run_dirs, parse_value
 from fedray.report.table import DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, build_table, plot_curves, to_markdown
+from fedray.results import SUMMARY_FILE
 
 __all__ = ["RunRecord", "_fill_algorithm_defaults", "build_table", "load_mlflow_runs", "load_run_dirs", "parse_value",
            "plot_curves", "report", "to_markdown"]
@@ -42,7 +43,7 @@ def report(
         where = " and ".join(
             x for x in (", ".join(sources) if sources else "", f"experiment '{experiment}'" if experiment else "") if x
         )
-        raise UserError("RUNS", f"no finished runs found in {where}; a finished run directory holds summary.json")
+        raise UserError("RUNS", f"no finished runs found in {where}; a finished run directory holds {SUMMARY_FILE}")
     rows = build_table(runs, by_method, by_setting, target)
     text = to_markdown(rows)
     if out:

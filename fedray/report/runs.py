@@ -1,13 +1,12 @@
 """Finished runs as :class:`RunRecord`, from ``fedray run`` output directories or an MLflow experiment.
 
 A directory is a finished run when it holds ``summary.json`` (with ``history.parquet`` and ``config.yaml``
-beside it). In MLflow, params are the flattened config and metrics every history key at ``step=round``;
+beside it); the file names and their readers are :mod:`fedray.results`'s. In MLflow, params are the flattened config and metrics every history key at ``step=round``;
 ``sweep`` parents are skipped. Everything after loading is source-agnostic.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -20,7 +19,16 @@ import yaml
 
 from fedray.config import flatten
 from fedray.errors import UserError
-from fedray.tracking import EVAL_KEYS, resolve_tracking_uri
+from fedray.results import (
+    CONFIG_FILE,
+    EVAL_KEYS,
+    HISTORY_FILE,
+    SUMMARY_FILE,
+    is_finished,
+    read_history,
+    read_summary,
+)
+from fedray.tracking import resolve_tracking_uri
 
 DASH = "—"
 
@@ -144,51 +152,45 @@ def _fill_algorithm_defaults(params: dict[str, Any]) -> dict[str, Any]:
 # loading: run directories
 
 
-def _is_run_dir(path: Path) -> bool:
-    return (path / "summary.json").is_file()
-
-
 def _looks_like_unfinished_run(path: Path) -> bool:
-    return (path / "config.yaml").is_file() or (path / "history.parquet").is_file()
+    return (path / CONFIG_FILE).is_file() or (path / HISTORY_FILE).is_file()
 
 
 def _find_run_dirs(root: Path) -> list[Path]:
     found: list[Path] = []
     for dirpath, dirnames, _ in os.walk(root):
         here = Path(dirpath)
-        if _is_run_dir(here):
+        if is_finished(here):
             found.append(here)
             dirnames[:] = []  # a run dir's subfolders are not runs
             continue
         if _looks_like_unfinished_run(here):
-            _warn(f"skipping {here}: no summary.json (an unfinished or failed run)")
+            _warn(f"skipping {here}: no {SUMMARY_FILE} (an unfinished or failed run)")
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     return found
 
 
 def _read_run_dir(path: Path) -> RunRecord:
     try:
-        summary = json.loads((path / "summary.json").read_text())
+        summary = read_summary(path)
     except (OSError, ValueError) as e:
-        raise UserError("RUNS", f"cannot read {path / 'summary.json'} ({e}); remove or repair that run") from None
-    cfg_path = path / "config.yaml"
+        raise UserError("RUNS", f"cannot read {path / SUMMARY_FILE} ({e}); remove or repair that run") from None
+    cfg_path = path / CONFIG_FILE
     if cfg_path.is_file():
         raw = yaml.safe_load(cfg_path.read_text()) or {}
         params = flatten(raw) if isinstance(raw, dict) else {}
     else:
-        _warn(f"{path}: no config.yaml; taking algorithm, dataset and seed from summary.json")
+        _warn(f"{path}: no {CONFIG_FILE}; taking algorithm, dataset and seed from {SUMMARY_FILE}")
         params = {}
     for key, skey in (("algorithm.name", "algorithm"), ("data.dataset", "dataset"), ("seed", "seed")):
         if key not in params and skey in summary:
             params[key] = summary[skey]
-    hist_path = path / "history.parquet"
+    hist_path = path / HISTORY_FILE
     history: list[dict] = []
     if hist_path.is_file():
-        import pyarrow.parquet as pq
-
-        history = pq.read_table(hist_path).to_pylist()
+        history = read_history(hist_path)
     else:
-        _warn(f"{path}: no history.parquet; rounds to target and curves are unavailable for it")
+        _warn(f"{path}: no {HISTORY_FILE}; rounds to target and curves are unavailable for it")
     return RunRecord(name=path.name, params=_fill_algorithm_defaults(params), history=history, summary=summary)
 
 
@@ -200,17 +202,17 @@ def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
         path = Path(p)
         if not path.exists():
             raise UserError(
-                "RUNS", f"{path} does not exist; give run directories (holding summary.json) or folders containing them"
+                "RUNS", f"{path} does not exist; give run directories (holding {SUMMARY_FILE}) or folders containing them"
             )
         if path.is_file():
-            if path.name != "summary.json":
+            if path.name != SUMMARY_FILE:
                 raise UserError(
-                    "RUNS", f"{path} is a file; give a run directory (holding summary.json) or a folder of them"
+                    "RUNS", f"{path} is a file; give a run directory (holding {SUMMARY_FILE}) or a folder of them"
                 )
             path = path.parent
         dirs = _find_run_dirs(path)
         if not dirs:
-            _warn(f"no finished run (summary.json) under {path}")
+            _warn(f"no finished run ({SUMMARY_FILE}) under {path}")
         runs += [_read_run_dir(d) for d in dirs]
     return runs
 

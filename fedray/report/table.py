@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 from fedray.errors import UserError
 from fedray.metrics import rounds_to_target as _first_round_reaching
+from fedray.results import HISTORY_FILE
 from fedray.report.runs import DASH, RunRecord, _canon, _fmt_value, _num, _sort_key, _warn, mean_std
 
 DEFAULT_BY_METHOD: tuple[str, ...] = ("algorithm.name",)
@@ -52,7 +53,6 @@ METRIC_COLUMNS: tuple[tuple[str, str, float, int], ...] = (
 LAST_N = 5
 LAST_N_COLUMN = f"last {LAST_N} (%)"
 COMM_COLUMNS: tuple[tuple[str, str], ...] = (("comm/bytes_up", "MB up"), ("comm/bytes_down", "MB down"))
-EVAL_KEYS = tuple(k for k, *_ in METRIC_COLUMNS)
 
 # Config keys that may differ between runs pooled in one row without changing what is compared.
 _POOL_IGNORED_KEYS = {"seed", "name", "data.data_dir", "data.download", "federation.eval_batch_size"}
@@ -334,7 +334,7 @@ def plot_curves(
         settings.setdefault(g.setting_label, []).append(g)
     if not any(mean_curve(g.runs, metric)[0] for g in groups):
         raise UserError(
-            "--plot", f"no run recorded '{metric}' per round (history.parquet / MLflow metrics); nothing to plot"
+            "--plot", f"no run recorded '{metric}' per round ({HISTORY_FILE} / MLflow metrics); nothing to plot"
         )
     methods = list(dict.fromkeys(g.method_label for g in groups))
     colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}

@@ -1,0 +1,48 @@
+"""Which fedray modules may import which: checked on the source, so function-local imports count too."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import fedray
+
+PACKAGE = Path(fedray.__file__).parent
+
+
+def _imported(module: str) -> set[str]:
+    """Every module named by an import anywhere in ``fedray.<module>`` (top level or inside functions)."""
+    path = PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # from fedray import tracking
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"fedray.{module} uses a relative import; the checks below need absolute ones")
+    return names
+
+
+def _imports_any(module: str, forbidden: str) -> bool:
+    return any(name == forbidden or name.startswith(forbidden + ".") for name in _imported(module))
+
+
+def test_the_helper_sees_local_imports():
+    # cli imports fedray.simulation only inside its commands
+    assert _imports_any("cli", "fedray.simulation")
+
+
+@pytest.mark.parametrize(("module", "forbidden"), [
+    ("tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.results'
+    ("simulation", "fedray.tracking"),  # the round loop reaches MLflow only through hooks
+    ("results", "fedray.tracking"),
+    ("results", "fedray.simulation"),
+    ("console", "fedray.tracking"),
+    ("console", "fedray.simulation"),
+    ("config", "fedray.algorithms"),  # loading a config builds no method or model
+    ("config", "fedray.models"),
+])
+def test_module_does_not_import(module, forbidden):
+    assert not _imports_any(module, forbidden), f"fedray.{module} imports {forbidden}"
