@@ -89,5 +89,12 @@ def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
     return cfg
 
 
+def load_experiment(name_or_path: str | None = None, overrides=None) -> "ExperimentConfig":
+    """:func:`fedray.config.load_config` followed by :func:`validate_experiment`: a fully checked config."""
+    from fedray.config import load_config
+
+    return validate_experiment(load_config(name_or_path, overrides))
+
+
 __all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "algorithm_params", "get_algorithm",
-           "register_algorithm", "validate_experiment"]
+           "load_experiment", "register_algorithm", "validate_experiment"]
