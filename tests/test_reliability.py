@@ -146,14 +146,24 @@ def test_ctrl_c_dropped_in_a_finaliser_still_stops_the_run():
 
 # --- SIGKILL and exact resume -----------------------------------------------------------------------
 
+# Per-client models (each client's own weights are its state): isolated training, two architectures.
+PER_CLIENT = ["algorithm.name=local", "model.client_models=[lenet5,resnet8]", "federation.local_steps=40"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["between", "during"])
-def test_sigkilled_run_resumes_to_identical_figures(when, tmp_path):
-    reference = run_experiment(_cfg_of_args(), progress=False).summary
+@pytest.mark.parametrize("when, extra", [
+    ("between", []),
+    ("during", []),
+    ("during", PER_CLIENT),
+    pytest.param("during", [*PER_CLIENT, "runtime.backend=ray"], marks=pytest.mark.ray),
+], ids=["between", "during", "per-client-local", "per-client-ray"])
+def test_sigkilled_run_resumes_to_identical_figures(when, extra, tmp_path):
+    reference = run_experiment(_cfg_of_args(**dict(e.replace(".", "__", 1).split("=", 1) for e in extra
+                                                    if not e.startswith("runtime."))), progress=False).summary
     out = tmp_path / "run"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(uri).search_experiments()  # create the tables before two processes use the store
-    cmd = [sys.executable, "-m", "fedray.cli", "run", *ARGS, f"tracking.uri={uri}", "--output-dir", str(out)]
+    cmd = [sys.executable, "-m", "fedray.cli", "run", *ARGS, *extra, f"tracking.uri={uri}", "--output-dir", str(out)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120

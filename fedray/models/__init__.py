@@ -6,39 +6,41 @@ DaFKD Sec. 3.4 / Fig. 2) then ``head`` (Linear(feature_dim, num_classes)).
 - ``lenet5``: LeNet-5 (FedKF Sec. VI-A on EMNIST), 84-d features.
 - ``resnet8``: FedKF's ResNet-8 with GroupNorm, one channel per group (FedKF Sec. VI-A), 64-d features.
 - ``resnet11``: DaFKD's bottleneck "ResNet11" with BatchNorm (DaFKD Sec. 4.1), 256-d features.
+- ``mlp``: two hidden layers of 200 ReLU units (McMahan et al.'s "2NN", AISTATS 2017), 200-d features.
+- ``vgg_small``: a small VGG with BatchNorm (Simonyan & Zisserman, ICLR 2015), 256-d features.
+- ``resnet18``: torchvision's ResNet-18 (He et al., CVPR 2016) with a 3x3 stride-1 stem and no
+  max-pool, 512-d features.
+- ``mobilenet_v3_small``: torchvision's MobileNetV3-Small (Howard et al., ICCV 2019) with a stride-1
+  stem on small images and no dropout, 1024-d features.
+
+The registry (names, builders, descriptions) is in :mod:`fedray.models.zoo`; :func:`describe_models`
+lists parameter counts and feature sizes for a given input shape.
 """
 
 from __future__ import annotations
 
-from fedray.errors import ConfigError
-from fedray.models.base import FedModel
+from fedray.models.base import FedModel, disable_inplace
 from fedray.models.lenet import LeNet5
+from fedray.models.mlp import MLP
+from fedray.models.mobilenet import MobileNetV3Small
 from fedray.models.resnet import Bottleneck, BasicBlock, ResNet8, ResNet11
-
-MODEL_NAMES = ("lenet5", "resnet8", "resnet11")
-
-_BUILDERS = {"lenet5": LeNet5, "resnet8": ResNet8, "resnet11": ResNet11}
-
-
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> FedModel:
-    """A freshly initialised model ``name`` for images of ``input_shape`` = (C, H, W) and ``num_classes``.
-
-    Initial weights come from torch's global RNG: seed it first for reproducible weights.
-    Raises :class:`ConfigError` (key ``model.name``) for an unknown name.
-    """
-    builder = _BUILDERS.get(name) if isinstance(name, str) else None
-    if builder is None:
-        raise ConfigError("model.name", f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
-    return builder(tuple(input_shape), num_classes)
-
+from fedray.models.resnet18 import ResNet18
+from fedray.models.vgg import VGGSmall
+from fedray.models.zoo import MODEL_NAMES, build_model, describe_models
 
 __all__ = [
     "MODEL_NAMES",
+    "MLP",
     "BasicBlock",
     "Bottleneck",
     "FedModel",
     "LeNet5",
+    "MobileNetV3Small",
     "ResNet8",
     "ResNet11",
+    "ResNet18",
+    "VGGSmall",
     "build_model",
+    "describe_models",
+    "disable_inplace",
 ]

@@ -50,3 +50,17 @@ class FedModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"input_shape={self.input_shape}, num_classes={self.num_classes}, feature_dim={self.feature_dim}"
+
+
+def disable_inplace(module: nn.Module) -> nn.Module:
+    """Turn off ``inplace`` on every submodule that has the flag (ReLU, Hardswish, Dropout ...); returns ``module``.
+
+    torchvision builds its activations with ``inplace=True`` to save memory; an in-place op on a tensor
+    that a ``torch.func`` transform or autograd still needs breaks the rules above, so adapted
+    torchvision models pass through here. Residual adds are separate: they live in ``forward`` code and
+    are rewritten where the block is defined.
+    """
+    for m in module.modules():
+        if getattr(m, "inplace", False) is True:
+            m.inplace = False
+    return module

@@ -47,7 +47,8 @@ def test_shapes_and_feature_contract(name, shape):
 
 def test_expected_feature_dims():
     dims = {name: _make(name, (3, 32, 32)).feature_dim for name in MODEL_NAMES}
-    assert dims == {"lenet5": 84, "resnet8": 64, "resnet11": 256}
+    assert dims == {"lenet5": 84, "resnet8": 64, "resnet11": 256, "mlp": 200, "vgg_small": 256,
+                    "resnet18": 512, "mobilenet_v3_small": 1024}
 
 
 def test_resnet8_uses_groupnorm_with_one_channel_per_group():
@@ -152,7 +153,12 @@ def test_unknown_name_is_a_config_error():
     with pytest.raises(ConfigError) as info:
         build_model("x", (1, 28, 28), 10)
     assert info.value.key == "model.name"
-    assert info.value.message == "unknown model 'x'; allowed: lenet5, resnet8, resnet11"
+    assert info.value.message == ("unknown model 'x'; allowed: lenet5, resnet8, resnet11, mlp, vgg_small, "
+                                  "resnet18, mobilenet_v3_small")
+    for bad in ("vgg", "resnet", "ResNet18", "mobilenet", None, 3):
+        with pytest.raises(ConfigError) as info:
+            build_model(bad, (1, 28, 28), 10)
+        assert info.value.key == "model.name"
 
 
 def test_lenet5_rejects_too_small_images():

@@ -1,0 +1,82 @@
+"""The model registry: every name ``build_model`` accepts, its builder and a one-line description.
+
+Kept in one table so that ``MODEL_NAMES``, the unknown-name error and :func:`describe_models` (the
+``fedray models`` listing) cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from fedray.errors import ConfigError
+from fedray.models.base import FedModel
+from fedray.models.lenet import LeNet5
+from fedray.models.mlp import MLP
+from fedray.models.mobilenet import MobileNetV3Small
+from fedray.models.resnet import ResNet8, ResNet11
+from fedray.models.resnet18 import ResNet18
+from fedray.models.vgg import VGGSmall
+
+
+class ZooEntry(NamedTuple):
+    builder: Callable[[tuple[int, int, int], int], FedModel]
+    description: str
+
+
+# Insertion order is the order of MODEL_NAMES, of the "allowed:" list in errors and of describe_models.
+_ZOO: dict[str, ZooEntry] = {
+    "lenet5": ZooEntry(LeNet5, "LeNet-5 (LeCun et al. 1998), FedKF's EMNIST model"),
+    "resnet8": ZooEntry(ResNet8, "CIFAR ResNet-8, GroupNorm 1 channel/group (FedKF)"),
+    "resnet11": ZooEntry(ResNet11, "bottleneck ResNet-11 with BatchNorm (DaFKD)"),
+    "mlp": ZooEntry(MLP, "2-hidden-layer MLP, 200-200 ReLU (McMahan et al.'s 2NN)"),
+    "vgg_small": ZooEntry(VGGSmall, "small VGG with BatchNorm, 32-64-128-128 convs, FC 256"),
+    "resnet18": ZooEntry(ResNet18, "torchvision ResNet-18, 3x3 stem, no max-pool"),
+    "mobilenet_v3_small": ZooEntry(MobileNetV3Small, "torchvision MobileNetV3-Small, stride-1 stem, no dropout"),
+}
+
+MODEL_NAMES: tuple[str, ...] = tuple(_ZOO)
+
+
+def _entry(name: Any) -> ZooEntry:
+    entry = _ZOO.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise ConfigError("model.name", f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    return entry
+
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> FedModel:
+    """A freshly initialised model ``name`` for images of ``input_shape`` = (C, H, W) and ``num_classes``.
+
+    Initial weights come from torch's global RNG: seed it first for reproducible weights.
+    Raises :class:`ConfigError` (key ``model.name``) for an unknown name, or for an image too small
+    for the architecture (``lenet5`` below 12x12, ``vgg_small`` below 8x8).
+    """
+    return _entry(name).builder(tuple(input_shape), num_classes)
+
+
+def describe_models(input_shape: tuple[int, int, int], num_classes: int) -> list[dict[str, Any]]:
+    """One row per name in ``MODEL_NAMES``, for images of ``input_shape`` and ``num_classes`` classes.
+
+    Each row: ``name``; ``parameters`` (trainable parameter count, int); ``feature_dim`` (int);
+    ``description`` (short text); ``error`` (None, or why this architecture cannot take this input, in
+    which case ``parameters`` and ``feature_dim`` are None).
+
+    Models are built on the ``meta`` device: no memory for weights, no time in initialisation, and the
+    global RNG is left untouched, so calling this does not change later seeded runs.
+    """
+    rows: list[dict[str, Any]] = []
+    for name, entry in _ZOO.items():
+        row: dict[str, Any] = {"name": name, "parameters": None, "feature_dim": None,
+                               "description": entry.description, "error": None}
+        try:
+            with torch.device("meta"):
+                model = entry.builder(tuple(input_shape), num_classes)
+        except ConfigError as err:
+            row["error"] = err.message
+        else:
+            row["parameters"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            row["feature_dim"] = int(model.feature_dim)
+        rows.append(row)
+    return rows
