@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--name", help="sweep name (default: SPEC's stem and a timestamp)")
     tune.add_argument("--resume", action="store_true", help="continue the latest (or --name) sweep of SPEC")
     tune.add_argument("--address", help="Ray cluster to run on (default: start a local one)")
+    models = sub.add_parser("models", help="list the model zoo: parameters and feature size for a dataset")
+    _add_config_args(models, optional=True)
+    models.add_argument("--dataset", help="the dataset whose input shape and classes to use (sets data.dataset)")
     rep = sub.add_parser("report", help="compare runs: a Markdown table (mean ± std over seeds) and curves")
     rep.add_argument("runs", nargs="*", help="run directories, or folders holding them")
     rep.add_argument("--experiment", help="also (or only) the finished runs of this MLflow experiment")
@@ -150,6 +153,25 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from fedray.config import load_config
+    from fedray.console import comparison_table, make_console
+    from fedray.data.datasets import input_spec
+    from fedray.models import describe_models
+
+    overrides = list(args.overrides) + ([f"data.dataset={args.dataset}"] if args.dataset else [])
+    cfg = load_config(args.config, overrides)
+    shape, classes = input_spec(cfg.data)
+    rows = describe_models(shape, classes)
+    for row in rows:
+        row["model.name"] = row["name"]
+        row["parameters"] = f"{row['parameters']:,}" if row["parameters"] is not None else None
+        row["note"] = row["error"] or row["description"]
+    title = f"model zoo for {cfg.data.dataset}: {'x'.join(map(str, shape))} images, {classes} classes"
+    make_console().print(comparison_table(rows, ["model.name", "parameters", "feature_dim", "note"], title=title))
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.console import comparison_table, make_console
     from fedray.tuning import load_spec, num_trials
@@ -207,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, interrupt)
         signal.signal(signal.SIGINT, interrupt)
     try:
-        commands = {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune, "report": cmd_report}
+        commands = {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune, "report": cmd_report,
+                    "models": cmd_models}
         return commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

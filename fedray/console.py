@@ -76,7 +76,7 @@ def comparison_table(rows: list[dict[str, Any]], columns: list[str], title: str)
     """One row per dict, the given columns; label columns left-aligned, figures right-aligned."""
     table = Table(title=title)
     for c in columns:
-        table.add_column(c, justify="left" if c in ("algorithm", "method", "setting") else "right")
+        table.add_column(c, justify="left" if c in ("algorithm", "method", "setting", "model.name", "note") else "right")
     for row in rows:
         table.add_row(*(format_value(row.get(c)) for c in columns))
     return table

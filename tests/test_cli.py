@@ -103,3 +103,15 @@ def test_partition_prints_counts_and_plots(tmp_path, capsys):
                  "--plot", str(png)]) == 0
     out = capsys.readouterr().out
     assert "client" in out and png.stat().st_size > 1000
+
+
+def test_models_lists_the_zoo_for_a_dataset(capsys):
+    from fedray.models import MODEL_NAMES
+
+    assert main(["models", "--dataset", "cifar100"]) == 0
+    out = capsys.readouterr().out
+    assert "3x32x32 images, 100 classes" in out
+    assert all(name in out for name in MODEL_NAMES)
+    assert "11,220,132" in out  # resnet18: 11,173,962 with 10 classes, + 90 x (512 + 1) for 100
+    assert main(["models", "synthetic", "data.synthetic_image_size=8"]) == 0
+    assert "needs images of at least 12x12" in capsys.readouterr().out  # lenet5 cannot take 8x8

@@ -274,6 +274,28 @@ def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
     return _load_torchvision(cfg)
 
 
+# (channels, classes) of each dataset's images as fedray loads them; 28x28 unless the dataset says otherwise.
+_EMNIST_CLASSES = {"balanced": 47, "byclass": 62, "bymerge": 47, "digits": 10, "letters": 26, "mnist": 10}
+_SHAPES: dict[str, tuple[int, int, int]] = {  # channels, side, classes
+    "fashion_mnist": (1, 28, 10), "mnist": (1, 28, 10), "fmnist_domains": (1, 28, 10),
+    "svhn": (3, 32, 10), "cifar10": (3, 32, 10), "cifar100": (3, 32, 100),
+    "digit5": (3, 32, 10), "office_caltech10": (3, 32, 10), "domainnet": (3, 32, 345),
+}
+
+
+def input_spec(cfg: DataConfig) -> tuple[tuple[int, int, int], int]:
+    """((C, H, W), classes) of ``cfg.dataset`` as fedray loads it, without loading it (``fedray models``)."""
+    if cfg.dataset == "synthetic":
+        s = cfg.synthetic_image_size
+        return (cfg.synthetic_channels, s, s), cfg.synthetic_num_classes
+    if cfg.dataset == "emnist":
+        return (1, 28, 28), _EMNIST_CLASSES[cfg.emnist_split]
+    c, side, classes = _SHAPES[cfg.dataset]
+    if cfg.dataset in ("digit5", "office_caltech10", "domainnet"):
+        side = cfg.image_size or side
+    return (c, side, side), classes
+
+
 def display_name(name: str) -> str:
     """Human-readable dataset name for titles and reports."""
     return _DISPLAY.get(name, name)
