@@ -1,4 +1,4 @@
-"""The round loop (DESIGN.md, "Shape of a round"): sample, run the round on a runtime, evaluate, record.
+"""The round loop: sample, run the round on a runtime, evaluate, record.
 
 It knows nothing of Ray or of any method: the runtime runs the round, the algorithm defines it.
 """

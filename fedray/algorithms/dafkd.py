@@ -1,4 +1,4 @@
-"""DaFKD: Domain-aware Federated Knowledge Distillation (Wang et al., CVPR 2023; ALGORITHMS.md "DaFKD").
+"""DaFKD: Domain-aware Federated Knowledge Distillation (Wang et al., CVPR 2023).
 
 Round t (Algorithm 1). The server sends the global classifier w_t and generator theta^g_t. Each sampled
 client k (lines 15-26) loads them, keeps its own discriminator theta^d_k from its previous round (line 18,

@@ -1,6 +1,6 @@
 """Distillation losses shared by the federated-distillation methods (DaFKD, FedKF, ...).
 
-Temperature KD (ALGORITHMS.md, "Shared conventions"; Hinton et al. 2015):
+Temperature KD (Hinton et al. 2015), as the DaFKD, FedKF and FedCD papers use it:
 ``KL(softmax(t / T) || softmax(s / T)) * T^2`` with the batch-mean reduction (the sum over classes,
 averaged over samples), unless a method says otherwise. T^2 keeps the gradient's scale independent of T.
 """

@@ -12,6 +12,8 @@ legend names the domains. Single-domain data gets the plain plot.
 
 from __future__ import annotations
 
+import textwrap
+
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +110,12 @@ def plot_partition(fd: FederatedData, path: str | Path, title: str | None = None
     text = title or f"{fd.dataset}: training samples per client and label"
     if shown < fd.num_clients:
         text += f" (first {shown} of {fd.num_clients} clients)"
-    title_ax.set_title(text, fontsize=10)
+    # Long titles (server data, domains) are wrapped to the figure's width rather than clipped.
+    text = textwrap.fill(text, width=max(40, int(fig.get_figwidth() * 13)))
+    if has_domains:  # a figure title: the band's axes title would be clipped by the legend column
+        fig.suptitle(text, fontsize=10)
+    else:
+        title_ax.set_title(text, fontsize=10)
     if not has_domains:
         fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -80,7 +80,7 @@ class Bottleneck(nn.Module):
     """DaFKD's bottleneck: three **3x3** convolutions (planes, planes with the stride, 4 * planes), each
     followed by a norm, ReLU between them, a 1x1 projection shortcut when the shape changes, ReLU after
     the sum. The DaFKD authors' code uses 3x3 kernels where torchvision's bottleneck has its two 1x1
-    convolutions; we follow their code (ALGORITHMS.md, DaFKD settings)."""
+    convolutions; we follow their code."""
 
     expansion = 4
 

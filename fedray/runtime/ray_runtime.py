@@ -1,4 +1,4 @@
-"""The Ray runtime: a pool of ``ClientWorker`` actors and a ``ServerActor`` (DESIGN.md, "Shape of a round").
+"""The Ray runtime: a pool of ``ClientWorker`` actors and a ``ServerActor``.
 
 - The dataset is put in the object store once; every actor maps it read-only (zero-copy numpy).
 - Each round the server's broadcast is stored once and every client task receives the same reference.
