@@ -142,9 +142,7 @@ class ClientContext:
 
     def num_local_steps(self) -> int:
         """``federation.local_steps``, or ``local_epochs`` passes over this client's data when set."""
-        if self.fed.local_epochs is not None:
-            return self.fed.local_epochs * max(1, -(-self.num_samples // self.fed.batch_size))
-        return self.fed.local_steps
+        return local_step_count(self.fed, self.num_samples)
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``num_local_steps()`` mini-batches, reshuffling after each pass (a pass may end on a short batch).
@@ -160,6 +158,13 @@ class ClientContext:
             idx = perm[pos : pos + bs].to(self.device)
             pos += bs
             yield to_float(self.x[idx], self.spec.mean, self.spec.std), self.y[idx]
+
+
+def local_step_count(fed: FederationConfig, num_samples: int) -> int:
+    """A client's optimizer steps per round: ``local_steps``, or ``local_epochs`` passes over its data."""
+    if fed.local_epochs is not None:
+        return fed.local_epochs * max(1, -(-num_samples // fed.batch_size))
+    return fed.local_steps
 
 
 @dataclass

@@ -26,7 +26,7 @@ from fedray.models.mobilenet import MobileNetV3Small
 from fedray.models.resnet import Bottleneck, BasicBlock, ResNet8, ResNet11
 from fedray.models.resnet18 import ResNet18
 from fedray.models.vgg import VGGSmall
-from fedray.models.zoo import MODEL_NAMES, build_model, describe_models
+from fedray.models.zoo import MODEL_NAMES, build_model, describe_models, forward_flops
 
 __all__ = [
     "MODEL_NAMES",

@@ -56,6 +56,19 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     return _entry(name).builder(tuple(input_shape), num_classes)
 
 
+def forward_flops(name: str, input_shape: tuple[int, int, int], num_classes: int) -> int:
+    """FLOPs of one forward pass of one image through ``name`` (counted on the ``meta`` device: no memory,
+    no time in initialisation, the global RNG untouched). The Ray runtime balances clients by it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = _ZOO[name].builder(tuple(input_shape), num_classes).eval()
+        x = torch.empty(1, *input_shape)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    return int(counter.get_total_flops())
+
+
 def describe_models(input_shape: tuple[int, int, int], num_classes: int) -> list[dict[str, Any]]:
     """One row per name in ``MODEL_NAMES``, for images of ``input_shape`` and ``num_classes`` classes.
 

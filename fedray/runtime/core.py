@@ -162,10 +162,11 @@ class ServerCore:
 
 def server_side_data(data: FederatedData, device: torch.device) -> ServerSideData | None:
     """The server's data as the method may see it: labels only when ``data.server_data.labelled``."""
-    server = getattr(data, "server", None)
+    server = data.server
     if server is None:
         return None
-    y = torch.from_numpy(np.array(server.y)).to(device) if server.labelled else None
+    y = server.visible_y()
+    y = torch.from_numpy(np.array(y)).to(device) if y is not None else None
     return ServerSideData(x=torch.from_numpy(np.array(server.x)).to(device), y=y, domain=server.domain)
 
 

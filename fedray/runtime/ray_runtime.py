@@ -7,7 +7,10 @@
   client states stay in the object store as references owned by the driver; only small infos are fetched.
 - The pool is sized by resources, capped by the clients active in a round. When it has one actor per
   registered client, client ``k`` is always served by actor ``k``; otherwise the round's clients are dealt
-  to the actors in client-id order.
+  to the actors longest-first by estimated cost (forward FLOPs of the client's architecture x its local
+  steps), each to the least-loaded actor: with one architecture and equal steps this is client-id order
+  round-robin; with heterogeneous models the heavy clients do not pile up on one actor. Which actor
+  trains a client never changes its result.
 - Failures: a client whose worker dies (process killed, OOM, node lost) is rerun from the same inputs on
   a live worker, up to ``runtime.max_client_retries`` times, giving the same result as without the
   failure; then it is dropped from the round with a warning, as are clients exceeding
@@ -34,6 +37,8 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError, RunFailure
 from fedray.runtime.base import RoundOutcome, Runtime
+from fedray.algorithms.base import local_step_count
+from fedray.models import forward_flops
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, data_spec, personal_evaluation, personal_models,
                                  torch_threads)
 
@@ -44,6 +49,7 @@ log = logging.getLogger("fedray")
 # method's own code (RayTaskError) is a bug and propagates.
 SYSTEM_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                  ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError)
+EVAL_CHUNK = 16  # clients per personalised-evaluation task
 READY_TIMEOUT_S = 60.0  # a restarting worker imports torch and maps the dataset: seconds, more on a busy node
 
 
@@ -150,6 +156,18 @@ def plan_pool(cfg: ExperimentConfig, resources: dict[str, float], node_resources
     return max(1, min(capacity, cfg.federation.clients_per_round))
 
 
+def deal(client_ids: list[int], cost, num_workers: int) -> list[tuple[int, int]]:
+    """(client, worker) in submission order: longest estimated ``cost[client]`` first, each to the
+    least-loaded worker (ties: the lower index), so equal costs give client-id order round-robin."""
+    load = [0.0] * num_workers
+    out = []
+    for cid in sorted(client_ids, key=lambda c: (-cost[c], c)):
+        w = min(range(num_workers), key=lambda i: (load[i], i))
+        load[w] += cost[cid]
+        out.append((cid, w))
+    return out
+
+
 @dataclass
 class _Job:
     client_id: int
@@ -197,6 +215,9 @@ class RayRuntime(Runtime):
         self.num_clients = data.num_clients
         self.personalised = self.algo_cls.personalised
         self.algo = self.algo_cls(cfg, data_spec(data))  # the driver's copy: reads client states, builds nothing
+        flops = {a: forward_flops(a, data.input_shape, data.num_classes) for a in cfg.model.architectures()}
+        self.client_cost = [flops[cfg.model.client_architecture(c)] * local_step_count(cfg.federation, int(n))
+                            for c, n in enumerate(data.client_sizes())]
         self.one_actor_per_client = self.pool_size >= self.num_clients
         self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
@@ -232,10 +253,10 @@ class RayRuntime(Runtime):
                 return None
         return None
 
-    def _worker_for(self, position: int, client_id: int) -> int:
+    def _deal(self, client_ids: list[int]) -> list[tuple[int, int]]:
         if self.one_actor_per_client:
-            return client_id
-        return position % len(self.workers)
+            return [(c, c) for c in client_ids]
+        return deal(client_ids, self.client_cost, len(self.workers))
 
     def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> _Job:
         timeout = self.cfg.runtime.client_timeout_s
@@ -272,8 +293,7 @@ class RayRuntime(Runtime):
             raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
         start, queued = time.monotonic(), [0] * len(self.workers)
         jobs: dict[int, _Job] = {}
-        for pos, cid in enumerate(client_ids):
-            w = self._worker_for(pos, cid)
+        for cid, w in self._deal(client_ids):
             jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
             queued[w] += 1
         done: dict[int, tuple[_Job, dict, Any]] = {}
@@ -334,16 +354,16 @@ class RayRuntime(Runtime):
         return self._server_call(self.server.evaluate)
 
     def _evaluate_clients(self, client_ids: list[int]) -> list[tuple[int, ...]]:
-        """Every client's own model scored on the workers, one task per worker over a contiguous share of
-        the clients; a worker lost mid-way costs a rerun of the evaluation once the pool is checked."""
+        """Every client's own model scored on the workers, in tasks of EVAL_CHUNK clients dealt round-robin
+        (a task deserialises the states it is given: small tasks keep that to a few models per worker);
+        a worker lost mid-way costs a rerun of the evaluation once the pool is checked."""
         for attempt in range(2):
             self._check_pool()
-            shares = [client_ids[i::len(self.workers)] for i in range(len(self.workers))]
-            refs = [w.evaluate_clients.remote(share, *[self.client_states.get(c) for c in share])
-                    for w, share in zip(self.workers, shares) if share]
+            chunks = [client_ids[i : i + EVAL_CHUNK] for i in range(0, len(client_ids), EVAL_CHUNK)]
+            refs = [self.workers[k % len(self.workers)].evaluate_clients.remote(
+                chunk, *[self.client_states.get(c) for c in chunk]) for k, chunk in enumerate(chunks)]
             try:
-                rows = dict(zip([c for share in shares for c in share], [r for part in ray.get(refs) for r in part]))
-                return [rows[c] for c in client_ids]
+                return [row for part in ray.get(refs) for row in part]
             except SYSTEM_ERRORS as e:
                 if attempt:
                     raise RunFailure(f"evaluation failed twice: a client worker was lost ({type(e).__name__})") from None

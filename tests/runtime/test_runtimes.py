@@ -97,3 +97,11 @@ def test_pool_size_follows_resources():
     with pytest.raises(ResourceError) as e:
         plan_pool(fat, {"CPU": 6.0}, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 2.0}])
     assert e.value.key == "runtime.num_cpus_per_worker"
+
+
+def test_clients_are_dealt_longest_first_to_the_least_loaded_worker():
+    from fedray.runtime.ray_runtime import deal
+
+    assert deal([1, 3, 4, 7], [1.0] * 8, 2) == [(1, 0), (3, 1), (4, 0), (7, 1)]  # equal costs: round-robin
+    cost = [10.0, 1.0, 1.0, 1.0, 1.0, 100.0]
+    assert deal(list(range(6)), cost, 2) == [(5, 0), (0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]  # the heavy one alone
