@@ -4,10 +4,12 @@ heterogeneous clients on Ray against in-process.
     .venv/bin/python benchmarks/per_client.py [--clients 250 1000] [--out benchmarks/results]
 
 (a) Memory: ``algorithm.name=local`` (every client trains only its own model), LeNet-5 on synthetic
-    1x28x28 images (61,706 parameters: 247 KB of float32 weights per client), every registered client
-    sampled in round 1 so that each then holds its own model, on the Ray runtime with 2 workers. The peak
-    proportional set size (PSS) of the driver and every process it started is sampled (as in scale.py),
-    for each ``--clients`` count, so the growth per registered client can be read off.
+    1x28x28 images (61,706 parameters: 247 KB of float32 weights per client, 60 images per client), on the
+    Ray runtime with 2 workers, 2 rounds. For each ``--clients`` count N, two runs: every client sampled
+    in round 1 (all N then hold their own model), and 10 clients per round (at most 20 hold one). The peak
+    proportional set size (PSS) of the driver and every process it started is sampled (as in scale.py);
+    the difference between the two runs of one N is what N - 20 client-held models cost, the growth
+    between the N's what a registered client costs in all (its data share included).
 (b) Round time: 10 clients, all active every round, each with an architecture of the zoo assigned
     round-robin (``model.client_models``), ``--steps`` local SGD steps of batch 32 on synthetic 28x28
     images; mean seconds per training round (rounds 2.., evaluation excluded) in-process (1 thread) and
@@ -37,8 +39,8 @@ from fedray.simulation import run_experiment  # noqa: E402
 HETERO_MODELS = ["lenet5", "mlp", "vgg_small", "resnet8", "resnet11", "mobilenet_v3_small", "resnet18"]
 
 
-def memory_run(clients: int) -> dict:
-    overrides = ["algorithm.name=local", f"data.num_clients={clients}", f"federation.clients_per_round={clients}",
+def memory_run(clients: int, per_round: int) -> dict:
+    overrides = ["algorithm.name=local", f"data.num_clients={clients}", f"federation.clients_per_round={per_round}",
                  "data.synthetic_image_size=28", f"data.synthetic_train_samples={60 * clients}",
                  "federation.rounds=2", "federation.local_steps=2", "federation.eval_every=2",
                  "runtime.backend=ray", "runtime.num_workers=2", "tracking.enabled=false"]
@@ -48,7 +50,9 @@ def memory_run(clients: int) -> dict:
     t0 = time.perf_counter()
     result = run_experiment(cfg, progress=False)
     sampler.stop()
-    return {"registered_clients": clients, "clients_holding_a_model": clients, "overrides": overrides,
+    holding = min(clients, per_round * cfg.federation.rounds)
+    return {"registered_clients": clients, "clients_per_round": per_round, "clients_holding_a_model_at_most": holding,
+            "overrides": overrides,
             "peak_pss_gb": sampler.peak / 2**30, "processes_at_peak": sampler.peak_procs,
             "round_s": [row["time/round_s"] for row in result.history], "total_s": time.perf_counter() - t0,
             "eval/accuracy": result.summary["eval/accuracy"], "eval/amp": result.summary["eval/amp"]}
@@ -82,11 +86,13 @@ def main() -> None:
     record: dict = {"benchmark": "per_client", "date": time.strftime("%Y-%m-%d %H:%M"),
                     "machine": {"cpus": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
                                 "torch": torch.__version__, "device": "cpu"}}
-    record["memory"] = [memory_run(n) for n in args.clients]
-    if len(record["memory"]) >= 2:
-        a, b = record["memory"][0], record["memory"][-1]
-        record["pss_mb_per_extra_client"] = ((b["peak_pss_gb"] - a["peak_pss_gb"]) * 1024
-                                             / (b["registered_clients"] - a["registered_clients"]))
+    record["memory"] = [memory_run(n, per_round) for n in args.clients for per_round in (n, 10)]
+    by = {(m["registered_clients"], m["clients_per_round"]): m["peak_pss_gb"] for m in record["memory"]}
+    record["pss_mb_per_client_held_model"] = {
+        n: (by[n, n] - by[n, 10]) * 1024 / (n - 20) for n in args.clients if n > 20}
+    if len(args.clients) >= 2:
+        a, b = args.clients[0], args.clients[-1]
+        record["pss_mb_per_registered_client_holding_a_model"] = (by[b, b] - by[a, a]) * 1024 / (b - a)
     record["hetero_models"] = HETERO_MODELS
     record["round_time"] = [round_time(be, args.steps, args.rounds) for be in ("local", "ray")]
     loc, ray_ = (r["mean_training_round_s"] for r in record["round_time"])
