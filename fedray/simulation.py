@@ -21,7 +21,7 @@ from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.results import EVAL_KEYS, write_run_outputs
 from fedray.runtime import make_runtime
-from fedray.runtime.core import summarise_clients
+from fedray.runtime.core import setup_bytes, summarise_clients
 from fedray.seeding import sample_clients
 
 
@@ -37,7 +37,8 @@ def should_evaluate(cfg: ExperimentConfig, round_: int) -> bool:
     return round_ % cfg.federation.eval_every == 0 or round_ == cfg.federation.rounds
 
 
-def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str, total_s: float) -> dict[str, Any]:
+def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str, total_s: float,
+              bytes_setup: int = 0) -> dict[str, Any]:
     """Final figures: the last evaluation, communication totals, timing."""
     evaluated = [row for row in history if row.get("eval/accuracy") is not None]
     last = evaluated[-1] if evaluated else {}
@@ -59,6 +60,8 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     summary["eval/best_accuracy"] = max(accs) if accs else math.nan
     summary["comm/bytes_up"] = float(sum(row["comm/bytes_up"] for row in history))
     summary["comm/bytes_down"] = float(sum(row["comm/bytes_down"] for row in history))
+    if bytes_setup:  # one-time, before round 1 (e.g. FedCD's shared validation images to every client)
+        summary["comm/bytes_setup"] = float(bytes_setup)
     times = [row["time/round_s"] for row in history]
     summary["time/round_s"] = float(np.mean(times)) if times else math.nan
     summary["time/total_s"] = total_s
@@ -92,7 +95,7 @@ def run_experiment(
     ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
     folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
     """
-    from fedray.algorithms import validate_experiment
+    from fedray.algorithms import get_algorithm, validate_experiment
 
     validate_experiment(cfg)  # a config built in code gets the registries' checks too, before any work
     start = time.perf_counter()
@@ -128,7 +131,8 @@ def run_experiment(
                         hook.on_round(row)
                     check_interrupted()
             final_weights = runtime.global_weights() if output_dir is not None else None
-            summary = summarise(cfg, history, where, time.perf_counter() - start)
+            summary = summarise(cfg, history, where, time.perf_counter() - start,
+                                setup_bytes(get_algorithm(cfg.algorithm.name), data))
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
                 write_run_outputs(out, cfg, data, history, summary, final_weights)

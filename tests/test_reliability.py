@@ -148,15 +148,17 @@ def test_ctrl_c_dropped_in_a_finaliser_still_stops_the_run():
 
 # Per-client models (each client's own weights are its state): isolated training, two architectures.
 PER_CLIENT = ["algorithm.name=local", "model.client_models=[lenet5,resnet8]", "federation.local_steps=40"]
+FEDCD = ["algorithm.name=fedcd", "model.client_models=[lenet5,resnet8]", "data.server_data.kind=holdout",
+         "data.server_data.per_class=10", "federation.local_steps=40"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("when, extra", [
     ("between", []),
     ("during", []),
-    ("during", PER_CLIENT),
     pytest.param("during", [*PER_CLIENT, "runtime.backend=ray"], marks=pytest.mark.ray),
-], ids=["between", "during", "per-client-local", "per-client-ray"])
+    ("during", FEDCD),  # per-client models (FedCD's), on the local runtime
+], ids=["between", "during", "per-client-ray", "fedcd-local"])
 def test_sigkilled_run_resumes_to_identical_figures(when, extra, tmp_path):
     reference = run_experiment(_cfg_of_args(**dict(e.replace(".", "__", 1).split("=", 1) for e in extra
                                                     if not e.startswith("runtime."))), progress=False).summary

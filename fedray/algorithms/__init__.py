@@ -49,6 +49,12 @@ register_algorithm(FedGKD)
 from fedray.algorithms.local import Local  # noqa: E402
 
 register_algorithm(Local)
+from fedray.algorithms.fedcd import FedCD  # noqa: E402
+
+register_algorithm(FedCD)
+from fedray.algorithms.feddistill import FedDistill  # noqa: E402
+
+register_algorithm(FedDistill)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
@@ -73,6 +79,7 @@ def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
 
     algo = get_algorithm(cfg.algorithm.name)
     algo.parse_params(cfg.algorithm.params())
+    algo.check_config(cfg)
     if cfg.model.name not in MODEL_NAMES:
         raise ConfigError("model.name", f"unknown model {cfg.model.name!r}; allowed: {', '.join(MODEL_NAMES)}")
     if cfg.model.client_models is not None:

@@ -125,6 +125,7 @@ class ClientContext:
     modules: Any  # what the method's build_modules() returned, built once per process
     architecture: str = ""  # this client's model architecture (model.client_models, else model.name)
     models: ModelBank | None = None  # one built module per architecture, shared by the worker's clients
+    server_x: torch.Tensor | None = None  # the server data's images, for methods whose clients hold them
 
     def own_model(self) -> torch.nn.Module:
         """A module of this client's architecture (weights are whatever the last user left: load first)."""
@@ -195,6 +196,10 @@ class Algorithm(ABC, Generic[Params]):
     shared_architecture: ClassVar[bool] = True
     #: True for methods without a global model: ``eval/*`` scores each client's own model.
     personalised: ClassVar[bool] = False
+    #: True for methods whose clients hold the images (never the labels) of the server's data, e.g. FedCD's
+    #: shared validation set: they arrive as ``ctx.server_x``, and handing them to every registered client
+    #: once is counted in ``comm/bytes_setup``.
+    clients_hold_server_images: ClassVar[bool] = False
 
     def __init__(self, cfg: ExperimentConfig, spec: DataSpec):
         self.cfg = cfg
@@ -202,6 +207,11 @@ class Algorithm(ABC, Generic[Params]):
         self.params: Params = self.parse_params(cfg.algorithm.params())  # type: ignore[assignment]
         #: The server's data (``data.server_data``) on the server's instance; always None on clients.
         self.server_data: ServerSideData | None = None
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        """What the method needs of the rest of the config (e.g. labelled server data); raise
+        :class:`ConfigError` naming the key. Called by ``validate_experiment`` before any work."""
 
     @classmethod
     def parse_params(cls, values: dict[str, Any]) -> BaseModel:

@@ -75,6 +75,9 @@ class ClientWorkerCore:
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device)
         self._evaluator: Evaluator | None = None
+        self.server_x = None  # only methods whose clients hold the server data's images get them
+        if self.algo.clients_hold_server_images and data.server is not None:
+            self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
 
     def train(self, round_: int, client_id: int, payload: Any,
               state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
@@ -93,6 +96,7 @@ class ClientWorkerCore:
             modules=self.modules,
             architecture=self.cfg.model.client_architecture(client_id),
             models=self.models,
+            server_x=self.server_x,
         )
         result = self.algo.client_update(ctx, payload, state)
         info = {"client": client_id, "num_samples": int(len(idx)), "bytes_up": nbytes(result.upload),
@@ -168,6 +172,14 @@ def server_side_data(data: FederatedData, device: torch.device) -> ServerSideDat
     y = server.visible_y()
     y = torch.from_numpy(np.array(y)).to(device) if y is not None else None
     return ServerSideData(x=torch.from_numpy(np.array(server.x)).to(device), y=y, domain=server.domain)
+
+
+def setup_bytes(algo_cls: type[Algorithm], data: FederatedData) -> int:
+    """One-time communication before round 1: the server data's images sent to every registered client,
+    for methods whose clients hold them (``Algorithm.clients_hold_server_images``); else 0."""
+    if not algo_cls.clients_hold_server_images or data.server is None:
+        return 0
+    return int(data.server.x.nbytes) * data.num_clients
 
 
 def personal_evaluation(rows: list[tuple[int, ...]]) -> dict[str, float]:
