@@ -102,6 +102,9 @@ def _expected_row(root: Path, method: str, setting: str, rels: list[str], target
         if len(reached) < len(rels):
             cell += f" ({len(reached)}/{len(rels)} reached)"
     row[f"rounds to {target * 100:g}%"] = cell
+    to_target = [float((_history(root, r).query("round <= @h")[["comm/bytes_up", "comm/bytes_down"]]).sum().sum())
+                 for r, h in zip(rels, hits) if h is not None]
+    row[f"MB to {target * 100:g}%"] = f"{statistics.fmean(to_target) / 1e6:,.2f}" if to_target else "—"
     row["MB up"] = f"{statistics.fmean(s['comm/bytes_up'] for s in summaries) / 1e6:,.2f}"
     row["MB down"] = f"{statistics.fmean(s['comm/bytes_down'] for s in summaries) / 1e6:,.2f}"
     return row
@@ -197,6 +200,24 @@ def test_rounds_to_target_partial_and_std_of_one_seed():
     assert row["rounds to 65%"] == "4" and row["accuracy (%)"] == "90.00 ± 0.00" and row["last 5 (%)"] == "64.00 ± 0.00"
 
 
+def test_megabytes_to_reach_the_target_and_setup_bytes():
+    def rec(seed, accs, up, down, setup=None):
+        hist = [{"round": i + 1, "eval/accuracy": a, "comm/bytes_up": up, "comm/bytes_down": down}
+                for i, a in enumerate(accs)]
+        summary = {"eval/accuracy": accs[-1], **({"comm/bytes_setup": setup} if setup else {})}
+        return RunRecord(f"s{seed}", {"algorithm.name": "fedcd" if setup else "fedavg", "data.dataset": "mnist",
+                                      "data.alpha": 0.5, "seed": seed}, hist, summary)
+
+    runs = [rec(0, [0.2, 0.6, 0.7], 1e6, 2e6, setup=5e6), rec(1, [0.6, 0.7, 0.8], 1e6, 2e6, setup=5e6),
+            rec(2, [0.1, 0.2, 0.3], 4e6, 4e6)]
+    rows = {r["method"]: r for r in build_table(runs, target=0.6)}
+    assert rows["fedcd"]["MB to 60%"] == "4.50"  # seed 0: 2 rounds x 3 MB; seed 1: 1 round x 3 MB
+    assert rows["fedcd"]["MB setup"] == "5.00" and "MB setup" not in rows["fedavg"]
+    assert rows["fedavg"]["MB to 60%"] == "—"  # never reached
+    table = to_markdown(list(rows.values()))
+    assert "| MB setup |" in table and table.count("\n| fed") == 2
+
+
 def test_pool_of_different_configs_warns(capsys):
     def rec(seed, rounds):
         return RunRecord(f"s{seed}", {"algorithm.name": "fedavg", "data.dataset": "mnist", "data.alpha": 0.1,
@@ -213,8 +234,8 @@ def test_markdown_shape(run_root):
     lines = text.splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["method", "setting", "seeds", "accuracy (%)", "last 5 (%)", "AMP (%)", "FM (×10⁻³)", "WLP (%)",
-                      "rounds to 50%", "MB up", "MB down"]
-    assert [c.strip() for c in lines[1].strip("|").split("|")] == [":---", ":---"] + ["---:"] * 9
+                      "rounds to 50%", "MB to 50%", "MB up", "MB down"]
+    assert [c.strip() for c in lines[1].strip("|").split("|")] == [":---", ":---"] + ["---:"] * 10
     table = lines[2 : 2 + len(rows)]
     assert all(line.startswith("| ") and line.count(" | ") == len(header) - 1 for line in table)
     assert table[1].startswith("| fedavg | synthetic α=1 | 2 | ")

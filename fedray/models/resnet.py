@@ -1,9 +1,17 @@
-"""Residual backbones of the papers: FedKF's ResNet-8 with GroupNorm and DaFKD's "ResNet11".
+"""Residual backbones of the papers: FedKF's ResNet-8 with GroupNorm, DaFKD's "ResNet11", and the CIFAR
+ResNet family of knowledge-distillation work that FedCD (Table I) gives its users.
 
-Both are CIFAR-style ResNets (He et al., CVPR 2016, cited as [32] by FedKF and [10] by DaFKD): a 3x3
+All are CIFAR-style ResNets (He et al., CVPR 2016, cited as [32] by FedKF and [10] by DaFKD): a 3x3
 stem at full resolution (no 7x7 conv, no max-pool), three stages at strides 1/2/2, adaptive average
 pooling, and one linear head. The stem follows the input's channel count, and adaptive pooling makes
 any spatial size work (28x28, 32x32, 16x16 ...).
+
+The family (:class:`ResNet8BN`, :class:`ResNet14`, :class:`ResNet20`, :class:`ResNet32`,
+:class:`ResNet44`, :class:`ResNet56`, :class:`ResNet110`, :class:`ResNet8x4`, :class:`ResNet32x4`) is
+He et al.'s 6n+2 basic-block CIFAR ResNet with BatchNorm at the depths and widths of the model zoo of
+Tian et al., "Contrastive Representation Distillation" (ICLR 2020), which later distillation papers,
+FedCD among them, reuse by name. FedCD's tenth model, ResNet-50, is the bottleneck ImageNet network
+adapted to small images (:mod:`fedray.models.resnet50`).
 
 Everything before the head is the shared extractor of DaFKD Sec. 3.4 / Fig. 2 (``FedModel.features``).
 Activations and residual additions are out-of-place so that ``torch.func`` transforms and deep copies
@@ -104,7 +112,11 @@ class Bottleneck(nn.Module):
 
 
 class _CifarResNet(FedModel):
-    """Stem conv3x3 + norm + ReLU, three stages (strides 1/2/2), adaptive avg-pool, Linear head."""
+    """Stem conv3x3 + norm + ReLU, three stages (strides 1/2/2), adaptive avg-pool, Linear head.
+
+    The stem has ``stem_width`` channels (default ``widths[0]``, He et al.'s CIFAR layout); stage ``i``
+    has ``blocks_per_stage[i]`` blocks of ``widths[i]`` planes, the first one with the stage's stride.
+    """
 
     def __init__(
         self,
@@ -114,10 +126,11 @@ class _CifarResNet(FedModel):
         blocks_per_stage: tuple[int, int, int],
         widths: tuple[int, int, int],
         norm: NormFactory,
+        stem_width: int | None = None,
     ):
         super().__init__(input_shape, num_classes)
         in_ch = self.input_shape[0]
-        stem_ch = widths[0]
+        stem_ch = widths[0] if stem_width is None else stem_width
         self.stem = nn.Sequential(_conv3x3(in_ch, stem_ch), norm(stem_ch), nn.ReLU())
         stages = []
         ch = stem_ch
@@ -173,3 +186,98 @@ class ResNet11(_CifarResNet):
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
         super().__init__(input_shape, num_classes, Bottleneck, (2, 2, 2), (16, 32, 64), batch_norm)
+
+
+class _BasicCifarResNet(_CifarResNet):
+    """The CIFAR ResNet family of knowledge-distillation work: depth ``DEPTH`` = 6n + 2 with n basic
+    blocks (:class:`BasicBlock`) per stage, BatchNorm, a ``STEM_WIDTH``-channel conv3x3 stem and stages
+    of ``WIDTHS`` channels at strides 1/2/2 (He et al., CVPR 2016, Sec. 4.2; Tian et al., "Contrastive
+    Representation Distillation", ICLR 2020, whose model zoo has these names and widths).
+
+    The depth counts the weighted layers on the main path: the stem, 2 convolutions per block (6n) and
+    the linear head; the 1x1 projection shortcuts are not counted, as in He et al.
+
+    Shortcuts are He et al.'s option B, a 1x1 conv + BatchNorm projection wherever a block changes the
+    shape (the first block of stages 2 and 3, and of stage 1 too in the 4x-wide variants, where the stem
+    is narrower than the stage), identity elsewhere. He et al.'s own CIFAR experiments used option A
+    (zero padding, no parameters); the distillation zoo that FedCD's names come from uses option B, so
+    parameter counts and the shortcut's learned weights match that zoo (ResNet-20 differs from option A
+    by 2,752 parameters). Option B also lets the x4 variants' stage 1 widen the stem 32 -> 64.
+
+    He-normal (fan_out) conv init, BN weight 1 / bias 0, bias-free convs, PyTorch's default for the
+    head, as in that zoo. The stem takes the dataset's channels and adaptive average pooling replaces the
+    fixed 8x8 pool, so any image size works; ``features`` is the pooled ``WIDTHS[-1]``-d vector.
+    """
+
+    DEPTH: int
+    WIDTHS: tuple[int, int, int] = (16, 32, 64)
+    STEM_WIDTH: int = 16
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
+        if (self.DEPTH - 2) % 6:
+            raise ValueError(f"basic-block CIFAR ResNet depth must be 6n+2, got {self.DEPTH}")
+        n = (self.DEPTH - 2) // 6
+        super().__init__(input_shape, num_classes, BasicBlock, (n, n, n), self.WIDTHS, batch_norm,
+                         stem_width=self.STEM_WIDTH)
+
+
+class ResNet8BN(_BasicCifarResNet):
+    """CIFAR ResNet-8 with BatchNorm (n = 1; 16/32/64 channels; 64-d features): the distillation zoo's
+    ``resnet8``. :class:`ResNet8` is FedKF's GroupNorm variant of the same layout."""
+
+    DEPTH = 8
+
+
+class ResNet14(_BasicCifarResNet):
+    """CIFAR ResNet-14 (n = 2; 16/32/64 channels; 64-d features), BatchNorm, option-B shortcuts."""
+
+    DEPTH = 14
+
+
+class ResNet20(_BasicCifarResNet):
+    """CIFAR ResNet-20 (n = 3; 16/32/64 channels; 64-d features), BatchNorm, option-B shortcuts."""
+
+    DEPTH = 20
+
+
+class ResNet32(_BasicCifarResNet):
+    """CIFAR ResNet-32 (n = 5; 16/32/64 channels; 64-d features), BatchNorm, option-B shortcuts."""
+
+    DEPTH = 32
+
+
+class ResNet44(_BasicCifarResNet):
+    """CIFAR ResNet-44 (n = 7; 16/32/64 channels; 64-d features), BatchNorm, option-B shortcuts."""
+
+    DEPTH = 44
+
+
+class ResNet56(_BasicCifarResNet):
+    """CIFAR ResNet-56 (n = 9; 16/32/64 channels; 64-d features), BatchNorm, option-B shortcuts."""
+
+    DEPTH = 56
+
+
+class ResNet110(_BasicCifarResNet):
+    """CIFAR ResNet-110 (n = 18; 16/32/64 channels; 64-d features), BatchNorm, option-B shortcuts."""
+
+    DEPTH = 110
+
+
+class ResNet8x4(_BasicCifarResNet):
+    """ResNet-8x4 of Tian et al.'s zoo: ResNet-8 (n = 1) made 4x wider in its stages, a 32-channel stem
+    (2x, as in that zoo) and stages of 64/128/256 channels; 256-d features; BatchNorm, option-B
+    shortcuts (stage 1 projects the 32-channel stem to 64)."""
+
+    DEPTH = 8
+    WIDTHS = (64, 128, 256)
+    STEM_WIDTH = 32
+
+
+class ResNet32x4(_BasicCifarResNet):
+    """ResNet-32x4 of Tian et al.'s zoo: ResNet-32 (n = 5) with a 32-channel stem and stages of
+    64/128/256 channels; 256-d features; BatchNorm, option-B shortcuts."""
+
+    DEPTH = 32
+    WIDTHS = (64, 128, 256)
+    STEM_WIDTH = 32

@@ -42,13 +42,17 @@ class OutOfPlaceBasicBlock(tv_resnet.BasicBlock):
         return self.relu(out + identity)
 
 
-class ResNet18(FedModel):
-    """ResNet-18 with a 3x3 stride-1 stem and no max-pool; ``features`` = pooled 512-d, ``head`` = Linear(512, C)."""
+class SmallImageResNet(FedModel):
+    """A torchvision ResNet (``block``, ``layers`` blocks per stage) with a 3x3 stride-1 stem on the
+    dataset's channels and no max-pool; ``features`` = the pooled ``512 * block.expansion``-d vector,
+    ``head`` = torchvision's ``fc``, Linear(feature_dim, C). Shared by :class:`ResNet18` and
+    :class:`fedray.models.resnet50.ResNet50`; ``block`` must have an out-of-place forward."""
 
-    def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int,
+                 block: type[tv_resnet.BasicBlock] | type[tv_resnet.Bottleneck], layers: list[int]):
         super().__init__(input_shape, num_classes)
         # Build torchvision's network (its stages, init and names), then keep its parts except the stem.
-        tv = tv_resnet.ResNet(OutOfPlaceBasicBlock, [2, 2, 2, 2], num_classes=self.num_classes)
+        tv = tv_resnet.ResNet(block, layers, num_classes=self.num_classes)
         self.conv1 = nn.Conv2d(self.input_shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
         nn.init.kaiming_normal_(self.conv1.weight, mode="fan_out", nonlinearity="relu")  # torchvision's conv init
         self.bn1 = tv.bn1
@@ -63,3 +67,10 @@ class ResNet18(FedModel):
         x = self.relu(self.bn1(self.conv1(x)))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.avgpool(x).flatten(1)
+
+
+class ResNet18(SmallImageResNet):
+    """ResNet-18 with a 3x3 stride-1 stem and no max-pool; ``features`` = pooled 512-d, ``head`` = Linear(512, C)."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
+        super().__init__(input_shape, num_classes, OutOfPlaceBasicBlock, [2, 2, 2, 2])

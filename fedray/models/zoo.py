@@ -15,8 +15,10 @@ from fedray.models.base import FedModel
 from fedray.models.lenet import LeNet5
 from fedray.models.mlp import MLP
 from fedray.models.mobilenet import MobileNetV3Small
-from fedray.models.resnet import ResNet8, ResNet11
+from fedray.models.resnet import (ResNet8, ResNet8BN, ResNet8x4, ResNet11, ResNet14, ResNet20, ResNet32,
+                                  ResNet32x4, ResNet44, ResNet56, ResNet110)
 from fedray.models.resnet18 import ResNet18
+from fedray.models.resnet50 import ResNet50
 from fedray.models.vgg import VGGSmall
 
 
@@ -28,12 +30,23 @@ class ZooEntry(NamedTuple):
 # Insertion order is the order of MODEL_NAMES, of the "allowed:" list in errors and of describe_models.
 _ZOO: dict[str, ZooEntry] = {
     "lenet5": ZooEntry(LeNet5, "LeNet-5 (LeCun et al. 1998), FedKF's EMNIST model"),
-    "resnet8": ZooEntry(ResNet8, "CIFAR ResNet-8, GroupNorm 1 channel/group (FedKF)"),
+    "resnet8": ZooEntry(ResNet8, "CIFAR ResNet-8, GroupNorm 1 channel/group (FedKF); BatchNorm: resnet8_bn"),
     "resnet11": ZooEntry(ResNet11, "bottleneck ResNet-11 with BatchNorm (DaFKD)"),
     "mlp": ZooEntry(MLP, "2-hidden-layer MLP, 200-200 ReLU (McMahan et al.'s 2NN)"),
     "vgg_small": ZooEntry(VGGSmall, "small VGG with BatchNorm, 32-64-128-128 convs, FC 256"),
     "resnet18": ZooEntry(ResNet18, "torchvision ResNet-18, 3x3 stem, no max-pool"),
     "mobilenet_v3_small": ZooEntry(MobileNetV3Small, "torchvision MobileNetV3-Small, stride-1 stem, no dropout"),
+    # The CIFAR ResNet family of knowledge-distillation work (Tian et al.'s CRD zoo), FedCD's Table I.
+    "resnet8_bn": ZooEntry(ResNet8BN, "CIFAR ResNet-8 (n=1), BatchNorm, 16/32/64 channels"),
+    "resnet14": ZooEntry(ResNet14, "CIFAR ResNet-14 (n=2), BatchNorm, 16/32/64 channels"),
+    "resnet20": ZooEntry(ResNet20, "CIFAR ResNet-20 (n=3), BatchNorm, 16/32/64 channels"),
+    "resnet32": ZooEntry(ResNet32, "CIFAR ResNet-32 (n=5), BatchNorm, 16/32/64 channels"),
+    "resnet44": ZooEntry(ResNet44, "CIFAR ResNet-44 (n=7), BatchNorm, 16/32/64 channels"),
+    "resnet56": ZooEntry(ResNet56, "CIFAR ResNet-56 (n=9), BatchNorm, 16/32/64 channels"),
+    "resnet110": ZooEntry(ResNet110, "CIFAR ResNet-110 (n=18), BatchNorm, 16/32/64 channels"),
+    "resnet8x4": ZooEntry(ResNet8x4, "CIFAR ResNet-8x4 (n=1), BatchNorm, stem 32, 64/128/256 channels"),
+    "resnet32x4": ZooEntry(ResNet32x4, "CIFAR ResNet-32x4 (n=5), BatchNorm, stem 32, 64/128/256 channels"),
+    "resnet50": ZooEntry(ResNet50, "torchvision bottleneck ResNet-50, 3x3 stem, no max-pool"),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_ZOO)

@@ -21,8 +21,11 @@ Tables V-VIII:
   would be 79.72 for the same number).
 - ``rounds to X%``: the first round whose global accuracy reaches the target (DaFKD Table 2, FedKF
   Table VIII), mean over the seeds that reach it.
+- ``MB to X%``: bytes sent up and down until the round that first reaches the target (FedCD Table III's
+  communication to a given accuracy), mean over the seeds that reach it.
 - ``MB up`` / ``MB down``: total bytes sent over the run (FedCD Table III), 1 MB = 10^6 bytes, mean
-  over seeds.
+  over seeds; ``MB setup``: one-time bytes before round 1 (FedCD's validation images to every client),
+  shown when a run has them.
 
 Every figure is ``mean ± std`` over seeds, std being the sample std (ddof=1), 0 for a single seed.
 """
@@ -162,6 +165,18 @@ def target_column(target: float) -> str:
     return f"rounds to {_normalise_target(target) * 100:g}%"
 
 
+def mb_target_column(target: float) -> str:
+    return f"MB to {_normalise_target(target) * 100:g}%"
+
+
+def bytes_to_round(history: Sequence[dict], round_: int | None) -> float | None:
+    """Bytes sent up and down in rounds 1..``round_`` (None when the target was never reached)."""
+    if round_ is None:
+        return None
+    return float(sum((_num(r.get("comm/bytes_up")) or 0.0) + (_num(r.get("comm/bytes_down")) or 0.0)
+                     for r in history if r["round"] <= round_))
+
+
 def rounds_to_target(history: Sequence[dict], target: float, key: str = "eval/accuracy") -> int | None:
     """The first round whose ``key`` reaches ``target`` (rounds without evaluation skipped); None if never."""
     rows = sorted(history, key=lambda r: r.get("round", 0))
@@ -243,10 +258,18 @@ def build_table(
             reached = [rounds_to_target(r.history, tgt) for r in g.runs]
             row[target_column(tgt)] = _fmt_reached(reached)
             stats["rounds_to_target"] = reached
+            to_target = [bytes_to_round(r.history, rr) for r, rr in zip(g.runs, reached)]
+            hits = [b for b in to_target if b is not None]
+            row[mb_target_column(tgt)] = f"{sum(hits) / len(hits) / 1e6:,.2f}" if hits else DASH
+            stats["bytes_to_target"] = to_target
         for key, header in COMM_COLUMNS:
             vals = [v for v in (_final(r, key) for r in g.runs) if v is not None]
             row[header] = f"{sum(vals) / len(vals) / 1e6:,.2f}" if vals else DASH
             stats[key] = vals
+        setup = [v for v in (_final(r, "comm/bytes_setup") for r in g.runs) if v is not None]
+        if setup:
+            row["MB setup"] = f"{sum(setup) / len(setup) / 1e6:,.2f}"
+            stats["comm/bytes_setup"] = setup
         row["_stats"] = stats
         row["_runs"] = [r.name for r in g.runs]
         rows.append(row)
@@ -265,12 +288,15 @@ def footnote(rows: Sequence[dict]) -> str:
         parts.append(
             "rounds to target: first evaluated round with accuracy ≥ target, mean over the seeds that reach it."
         )
+    if any(c.startswith("MB to ") for c in cols):
+        parts.append("MB to target: bytes sent up and down until that round, mean over the seeds that reach it.")
     parts.append("MB: total bytes sent over the run (10⁶ bytes), mean over seeds.")
     return " ".join(parts)
 
 
 def _columns(rows: Sequence[dict]) -> list[str]:
-    return [c for c in rows[0] if not c.startswith("_")] if rows else []
+    """Every row's display columns, in first-seen order (``MB setup`` exists only for some methods)."""
+    return list(dict.fromkeys(c for row in rows for c in row if not c.startswith("_")))
 
 
 def _cell(value: Any) -> str:
@@ -285,7 +311,7 @@ def to_markdown(rows: Sequence[dict]) -> str:
     lines = ["| " + " | ".join(_cell(c) for c in cols) + " |"]
     lines.append("| " + " | ".join(":---" if c in ("method", "setting") else "---:" for c in cols) + " |")
     for row in rows:
-        lines.append("| " + " | ".join(_cell(row.get(c, "")) for c in cols) + " |")
+        lines.append("| " + " | ".join(_cell(row.get(c, DASH)) for c in cols) + " |")
     return "\n".join(lines) + "\n\n" + footnote(rows) + "\n"
 
 
