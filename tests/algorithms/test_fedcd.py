@@ -2,6 +2,7 @@
 isolated training when nothing is distilled, what is communicated, the server steps by hand."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,3 +168,35 @@ def test_feddistill_communicates_label_logits_only():
     up = 10 * 10 * 4 + 10 * 8  # C x C float32 + C int64 counts
     assert [r["comm/bytes_up"] for r in result.history] == [3 * up] * 2
     assert [r["comm/bytes_down"] for r in result.history] == [0, 3 * (10 * 10 * 4 + 10)]
+
+
+# --- presets ----------------------------------------------------------------------------------------
+
+def test_presets_and_sweep_spec_validate():
+    from fedray.algorithms import load_experiment
+    from fedray.tuning import load_spec
+
+    fm = load_experiment("fedcd_fmnist")
+    assert len(set(fm.model.client_models)) == fm.data.num_clients == fm.federation.clients_per_round == 10
+    cifar = load_experiment("fedcd_cifar100")
+    assert cifar.model.client_models == ["resnet8_bn", "resnet14", "resnet20", "resnet32", "resnet44", "resnet50",
+                                         "resnet56", "resnet110", "resnet8x4", "resnet32x4"]  # Table I
+    assert (cifar.federation.rounds, cifar.federation.batch_size, cifar.federation.weight_decay) == (200, 64, 1e-4)
+    assert cifar.data.server_data.per_class == 50
+    spec = load_spec(str(Path(__file__).parents[2] / "tune_configs" / "fedcd_lambda_t.yaml"))
+    assert spec.metric == "server/teacher_ce"  # selected on the validation set, not the test set
+
+
+@pytest.mark.slow
+def test_cifar100_preset_runs_one_tiny_round_on_cifar_shaped_data():
+    from fedray.algorithms import load_experiment
+
+    cfg = load_experiment("fedcd_cifar100", [
+        "data.dataset=synthetic", "data.synthetic_channels=3", "data.synthetic_image_size=32",
+        "data.synthetic_num_classes=100", "data.synthetic_train_samples=2000", "data.synthetic_test_samples=100",
+        "data.server_data.per_class=2", "algorithm.shared_batch=8", "data.alpha=100", "data.min_samples=20",
+        "federation.rounds=1", "federation.local_epochs=null", "federation.local_steps=1",
+        "federation.batch_size=4", "tracking.enabled=false"])
+    result = run_experiment(cfg, progress=False)
+    assert result.summary["comm/bytes_up"] == 10 * (8 * 100 * 4 + 8)  # ten users' logits on the shared batch
+    assert 0.0 <= result.summary["eval/accuracy"] <= 1.0
