@@ -36,10 +36,11 @@ HISTORY_FILE = "history.parquet"
 CURVES_FILE = "curves.png"
 PARTITION_FILE = "partition.png"
 MODEL_FILE = "model.pt"
+CLIENTS_FILE = "clients.json"  # personalised methods: each client's own model at the last evaluation
 MLFLOW_RUN_FILE = "mlflow_run.json"
 
 # What a finished run leaves in its output directory (and logs to MLflow as artifacts).
-RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CURVES_FILE, PARTITION_FILE, MODEL_FILE)
+RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CURVES_FILE, PARTITION_FILE, MODEL_FILE, CLIENTS_FILE)
 
 # The evaluation columns of a history row; ``None`` in rounds that were not evaluated.
 EVAL_KEYS = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp")
@@ -97,10 +98,11 @@ def plot_learning_curve(history: list[dict[str, Any]], path: Path, title: str = 
 
 
 def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData", history: list[dict[str, Any]],
-                      summary: dict[str, Any], weights: Any) -> None:
-    """Write a finished run's files into ``out``: config, final weights, both plots, history, and last
-    ``summary.json``, whose presence marks the run finished. The checkpoint, if any, is removed: a
-    finished run has nothing to resume."""
+                      summary: dict[str, Any], weights: Any, clients: list[dict[str, Any]] | None = None) -> None:
+    """Write a finished run's files into ``out``: config, final weights, both plots, history, the
+    per-client figures of personalised methods (``clients.json``), and last ``summary.json``, whose
+    presence marks the run finished. The checkpoint, if any, is removed: a finished run has nothing to
+    resume."""
     import torch
 
     from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
@@ -115,6 +117,8 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     plot_partition(data, out / PARTITION_FILE,
                    title=f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g})")
     write_history(out / HISTORY_FILE, history)
+    if clients is not None:
+        write_json(out / CLIENTS_FILE, clients)
     write_json(out / SUMMARY_FILE, summary)  # its presence marks a finished run
     (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume
 

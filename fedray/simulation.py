@@ -131,11 +131,12 @@ def run_experiment(
                         hook.on_round(row)
                     check_interrupted()
             final_weights = runtime.global_weights() if output_dir is not None else None
+            clients = runtime.client_evaluation()
             summary = summarise(cfg, history, where, time.perf_counter() - start,
                                 setup_bytes(get_algorithm(cfg.algorithm.name), data))
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
-                write_run_outputs(out, cfg, data, history, summary, final_weights)
+                write_run_outputs(out, cfg, data, history, summary, final_weights, clients)
             result = RunResult(summary, history, out)
         except BaseException as exc:
             for hook in hooks:

@@ -33,6 +33,11 @@ class Runtime(ABC):
         """The current global model (CPU tensors), e.g. to save it; for personalised methods
         ``{client id: weights}`` of every client that has trained."""
 
+    def client_evaluation(self) -> list[dict] | None:
+        """Personalised methods: each client's figures at the last evaluation (client, architecture,
+        own-test-split and global-test accuracy); None otherwise or before any evaluation."""
+        return getattr(self, "_client_rows", None)
+
     @abstractmethod
     def export_state(self) -> tuple[Any, dict[int, Any]]:
         """(server state, {client id: private state}) for a checkpoint, as plain objects."""

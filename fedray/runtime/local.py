@@ -10,7 +10,8 @@ from fedray.algorithms import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
-from fedray.runtime.core import ClientWorkerCore, ServerCore, personal_evaluation, personal_models, torch_threads
+from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, personal_evaluation, personal_models,
+                                 torch_threads)
 
 
 class LocalRuntime(Runtime):
@@ -40,7 +41,9 @@ class LocalRuntime(Runtime):
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
             cids = list(range(self.num_clients))
-            return personal_evaluation(self.worker.evaluate_clients(cids, [self.client_states.get(c) for c in cids]))
+            rows = self.worker.evaluate_clients(cids, [self.client_states.get(c) for c in cids])
+            self._client_rows = client_table(self.worker.cfg, rows)
+            return personal_evaluation(rows)
         return self.server.evaluate()
 
     def global_weights(self):

@@ -39,8 +39,8 @@ from fedray.errors import ResourceError, RunFailure
 from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.algorithms.base import local_step_count
 from fedray.models import forward_flops
-from fedray.runtime.core import (ClientWorkerCore, ServerCore, data_spec, personal_evaluation, personal_models,
-                                 torch_threads)
+from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, data_spec, personal_evaluation,
+                                 personal_models, torch_threads)
 
 
 log = logging.getLogger("fedray")
@@ -350,7 +350,9 @@ class RayRuntime(Runtime):
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
-            return personal_evaluation(self._evaluate_clients(list(range(self.num_clients))))
+            rows = self._evaluate_clients(list(range(self.num_clients)))
+            self._client_rows = client_table(self.cfg, rows)
+            return personal_evaluation(rows)
         return self._server_call(self.server.evaluate)
 
     def _evaluate_clients(self, client_ids: list[int]) -> list[tuple[int, ...]]:

@@ -130,3 +130,20 @@ def test_local_and_ray_runtimes_agree_on_per_client_models(ray_local):
     on_ray = run_experiment(tiny_config(**HETERO, runtime__backend="ray"), progress=False)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "health/dropped_clients"} for r in rows]  # noqa: E731
     assert strip(_figures(local)) == strip(_figures(on_ray))
+
+
+def test_finished_run_records_each_clients_figures(tmp_path):
+    import json
+
+    from fedray.results import CLIENTS_FILE
+
+    result = run_experiment(tiny_config(**HETERO), tmp_path / "run", progress=False)
+    clients = json.loads((tmp_path / "run" / CLIENTS_FILE).read_text())
+    assert [c["client"] for c in clients] == list(range(6))
+    assert [c["architecture"] for c in clients] == ["lenet5", "resnet8"] * 3
+    assert np.mean([c["global_accuracy"] for c in clients]) == pytest.approx(result.summary["eval/accuracy"])
+    correct, total = sum(c["own_correct"] for c in clients), sum(c["own_samples"] for c in clients)
+    assert correct / total == pytest.approx(result.summary["eval/amp"])
+    assert not (tmp_path / "global" / CLIENTS_FILE).exists()
+    run_experiment(tiny_config(), tmp_path / "global", progress=False)  # a global model: no per-client file
+    assert not (tmp_path / "global" / CLIENTS_FILE).exists()
