@@ -312,10 +312,20 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def apply_overrides(raw: dict, overrides: list[str] | dict[str, Any]) -> dict:
-    """Set dotted keys in a nested dict (a copy). Values given as text are parsed as YAML scalars."""
+    """Set dotted keys in a nested dict (a copy). Values given as text are parsed as YAML scalars.
+
+    Overriding ``algorithm.name`` with another method starts a fresh ``algorithm`` section: the options
+    the base config gave belong to its own method (``fedcd_fmnist algorithm.name=local`` must not carry
+    FedCD's ``lambda_kd``). It is applied before the other overrides, so ``algorithm.*`` overrides given
+    with it, in any order, are kept.
+    """
     out = copy.deepcopy(raw)
-    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    items = list(overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides))
+    items.sort(key=lambda kv: kv[0] != "algorithm.name")  # stable: only moves algorithm.name first
     for key, value in items:
+        section = out.get("algorithm")
+        if key == "algorithm.name" and isinstance(section, dict) and section.get("name", value) != value:
+            out["algorithm"] = {}
         node = out
         parts = key.split(".")
         for i, part in enumerate(parts[:-1]):

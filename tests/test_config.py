@@ -78,3 +78,11 @@ def test_flat_view_and_yaml_round_trip(tmp_path):
     path.write_text(cfg.to_yaml())
     assert load_config(str(path)) == cfg
     assert isinstance(cfg, ExperimentConfig)
+
+
+def test_switching_the_method_drops_the_presets_method_options():
+    cfg = load_config("fedcd_fmnist", ["algorithm.lambda_kd=3", "algorithm.name=feddistill"])
+    assert cfg.algorithm.name == "feddistill" and cfg.algorithm.params() == {"lambda_kd": 3}
+    validate_experiment(load_config("fedcd_fmnist", ["algorithm.name=local"]))
+    same = load_config("fedcd_fmnist", ["algorithm.name=fedcd"])  # the same method keeps its options
+    assert same.algorithm.params()["shared_batch"] == 64
