@@ -1,0 +1,259 @@
+"""FedCD against FedCD_basic, FedDistill, FedAvg and isolated training on real Fashion-MNIST: the shapes of
+FedCD's Tables I-III (the paper's numbers are on CIFAR-100, another dataset; they are printed beside ours
+as such).
+
+Setting: the ``fedcd_fmnist`` preset (10 users, all active every round, 50 validation images per class
+held out, shared batch 64, lambda=1, T=1, SGD lr 0.05 momentum 0.9 weight decay 1e-4, 10 local steps of
+batch 32), ``--rounds`` rounds (30) evaluated every 2, IID and Dirichlet alpha=0.5, ``--seeds`` (0 1 2).
+Methods:
+
+- ``fedcd``: every user a different architecture (the preset's ten: lenet5, mlp, mobilenet_v3_small,
+  resnet8, resnet8_bn, vgg_small, resnet14, resnet20, resnet32, resnet44);
+- ``fedcd_basic``: every user resnet20 (FedCD_basic: one architecture);
+- ``feddistill``: the ten architectures, per-label logits (Jeong et al. 2018);
+- ``fedavg``: every user resnet20, parameter averaging (needs one architecture);
+- ``local``: the ten architectures trained in isolation (Table I's "Individual" column).
+
+Every method trains on the same data (the validation images are held out for all). Accuracy is the mean
+over users of their model's top-1 accuracy on the global test set (FedAvg: its global model), the last
+evaluation and the mean of the last 5; AMP is on the users' own test splits. Table I's shape: each
+architecture's accuracy under FedCD against the same user trained alone, from the final models. Table
+III's shape: MB sent up and down until each run's best accuracy, and in all.
+
+Writes ``OUT/fedcd_fmnist.json`` and ``OUT/fedcd_fmnist.md``; runs (with ``clients.json``: each user's
+accuracies at the last evaluation) in ``--runs-dir``. Resumable: finished runs are skipped.
+
+    .venv/bin/python benchmarks/fedcd_fmnist.py --jobs 2                                  # CPU
+    python benchmarks/fedcd_fmnist.py --device cuda --jobs 8                              # one GPU, 8 processes
+    .venv/bin/python benchmarks/fedcd_fmnist.py --rounds 2 --seeds 0 --settings iid --out /tmp/s --runs-dir /tmp/s/runs
+    .venv/bin/python benchmarks/fedcd_fmnist.py --report-only                             # tables from finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HOMOGENEOUS = "resnet20"
+METHODS: dict[str, dict[str, Any]] = {
+    "fedcd": {},
+    "fedcd_basic": {"model.client_models": None},
+    "feddistill": {"algorithm": {"name": "feddistill", "lambda_kd": 1.0, "temperature": 1.0}},
+    "fedavg": {"algorithm": {"name": "fedavg"}, "model.client_models": None},
+    "local": {"algorithm": {"name": "local"}},
+}
+SETTINGS: dict[str, dict[str, Any]] = {"iid": {"data.partition": "iid"},
+                                       "alpha0.5": {"data.partition": "dirichlet", "data.alpha": 0.5}}
+# FedCD paper, CIFAR-100 (another dataset): Table II average accuracy %, Table III MB (IID, 200 rounds).
+PAPER_TABLE2 = {("fedavg", "iid"): 35.94, ("feddistill", "iid"): 34.85, ("fedcd", "iid"): 70.78,
+                ("fedcd_basic", "iid"): 73.95, ("fedavg", "alpha0.5"): 35.88, ("feddistill", "alpha0.5"): 20.11,
+                ("fedcd", "alpha0.5"): 42.92, ("fedcd_basic", "alpha0.5"): 44.51}
+PAPER_TABLE3 = {"fedavg": 37928.40, "feddistill": 16.0, "fedcd": 10.24}
+LAST_N = 5
+
+
+def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
+    return root / f"{method}_{setting}_seed{seed}"
+
+
+def make_config(method: str, setting: str, seed: int, rounds: int, device: str, data_dir: str | None,
+                eval_every: int = 2):
+    from fedray.algorithms import validate_experiment
+    from fedray.config import apply_overrides, load_config, validate_config
+
+    raw = load_config("fedcd_fmnist").model_dump(mode="json")
+    spec = dict(METHODS[method])
+    if "algorithm" in spec:
+        raw["algorithm"] = spec.pop("algorithm")
+    over = {"name": f"bench_{method}", "seed": seed, "federation.rounds": rounds, "federation.eval_every": eval_every,
+            "model.name": HOMOGENEOUS, "tracking.enabled": False, "runtime.backend": "local",
+            "runtime.device": device, **SETTINGS[setting], **spec}
+    if data_dir:
+        over["data.data_dir"] = data_dir
+    return validate_experiment(validate_config(apply_overrides(raw, over)))
+
+
+def run_one(job: dict) -> str:
+    """One run in its own process; skipped when finished. Personalised runs leave each user's final
+    figures in clients.json; the final models are deleted unless --keep-models (15 MB a run)."""
+    import torch
+
+    from fedray.results import MODEL_FILE, is_finished
+    from fedray.simulation import run_experiment
+
+    torch.set_num_threads(job["threads"])
+    out = Path(job["out"])
+    if is_finished(out):
+        return f"skip {out.name}"
+    cfg = make_config(job["method"], job["setting"], job["seed"], job["rounds"], job["device"], job["data_dir"],
+                      job["eval_every"])
+    t0 = time.perf_counter()
+    result = run_experiment(cfg, out, progress=False)
+    if not job["keep_models"]:
+        (out / MODEL_FILE).unlink(missing_ok=True)
+    return (f"done {out.name}: acc {result.summary['eval/accuracy']:.4f} in {time.perf_counter() - t0:.0f} s "
+            f"({result.summary['time/round_s']:.2f} s/round)")
+
+
+# --- collection -----------------------------------------------------------------------------------------------
+
+
+def _mean_std(vals: list[float], scale: float = 100.0) -> str:
+    vals = [v for v in vals if v is not None and not math.isnan(v)]
+    if not vals:
+        return "—"
+    m = float(np.mean(vals)) * scale
+    s = float(np.std(vals, ddof=1)) * scale if len(vals) > 1 else 0.0
+    return f"{m:.2f} ± {s:.2f}"
+
+
+def collect(root: Path, seeds: list[int], settings: list[str]) -> dict:
+    from fedray.report.table import bytes_to_round, last_n_mean
+    from fedray.results import CLIENTS_FILE, is_finished, read_history, read_summary
+
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for method in METHODS:
+        for setting in settings:
+            for seed in seeds:
+                out = run_dir(root, method, setting, seed)
+                if not is_finished(out):
+                    continue
+                hist, summary = read_history(out), read_summary(out)
+                evald = [r for r in hist if r.get("eval/accuracy") is not None]
+                best = max(evald, key=lambda r: r["eval/accuracy"]) if evald else None
+                diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
+                        for k in ("server/gamma_entropy", "server/gamma_max", "server/teacher_ce",
+                                  "server/uniform_ce", "server/teacher_acc", "server/uniform_acc", "server/gamma_gap")
+                        if any(r.get(k) is not None for r in hist)}
+                runs.setdefault((method, setting), []).append({
+                    "seed": seed, "accuracy": summary["eval/accuracy"], "last_n": last_n_mean(hist, n=LAST_N),
+                    "amp": summary["eval/amp"], "best": best["eval/accuracy"] if best else None,
+                    "best_round": best["round"] if best else None,
+                    "mb_to_best": (bytes_to_round(hist, best["round"]) or 0) / 1e6 if best else None,
+                    "mb_total": (summary["comm/bytes_up"] + summary["comm/bytes_down"]) / 1e6,
+                    "mb_setup": summary.get("comm/bytes_setup", 0.0) / 1e6, "round_s": summary["time/round_s"],
+                    "clients": json.loads((out / CLIENTS_FILE).read_text()) if (out / CLIENTS_FILE).is_file() else [],
+                    "diagnostics": diag})
+    return {f"{m}|{s}": v for (m, s), v in runs.items()}
+
+
+def tables(res: dict, settings: list[str], meta: dict) -> str:
+    lines = [f"# FedCD on Fashion-MNIST (FedCD Tables I-III in shape)\n", meta["note"] + "\n"]
+    lines += ["## Table II's shape: average user accuracy (%)\n",
+              "Mean over users of their own model's top-1 accuracy on the global test set (FedAvg: the global "
+              f"model), mean ± std over seeds; last evaluation / mean of the last {LAST_N} evaluations; AMP on the "
+              "users' own test splits. Paper: CIFAR-100, 200 rounds (another dataset).\n",
+              "| method | setting | seeds | accuracy | last 5 | AMP | paper (CIFAR-100) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for setting in settings:
+        for method in METHODS:
+            rs = res.get(f"{method}|{setting}", [])
+            paper = PAPER_TABLE2.get((method, setting))
+            lines.append(f"| {method} | {setting} | {len(rs)} | {_mean_std([r['accuracy'] for r in rs])} | "
+                         f"{_mean_std([r['last_n'] for r in rs])} | {_mean_std([r['amp'] for r in rs])} | "
+                         f"{paper if paper is not None else '—'} |")
+    lines += ["\n## Table I's shape: each architecture under FedCD against the same user trained alone\n",
+              "Final global-test accuracy (%) of each user's model, mean ± std over seeds; gain = FedCD - isolated, "
+              "per seed.\n"]
+    for setting in settings:
+        fed, alone = res.get(f"fedcd|{setting}", []), res.get(f"local|{setting}", [])
+        lines += [f"### {setting}\n", "| user | architecture | isolated | FedCD | gain |", "| ---: | --- | ---: | ---: | ---: |"]
+        by_seed = {r["seed"]: r for r in alone}
+        users = sorted({c["client"] for r in fed for c in r["clients"]})
+        for cid in users:
+            f = [next(c for c in r["clients"] if c["client"] == cid) for r in fed]
+            a = [next(c for c in by_seed[r["seed"]]["clients"] if c["client"] == cid) for r in fed if r["seed"] in by_seed]
+            gains = [fc["global_accuracy"] - ac["global_accuracy"] for fc, ac in
+                     zip([fc for r, fc in zip(fed, f) if r["seed"] in by_seed], a)]
+            lines.append(f"| {cid} | {f[0]['architecture']} | {_mean_std([c['global_accuracy'] for c in a])} | "
+                         f"{_mean_std([c['global_accuracy'] for c in f])} | {_mean_std(gains)} |")
+        lines.append("")
+    lines += ["## Table III's shape: communication (MB, 10^6 bytes, up + down)\n",
+              "To each run's best evaluated accuracy, and in all; setup = the validation images sent once to every "
+              "user (FedCD only). Paper: CIFAR-100, IID, 200 rounds, one user's traffic.\n",
+              "| method | setting | MB to best | best accuracy | MB in all | MB setup | paper MB |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for setting in settings:
+        for method in METHODS:
+            rs = res.get(f"{method}|{setting}", [])
+            if not rs:
+                continue
+            paper = PAPER_TABLE3.get(method) if setting == "iid" else None
+            lines.append(f"| {method} | {setting} | {np.mean([r['mb_to_best'] for r in rs]):,.3f} | "
+                         f"{_mean_std([r['best'] for r in rs])} | {np.mean([r['mb_total'] for r in rs]):,.3f} | "
+                         f"{np.mean([r['mb_setup'] for r in rs]):,.2f} | {paper if paper is not None else '—'} |")
+    lines += ["\n## FedCD's mechanism (means over rounds and seeds)\n",
+              "| method | setting | gamma entropy (1 = uniform) | gamma max | teacher CE | uniform-average CE | teacher acc | uniform acc | s/round |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for setting in settings:
+        for method in ("fedcd", "fedcd_basic"):
+            rs = res.get(f"{method}|{setting}", [])
+            if not rs:
+                continue
+            d = lambda k: np.mean([r["diagnostics"].get(k, np.nan) for r in rs])  # noqa: E731
+            lines.append(f"| {method} | {setting} | {d('server/gamma_entropy'):.3f} | {d('server/gamma_max'):.3f} | "
+                         f"{d('server/teacher_ce'):.3f} | {d('server/uniform_ce'):.3f} | {d('server/teacher_acc'):.3f} | "
+                         f"{d('server/uniform_acc'):.3f} | {np.mean([r['round_s'] for r in rs]):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--eval-every", type=int, default=2, help="evaluating 10 models on the test set is the "
+                    "costliest part of a round")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--data-dir")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--runs-dir", default="benchmarks/results/fedcd_fmnist_runs")
+    ap.add_argument("--keep-models", action="store_true", help="keep each run's model.pt")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    root = Path(args.runs_dir)
+    if not args.report_only:
+        jobs = [{"method": m, "setting": s, "seed": seed, "rounds": args.rounds, "device": args.device,
+                 "data_dir": args.data_dir, "threads": args.threads, "keep_models": args.keep_models,
+                 "eval_every": args.eval_every, "out": str(run_dir(root, m, s, seed))}
+                for seed in args.seeds for s in args.settings for m in args.methods]
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
+            for fut in as_completed([pool.submit(run_one, j) for j in jobs]):
+                print(fut.result(), flush=True)
+    res = collect(root, args.seeds, args.settings)
+    device = args.device
+    try:
+        import torch
+
+        if device != "cpu" and torch.cuda.is_available():
+            device = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "cpus": os.cpu_count(),
+            "python": platform.python_version(), "rounds": args.rounds, "seeds": args.seeds,
+            "note": (f"Measured {time.strftime('%Y-%m-%d')} on {device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
+                     f"seeds {args.seeds}; command: benchmarks/fedcd_fmnist.py {' '.join(sys.argv[1:])}")}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.report_only and (out / "fedcd_fmnist.json").is_file():  # keep where and how the runs were measured
+        meta = json.loads((out / "fedcd_fmnist.json").read_text())["meta"]
+    (out / "fedcd_fmnist.json").write_text(json.dumps({"meta": meta, "runs": res}, indent=1) + "\n")
+    md = tables(res, args.settings, meta)
+    (out / "fedcd_fmnist.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
