@@ -279,6 +279,37 @@ class Algorithm(ABC, Generic[Params]):
         return PersonalModel(client_id=client_id, architecture=arch, weights=clone_weights(model))
 
 
+class PersonalisedAlgorithm(Algorithm):
+    """Base of the methods whose clients each own a model (:class:`PersonalModel` as client state, any
+    architecture, never averaged) and which are evaluated on those models: the isolated baseline, FedCD,
+    FedDistill. Subclasses implement broadcast, client_update and server_update."""
+
+    shared_architecture = False
+    personalised = True
+
+    def build_modules(self) -> None:
+        return None  # a client's model comes from the worker's model bank (ctx.own_model())
+
+    def init_client_state(self, client_id: int) -> PersonalModel:
+        return self.init_personal_model(client_id)
+
+    def personal_model(self, state: PersonalModel) -> PersonalModel:
+        return state
+
+    def load_own_model(self, ctx: ClientContext, state: PersonalModel) -> torch.nn.Module:
+        """This client's module with its own weights loaded (refusing another client's state)."""
+        if state.client_id != ctx.client_id:
+            raise RuntimeError(f"client {ctx.client_id} received the model of client {state.client_id}")
+        model = ctx.own_model()
+        model.load_state_dict(state.weights)
+        return model
+
+    @staticmethod
+    def keep(ctx: ClientContext, state: PersonalModel, model: torch.nn.Module) -> PersonalModel:
+        """The client's new state: the weights ``model`` now holds."""
+        return PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
+
+
 # --------------------------------------------------------------------------------------------------
 # helpers shared by methods
 

@@ -38,15 +38,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import minimize
 
 from fedray.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientResult,
     Payload,
+    PersonalisedAlgorithm,
     PersonalModel,
     ServerContext,
     ServerState,
     Upload,
-    clone_weights,
     make_optimizer,
     train_local,
 )
@@ -124,11 +123,9 @@ def simplex_weights(z: torch.Tensor, y: torch.Tensor, tol: float = 1e-9,
     return torch.from_numpy(g), {"gap": max(gap, 0.0), "iterations": float(iters), "ce": loss}
 
 
-class FedCD(Algorithm):
+class FedCD(PersonalisedAlgorithm):
     name = "fedcd"
     Params = FedCDParams
-    shared_architecture = False
-    personalised = True
     clients_hold_server_images = True
 
     @classmethod
@@ -148,9 +145,6 @@ class FedCD(Algorithm):
                 raise ConfigError("algorithm.shared_batch", f"{batch} exceeds the validation set's {size} images "
                                   f"(data.server_data.per_class x classes); allowed: 1..{size}")
 
-    def build_modules(self) -> None:
-        return None  # a client's model comes from the worker's model bank (ctx.own_model())
-
     def init_server_state(self, modules: None) -> FedCDServerState:
         return FedCDServerState()
 
@@ -165,23 +159,14 @@ class FedCD(Algorithm):
         return FedCDPayload(teacher_idx=state.teacher_idx, teacher=state.teacher,
                             upload_idx=self.shared_indices(round_))
 
-    def init_client_state(self, client_id: int) -> PersonalModel:
-        return self.init_personal_model(client_id)
-
-    def personal_model(self, state: PersonalModel) -> PersonalModel:
-        return state
-
     # --- client (Algorithm 1, lines 2-10) ------------------------------------------------------------
     def shared_images(self, ctx: ClientContext, idx: torch.Tensor) -> torch.Tensor:
         assert ctx.server_x is not None, "FedCD's clients hold the shared validation images"
         return to_float(ctx.server_x[idx.to(ctx.server_x.device)], ctx.spec.mean, ctx.spec.std)
 
     def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> ClientResult:
-        if state.client_id != ctx.client_id:
-            raise RuntimeError(f"client {ctx.client_id} received the model of client {state.client_id}")
         p = self.params
-        model = ctx.own_model()
-        model.load_state_dict(state.weights)
+        model = self.load_own_model(ctx, state)
         kd = {"sum": 0.0, "n": 0}
         if payload.teacher is None or p.lambda_kd == 0:
             def loss_fn(m, x, y):
@@ -202,8 +187,8 @@ class FedCD(Algorithm):
         metrics = {"train/loss": loss}
         if kd["n"]:
             metrics["train/kd_loss"] = kd["sum"] / kd["n"]
-        new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
-        return ClientResult(upload=FedCDUpload(client_id=ctx.client_id, logits=logits), state=new, metrics=metrics)
+        return ClientResult(upload=FedCDUpload(client_id=ctx.client_id, logits=logits),
+                            state=self.keep(ctx, state, model), metrics=metrics)
 
     # --- server (Algorithm 1, lines 11-16) ------------------------------------------------------------
     def server_update(self, state: FedCDServerState, uploads: list[FedCDUpload],

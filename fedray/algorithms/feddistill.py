@@ -27,15 +27,14 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientResult,
     Payload,
+    PersonalisedAlgorithm,
     PersonalModel,
     ServerContext,
     ServerState,
     Upload,
-    clone_weights,
     make_optimizer,
     train_local,
 )
@@ -74,14 +73,9 @@ def label_means(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tupl
     return sums / counts.clamp_min(1).unsqueeze(1).to(logits.dtype), counts
 
 
-class FedDistill(Algorithm):
+class FedDistill(PersonalisedAlgorithm):
     name = "feddistill"
     Params = FedDistillParams
-    shared_architecture = False
-    personalised = True
-
-    def build_modules(self) -> None:
-        return None
 
     def init_server_state(self, modules: None) -> LabelLogits:
         return LabelLogits()
@@ -89,18 +83,9 @@ class FedDistill(Algorithm):
     def broadcast(self, state: LabelLogits, round_: int) -> LabelLogitsPayload:
         return LabelLogitsPayload(logits=state.logits, present=state.present)
 
-    def init_client_state(self, client_id: int) -> PersonalModel:
-        return self.init_personal_model(client_id)
-
-    def personal_model(self, state: PersonalModel) -> PersonalModel:
-        return state
-
     def client_update(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> ClientResult:
-        if state.client_id != ctx.client_id:
-            raise RuntimeError(f"client {ctx.client_id} received the model of client {state.client_id}")
         p = self.params
-        model = ctx.own_model()
-        model.load_state_dict(state.weights)
+        model = self.load_own_model(ctx, state)
         if payload.logits is None or p.lambda_kd == 0:
             def loss_fn(m, x, y):
                 return F.cross_entropy(m(x), y)
@@ -121,9 +106,8 @@ class FedDistill(Algorithm):
             for s in range(0, ctx.num_samples, bs):
                 outs.append(model(to_float(ctx.x[s : s + bs], ctx.spec.mean, ctx.spec.std)).float().cpu())
         means, counts = label_means(torch.cat(outs), ctx.y.cpu(), self.spec.num_classes)
-        new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
-        return ClientResult(upload=LabelLogitsUpload(logits=means, counts=counts), state=new,
-                            metrics={"train/loss": loss})
+        return ClientResult(upload=LabelLogitsUpload(logits=means, counts=counts),
+                            state=self.keep(ctx, state, model), metrics={"train/loss": loss})
 
     def server_update(self, state: LabelLogits, uploads: list[LabelLogitsUpload],
                       ctx: ServerContext) -> tuple[LabelLogits, dict[str, float]]:

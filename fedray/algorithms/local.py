@@ -18,15 +18,14 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from fedray.algorithms.base import (
-    Algorithm,
     ClientContext,
     ClientResult,
     Payload,
+    PersonalisedAlgorithm,
     PersonalModel,
     ServerContext,
     ServerState,
     Upload,
-    clone_weights,
     make_optimizer,
     train_local,
 )
@@ -47,13 +46,8 @@ class EmptyUpload(Upload):
     """Nothing is sent up."""
 
 
-class Local(Algorithm):
+class Local(PersonalisedAlgorithm):
     name = "local"
-    shared_architecture = False
-    personalised = True
-
-    def build_modules(self) -> None:
-        return None  # a client's model comes from the worker's model bank (ctx.own_model())
 
     def init_server_state(self, modules: None) -> NoServerState:
         return NoServerState()
@@ -61,21 +55,11 @@ class Local(Algorithm):
     def broadcast(self, state: NoServerState, round_: int) -> EmptyPayload:
         return EmptyPayload()
 
-    def init_client_state(self, client_id: int) -> PersonalModel:
-        return self.init_personal_model(client_id)
-
-    def personal_model(self, state: PersonalModel) -> PersonalModel:
-        return state
-
     def client_update(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> ClientResult:
-        if state.client_id != ctx.client_id:
-            raise RuntimeError(f"client {ctx.client_id} received the model of client {state.client_id}")
-        model = ctx.own_model()
-        model.load_state_dict(state.weights)
+        model = self.load_own_model(ctx, state)
         loss = train_local(ctx, model, lambda m, x, y: F.cross_entropy(m(x), y),
                            make_optimizer(model.parameters(), ctx.fed))
-        new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
-        return ClientResult(upload=EmptyUpload(), state=new, metrics={"train/loss": loss})
+        return ClientResult(upload=EmptyUpload(), state=self.keep(ctx, state, model), metrics={"train/loss": loss})
 
     def server_update(self, state: NoServerState, uploads: list[EmptyUpload],
                       ctx: ServerContext) -> tuple[NoServerState, dict[str, float]]:
