@@ -8,6 +8,7 @@ starts. Algorithm-specific keys (``algorithm.mu``) are validated by the algorith
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,11 +130,21 @@ class FederationConfig(_Strict):
     )
     batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=0.01, gt=0)
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant", description="cosine: lr decays over the rounds from lr to lr_min (FedD3A Sec. 4)")
+    lr_min: float = Field(default=0.0, ge=0, description="the cosine schedule's last-round lr")
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(default=0.0, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
     eval_every: int = Field(default=1, ge=1, description="evaluate every N rounds and after the last")
     eval_batch_size: int = Field(default=1024, ge=1)
+
+    def lr_at(self, round_: int) -> float:
+        """The local learning rate of ``round_`` (1-based) under ``lr_schedule``."""
+        if self.lr_schedule == "constant" or self.rounds <= 1:
+            return self.lr
+        progress = (round_ - 1) / (self.rounds - 1)
+        return self.lr_min + (self.lr - self.lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class RuntimeConfig(_Strict):

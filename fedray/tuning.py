@@ -139,7 +139,7 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
             except ConfigError as e:
                 raise ConfigError(f"search.{key}", f"value {value!r} is invalid: {e}") from None
     known = set(base.flat()) | {"round", "train/loss", "time/round_s", "comm/bytes_up", "comm/bytes_down"}
-    if not (spec.metric.startswith(("eval/", "server/", "train/", "comm/", "time/")) or spec.metric in known):
+    if not (spec.metric.startswith(("eval/", "server/", "train/", "comm/", "time/", "diag/")) or spec.metric in known):
         raise ConfigError("metric", f"'{spec.metric}' is not a per-round metric; e.g. eval/accuracy, eval/amp")
     return spec
 

@@ -55,6 +55,12 @@ register_algorithm(FedCD)
 from fedray.algorithms.feddistill import FedDistill  # noqa: E402
 
 register_algorithm(FedDistill)
+from fedray.algorithms.feddf import FedDF  # noqa: E402
+
+register_algorithm(FedDF)
+from fedray.algorithms.fedd3a import FedD3A  # noqa: E402
+
+register_algorithm(FedD3A)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:

@@ -244,6 +244,12 @@ class Algorithm(ABC, Generic[Params]):
                       ctx: ServerContext) -> tuple[ServerState, dict[str, float]]:
         """New server state from this round's uploads (in client-id order) and server metrics."""
 
+    def server_diagnostics(self, ctx: ServerContext, labels: torch.Tensor) -> dict[str, float]:
+        """Simulation-only figures of the round just aggregated, from the labels of the server's data that a
+        real deployment would not have (``diag/*`` keys). Called by the runtime after ``server_update``
+        when the server's data has labels, labelled for the method or not; never feeds back into it."""
+        return {}
+
     def global_weights(self, state: ServerState) -> Weights | None:
         """The weights of the global model that ``eval/*`` evaluates; None for personalised methods."""
         return None

@@ -91,7 +91,7 @@ class ClientWorkerCore:
             x=torch.from_numpy(self.data.train_x[idx]).to(self.device),
             y=torch.from_numpy(self.data.train_y[idx]).to(self.device),
             spec=self.algo.spec,
-            fed=self.cfg.federation,
+            fed=self._federation(round_),
             device=self.device,
             modules=self.modules,
             architecture=self.cfg.model.client_architecture(client_id),
@@ -103,6 +103,11 @@ class ClientWorkerCore:
                 "has_state": result.state is not None, "pid": os.getpid()}
         info.update(result.metrics)
         return result.upload, result.state, info
+
+    def _federation(self, round_: int):
+        """``federation.*`` as this round's clients see it: the scheduled learning rate."""
+        fed = self.cfg.federation
+        return fed if fed.lr_schedule == "constant" else fed.model_copy(update={"lr": fed.lr_at(round_)})
 
     def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple[int, ...]]:
         """Personalised evaluation: each client's own model on its own test split and on the global test
@@ -127,6 +132,9 @@ class ServerCore:
         self.cfg, self.device = cfg, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.algo.server_data = server_side_data(data, device)
+        # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
+        self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
+                              if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
         spec = self.algo.spec
         self.evaluator = None
@@ -147,6 +155,10 @@ class ServerCore:
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules)
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
+        if self.server_labels is not None:
+            diag = self.algo.server_diagnostics(ctx, self.server_labels)
+            assert all(k.startswith("diag/") for k in diag), "server diagnostics are logged under diag/*"
+            metrics.update(diag)
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
     def evaluate(self) -> dict[str, float]:
