@@ -1,0 +1,160 @@
+"""FedD3A against FedDF, FedProx and FedAvg on fmnist_domains, with Table 1's weightings (FedD3A paper).
+
+Setting: the ``fedd3a_fmnist_domains`` preset (LeNet-5; clients on the original, rotated, inverted and noisy
+domains; the server holds the blurred domain unlabelled; momentum SGD lr 0.01 with a cosine decay to 1e-4,
+1 local epoch of batch 64, 1 distillation epoch), ``--rounds`` rounds, cross-silo (one client per domain)
+and cross-device (5 clients per domain by Dirichlet beta=0.2, 5 per round), ``--seeds``. Methods:
+``fedavg``, ``fedprox`` (mu=0.1, the paper's), ``feddf``, ``fedd3a`` (soft, Eq. 6) and Table 1's
+``fedd3a_onehot``, ``fedd3a_avg``, ``fedd3a_random``. Accuracy: the global model on the client domains'
+test images (last evaluation and mean of the last 5), with FedD3A's teacher diagnostics
+(``diag/teacher_acc_*``: accuracy of each weighting's teacher on the server's domain, from the labels the
+simulation keeps and the method never reads).
+
+Writes ``OUT/fedd3a_fmnist_domains.json`` / ``.md``; runs in ``--runs-dir`` (resumable).
+
+    .venv/bin/python benchmarks/fedd3a_fmnist_domains.py --jobs 2
+    .venv/bin/python benchmarks/fedd3a_fmnist_domains.py --rounds 2 --seeds 0 --settings cross_silo --out /tmp/d --runs-dir /tmp/d/runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fedcd_fmnist import LAST_N, _mean_std  # noqa: E402
+
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {"algorithm": {"name": "fedavg"}},
+    "fedprox": {"algorithm": {"name": "fedprox", "mu": 0.1}},
+    "feddf": {"algorithm": {"name": "feddf"}},
+    "fedd3a": {},
+    "fedd3a_onehot": {"algorithm.weighting": "onehot"},
+    "fedd3a_avg": {"algorithm.weighting": "avg"},
+    "fedd3a_random": {"algorithm.weighting": "random"},
+}
+SETTINGS: dict[str, dict[str, Any]] = {
+    "cross_silo": {},
+    "cross_device": {"data.partition": "domain_dirichlet", "data.clients_per_domain": 5, "data.alpha": 0.2,
+                     "data.min_samples": 50, "federation.clients_per_round": 5},
+}
+DIAG = ("diag/teacher_acc_soft", "diag/teacher_acc_onehot", "diag/teacher_acc_avg", "diag/teacher_acc_random",
+        "diag/teacher_acc_best_single", "server/alpha_entropy")
+
+
+def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
+    return root / f"{method}_{setting}_seed{seed}"
+
+
+def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
+    from fedray.algorithms import validate_experiment
+    from fedray.config import apply_overrides, load_config, validate_config
+
+    raw = load_config("fedd3a_fmnist_domains").model_dump(mode="json")
+    spec = dict(METHODS[method])
+    if "algorithm" in spec:
+        raw["algorithm"] = spec.pop("algorithm")
+    over = {"name": f"bench_{method}", "seed": seed, "federation.rounds": rounds, "tracking.enabled": False,
+            "runtime.device": device, **SETTINGS[setting], **spec}
+    return validate_experiment(validate_config(apply_overrides(raw, over)))
+
+
+def run_one(job: dict) -> str:
+    import torch
+
+    from fedray.results import MODEL_FILE, is_finished
+    from fedray.simulation import run_experiment
+
+    torch.set_num_threads(job["threads"])
+    out = Path(job["out"])
+    if is_finished(out):
+        return f"skip {out.name}"
+    t0 = time.perf_counter()
+    result = run_experiment(make_config(job["method"], job["setting"], job["seed"], job["rounds"], job["device"]),
+                            out, progress=False)
+    (out / MODEL_FILE).unlink(missing_ok=True)
+    return f"done {out.name}: acc {result.summary['eval/accuracy']:.4f} in {time.perf_counter() - t0:.0f} s"
+
+
+def collect(root: Path, seeds, settings) -> dict:
+    from fedray.report.table import last_n_mean
+    from fedray.results import is_finished, read_history, read_summary
+
+    res: dict[str, list[dict]] = {}
+    for method in METHODS:
+        for setting in settings:
+            for seed in seeds:
+                out = run_dir(root, method, setting, seed)
+                if not is_finished(out):
+                    continue
+                hist, summary = read_history(out), read_summary(out)
+                diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
+                        for k in DIAG if any(r.get(k) is not None for r in hist)}
+                res.setdefault(f"{method}|{setting}", []).append({
+                    "seed": seed, "accuracy": summary["eval/accuracy"], "last_n": last_n_mean(hist, n=LAST_N),
+                    "amp": summary["eval/amp"], "round_s": summary["time/round_s"], "diagnostics": diag})
+    return res
+
+
+def tables(res: dict, settings, note: str) -> str:
+    lines = ["# FedD3A on fmnist_domains (the FedD3A paper's comparison and Table 1, in shape)\n", note + "\n",
+             "Global model's top-1 accuracy (%) on the client domains' test images, mean ± std over seeds: last "
+             f"evaluation / mean of the last {LAST_N}; teacher accuracies (%) on the server's domain are means over "
+             "rounds of `diag/teacher_acc_*` (FedD3A runs only).\n",
+             "| method | setting | seeds | accuracy | last 5 | AMP | teacher soft | onehot | avg | random | best single | s/round |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for setting in settings:
+        for method in METHODS:
+            rs = res.get(f"{method}|{setting}", [])
+            if not rs:
+                continue
+            d = [_mean_std([r["diagnostics"].get(k) for r in rs if k in r["diagnostics"]]) for k in DIAG[:5]]
+            lines.append(f"| {method} | {setting} | {len(rs)} | {_mean_std([r['accuracy'] for r in rs])} | "
+                         f"{_mean_std([r['last_n'] for r in rs])} | {_mean_std([r['amp'] for r in rs])} | "
+                         f"{' | '.join(d)} | {np.mean([r['round_s'] for r in rs]):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--runs-dir", default="benchmarks/results/fedd3a_fmnist_domains_runs")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    root = Path(args.runs_dir)
+    if not args.report_only:
+        jobs = [{"method": m, "setting": s, "seed": seed, "rounds": args.rounds, "device": args.device,
+                 "threads": args.threads, "out": str(run_dir(root, m, s, seed))}
+                for seed in args.seeds for s in args.settings for m in args.methods]
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
+            for fut in as_completed([pool.submit(run_one, j) for j in jobs]):
+                print(fut.result(), flush=True)
+    res = collect(root, args.seeds, args.settings)
+    note = (f"Measured {time.strftime('%Y-%m-%d')} on {args.device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
+            f"seeds {args.seeds}; command: benchmarks/fedd3a_fmnist_domains.py {' '.join(sys.argv[1:])}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fedd3a_fmnist_domains.json").write_text(json.dumps({"note": note, "runs": res}, indent=1) + "\n")
+    md = tables(res, args.settings, note)
+    (out / "fedd3a_fmnist_domains.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
