@@ -40,7 +40,8 @@ CLIENTS_FILE = "clients.json"  # personalised methods: each client's own model a
 MLFLOW_RUN_FILE = "mlflow_run.json"
 
 # What a finished run leaves in its output directory (and logs to MLflow as artifacts).
-RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CURVES_FILE, PARTITION_FILE, MODEL_FILE, CLIENTS_FILE)
+RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CURVES_FILE, PARTITION_FILE, MODEL_FILE)
+OPTIONAL_FILES = (CLIENTS_FILE,)  # left by some runs only (personalised methods)
 
 # The evaluation columns of a history row; ``None`` in rounds that were not evaluated.
 EVAL_KEYS = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedray.results import RESULT_FILES, write_json
+from fedray.results import OPTIONAL_FILES, RESULT_FILES, write_json
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
@@ -112,7 +112,7 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def log_artifacts(self, folder: Path) -> None:
-        for name in RESULT_FILES:
+        for name in (*RESULT_FILES, *OPTIONAL_FILES):
             if (Path(folder) / name).is_file():
                 self.client.log_artifact(self.run_id, str(Path(folder) / name))
 
