@@ -159,3 +159,22 @@ def test_presets_and_sweep_spec_validate():
         assert cfg.model.name == arch and cfg.federation.batch_size == 256 and cfg.federation.rounds == 30
     spec = load_spec(str(Path(__file__).parents[2] / "tune_configs" / "fedd3a_proj_a.yaml"))
     assert spec.metric == "diag/teacher_acc_soft"  # not the test set
+
+
+def test_identical_clients_give_the_same_teacher_under_every_weighting():
+    from fedray.algorithms.base import ServerContext
+    from fedray.algorithms.fedd3a import FedD3AUpload
+
+    cfg = validate_experiment(tiny_config(algorithm__name="fedd3a", **SERVER))
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        payload, _ = rt.server.broadcast(1)
+        upload, _, _ = rt.worker.train(1, 0, payload, None)
+        twin = FedD3AUpload(weights=upload.weights, architecture=upload.architecture,
+                            num_samples=upload.num_samples, projector=upload.projector)
+        server = rt.server
+        ctx = ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=server.modules)
+        server.algo.server_update(server.state, [upload, twin, upload], ctx)
+        diag = server.algo.server_diagnostics(ctx, server.server_labels)
+    accs = {diag[f"diag/teacher_acc_{k}"] for k in ("soft", "onehot", "avg", "random", "best_single")}
+    assert len(accs) == 1  # one teacher, however it is weighted
