@@ -82,8 +82,11 @@ BUILTIN = sorted(name for name, cls in ALGORITHMS.items() if not name.startswith
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_two_round_run_learns_on_synthetic_data(name):
+    # FedDF and FedD3A distil on the server's own data: unlabelled images held out of the training set
+    server = ({"data__server_data__kind": "holdout", "data__server_data__per_class": 10,
+               "data__server_data__labelled": False} if name in ("feddf", "fedd3a") else {})
     cfg = tiny_config(algorithm__name=name, federation__rounds=4, federation__local_steps=25,
-                      federation__lr=0.1, federation__momentum=0.5)
+                      federation__lr=0.1, federation__momentum=0.5, **server)
     result = run_experiment(cfg, progress=False)
     hist = result.history
     assert [row["round"] for row in hist] == [1, 2, 3, 4]
