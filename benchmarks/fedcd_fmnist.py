@@ -33,17 +33,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grid import LAST_N, grid_args, mean_std, run_grid  # noqa: E402
 
 HOMOGENEOUS = "resnet20"
 METHODS: dict[str, dict[str, Any]] = {
@@ -60,7 +60,6 @@ PAPER_TABLE2 = {("fedavg", "iid"): 35.94, ("feddistill", "iid"): 34.85, ("fedcd"
                 ("fedcd_basic", "iid"): 73.95, ("fedavg", "alpha0.5"): 35.88, ("feddistill", "alpha0.5"): 20.11,
                 ("fedcd", "alpha0.5"): 42.92, ("fedcd_basic", "alpha0.5"): 44.51}
 PAPER_TABLE3 = {"fedavg": 37928.40, "feddistill": 16.0, "fedcd": 10.24}
-LAST_N = 5
 
 
 def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
@@ -109,15 +108,6 @@ def run_one(job: dict) -> str:
 # --- collection -----------------------------------------------------------------------------------------------
 
 
-def _mean_std(vals: list[float], scale: float = 100.0) -> str:
-    vals = [v for v in vals if v is not None and not math.isnan(v)]
-    if not vals:
-        return "—"
-    m = float(np.mean(vals)) * scale
-    s = float(np.std(vals, ddof=1)) * scale if len(vals) > 1 else 0.0
-    return f"{m:.2f} ± {s:.2f}"
-
-
 def collect(root: Path, seeds: list[int], settings: list[str]) -> dict:
     from fedray.report.table import bytes_to_round, last_n_mean
     from fedray.results import CLIENTS_FILE, is_finished, read_history, read_summary
@@ -159,8 +149,8 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
         for method in METHODS:
             rs = res.get(f"{method}|{setting}", [])
             paper = PAPER_TABLE2.get((method, setting))
-            lines.append(f"| {method} | {setting} | {len(rs)} | {_mean_std([r['accuracy'] for r in rs])} | "
-                         f"{_mean_std([r['last_n'] for r in rs])} | {_mean_std([r['amp'] for r in rs])} | "
+            lines.append(f"| {method} | {setting} | {len(rs)} | {mean_std([r['accuracy'] for r in rs])} | "
+                         f"{mean_std([r['last_n'] for r in rs])} | {mean_std([r['amp'] for r in rs])} | "
                          f"{paper if paper is not None else '—'} |")
     lines += ["\n## Table I's shape: each architecture under FedCD against the same user trained alone\n",
               "Final global-test accuracy (%) of each user's model, mean ± std over seeds; gain = FedCD - isolated, "
@@ -175,8 +165,8 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
             a = [next(c for c in by_seed[r["seed"]]["clients"] if c["client"] == cid) for r in fed if r["seed"] in by_seed]
             gains = [fc["global_accuracy"] - ac["global_accuracy"] for fc, ac in
                      zip([fc for r, fc in zip(fed, f) if r["seed"] in by_seed], a)]
-            lines.append(f"| {cid} | {f[0]['architecture']} | {_mean_std([c['global_accuracy'] for c in a])} | "
-                         f"{_mean_std([c['global_accuracy'] for c in f])} | {_mean_std(gains)} |")
+            lines.append(f"| {cid} | {f[0]['architecture']} | {mean_std([c['global_accuracy'] for c in a])} | "
+                         f"{mean_std([c['global_accuracy'] for c in f])} | {mean_std(gains)} |")
         lines.append("")
     lines += ["## Table III's shape: communication (MB, 10^6 bytes, up + down)\n",
               "To each run's best evaluated accuracy, and in all; setup = the validation images sent once to every "
@@ -189,7 +179,7 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
                 continue
             paper = PAPER_TABLE3.get(method) if setting == "iid" else None
             lines.append(f"| {method} | {setting} | {np.mean([r['mb_to_best'] for r in rs]):,.3f} | "
-                         f"{_mean_std([r['best'] for r in rs])} | {np.mean([r['mb_total'] for r in rs]):,.3f} | "
+                         f"{mean_std([r['best'] for r in rs])} | {np.mean([r['mb_total'] for r in rs]):,.3f} | "
                          f"{np.mean([r['mb_setup'] for r in rs]):,.2f} | {paper if paper is not None else '—'} |")
     lines += ["\n## FedCD's mechanism (means over rounds and seeds)\n",
               "| method | setting | gamma entropy (1 = uniform) | gamma max | teacher CE | uniform-average CE | teacher acc | uniform acc | s/round |",
@@ -208,20 +198,11 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--rounds", type=int, default=30)
+    grid_args(ap, METHODS, SETTINGS, 30, "benchmarks/results/fedcd_fmnist_runs")
     ap.add_argument("--eval-every", type=int, default=2, help="evaluating 10 models on the test set is the "
                     "costliest part of a round")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
     ap.add_argument("--data-dir")
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--runs-dir", default="benchmarks/results/fedcd_fmnist_runs")
     ap.add_argument("--keep-models", action="store_true", help="keep each run's model.pt")
-    ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     root = Path(args.runs_dir)
     if not args.report_only:
@@ -229,9 +210,7 @@ def main() -> None:
                  "data_dir": args.data_dir, "threads": args.threads, "keep_models": args.keep_models,
                  "eval_every": args.eval_every, "out": str(run_dir(root, m, s, seed))}
                 for seed in args.seeds for s in args.settings for m in args.methods]
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
-            for fut in as_completed([pool.submit(run_one, j) for j in jobs]):
-                print(fut.result(), flush=True)
+        run_grid(run_one, jobs, args.jobs)
     res = collect(root, args.seeds, args.settings)
     device = args.device
     try:

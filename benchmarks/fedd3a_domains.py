@@ -24,15 +24,13 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fedcd_fmnist import LAST_N, _mean_std  # noqa: E402
+from grid import LAST_N, grid_args, mean_std, run_grid  # noqa: E402
 
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
@@ -120,34 +118,23 @@ def tables(res: dict, settings, note: str) -> str:
             rs = res.get(f"{method}|{setting}", [])
             if not rs:
                 continue
-            d = [_mean_std([r["diagnostics"].get(k) for r in rs if k in r["diagnostics"]]) for k in DIAG[:5]]
-            lines.append(f"| {method} | {setting} | {len(rs)} | {_mean_std([r['accuracy'] for r in rs])} | "
-                         f"{_mean_std([r['last_n'] for r in rs])} | {_mean_std([r['amp'] for r in rs])} | "
+            d = [mean_std([r["diagnostics"].get(k) for r in rs if k in r["diagnostics"]]) for k in DIAG[:5]]
+            lines.append(f"| {method} | {setting} | {len(rs)} | {mean_std([r['accuracy'] for r in rs])} | "
+                         f"{mean_std([r['last_n'] for r in rs])} | {mean_std([r['amp'] for r in rs])} | "
                          f"{' | '.join(d)} | {np.mean([r['round_s'] for r in rs]):.1f} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--runs-dir", default="benchmarks/results/fedd3a_fmnist_domains_runs")
-    ap.add_argument("--report-only", action="store_true")
+    grid_args(ap, METHODS, SETTINGS, 20, "benchmarks/results/fedd3a_domains_runs")
     args = ap.parse_args()
     root = Path(args.runs_dir)
     if not args.report_only:
         jobs = [{"method": m, "setting": s, "seed": seed, "rounds": args.rounds, "device": args.device,
                  "threads": args.threads, "out": str(run_dir(root, m, s, seed))}
                 for seed in args.seeds for s in args.settings for m in args.methods]
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=get_context("spawn")) as pool:
-            for fut in as_completed([pool.submit(run_one, j) for j in jobs]):
-                print(fut.result(), flush=True)
+        run_grid(run_one, jobs, args.jobs)
     res = collect(root, args.seeds, args.settings)
     note = (f"Measured {time.strftime('%Y-%m-%d')} on {args.device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
             f"seeds {args.seeds}; command: benchmarks/fedd3a_domains.py {' '.join(sys.argv[1:])}")
