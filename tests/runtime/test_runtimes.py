@@ -10,7 +10,7 @@ from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.errors import ResourceError
 from fedray.runtime import make_runtime
-from fedray.runtime.ray_runtime import plan_pool
+from fedray.runtime.placement import plan_pool
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
@@ -100,7 +100,7 @@ def test_pool_size_follows_resources():
 
 
 def test_clients_are_dealt_longest_first_to_the_least_loaded_worker():
-    from fedray.runtime.ray_runtime import deal
+    from fedray.runtime.placement import deal
 
     assert deal([1, 3, 4, 7], [1.0] * 8, 2) == [(1, 0), (3, 1), (4, 0), (7, 1)]  # equal costs: round-robin
     cost = [10.0, 1.0, 1.0, 1.0, 1.0, 100.0]
