@@ -117,6 +117,9 @@ class FedD3A(Algorithm):
     name = "fedd3a"
     Params = FedD3AParams
     shared_architecture = False  # heterogeneous clients distil from the global model (the paper's Fig. 6)
+    #: This round's cosines r, teacher probabilities and random-weighting seed, kept for server_diagnostics
+    #: only (the method never reads them back; not server state, so not checkpointed).
+    _round: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig) -> None:
@@ -132,7 +135,6 @@ class FedD3A(Algorithm):
                              bank=ModelBank(spec, torch.device("cpu")))
 
     def init_server_state(self, modules: FedD3AModules) -> GlobalModel:
-        modules.bank.device = next(modules.model.parameters()).device
         return GlobalModel(weights=clone_weights(modules.model))
 
     def broadcast(self, state: GlobalModel, round_: int) -> GlobalPayload:
@@ -192,12 +194,8 @@ class FedD3A(Algorithm):
         feats = run_in_batches(m.model.features, x, self.spec, bs).to(torch.float64)
         projs = torch.stack([u.projector.to(feats.device, torch.float64) for u in uploads])
         r = projection_cosine(projs, feats)  # (N, K)
-        logits = []
-        for u in uploads:  # one module per architecture: each client's outputs before the next loads
-            module = m.bank.get(u.architecture)
-            module.load_state_dict(u.weights)
-            logits.append(teacher_logits([module], x, self.spec, bs)[0])
-        probs = soft_targets(torch.stack(logits), p.temperature)  # (K, N, C)
+        logits = teacher_logits(((m.bank.get(u.architecture), u.weights) for u in uploads), x, self.spec, bs)
+        probs = soft_targets(logits, p.temperature)  # (K, N, C)
         alpha = weights_for(p.weighting, r, derive_seed(ctx.seed, "fedd3a/random-weights")).to(probs.dtype)
         targets = torch.einsum("nk,knc->nc", alpha, probs)  # Eq. 7
         start = (weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
@@ -208,14 +206,13 @@ class FedD3A(Algorithm):
         metrics.update({"server/alpha_entropy": float(normalised_entropy(alpha, dim=1).mean()),
                         "server/alpha_max_mean": float(alpha.max(1).values.mean()),
                         "server/r_mean": float(r.mean()), "server/r_std": float(r.std())})
-        # kept for this round's diag/* only (never read by the method itself)
         self._round = (r, probs, derive_seed(ctx.seed, "fedd3a/random-weights"))
         return dataclasses.replace(state, weights=weights), metrics
 
     def server_diagnostics(self, ctx: ServerContext, labels: torch.Tensor) -> dict[str, float]:
-        r, probs, seed = getattr(self, "_round", (None, None, 0))
-        if r is None:
+        if self._round is None:
             return {}
+        r, probs, seed = self._round
         y = labels.to(probs.device)
         out = {}
         for kind in WEIGHTINGS:

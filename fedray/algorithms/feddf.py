@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.algorithms.base import ServerContext, weighted_average
@@ -63,11 +62,8 @@ class FedDF(FedAvg):
         assert self.server_data is not None
         average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
         model, x = ctx.modules.model, self.server_data.x
-        teachers = []
-        for u in uploads:  # one module, each client's weights in turn
-            model.load_state_dict(u.weights)
-            teachers.append(teacher_logits([model], x, self.spec, self.cfg.federation.eval_batch_size)[0])
-        targets = soft_targets(torch.stack(teachers).mean(0), self.params.temperature)
+        logits = teacher_logits(((model, u.weights) for u in uploads), x, self.spec, self.cfg.federation.eval_batch_size)
+        targets = soft_targets(logits.mean(0), self.params.temperature)
         weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
                                   derive_seed(ctx.seed, "feddf/distill"))
         return dataclasses.replace(state, weights=weights), metrics

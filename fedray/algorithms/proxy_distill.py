@@ -14,6 +14,7 @@ and the server's images (another domain, for FedD3A) never enter them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -44,12 +45,16 @@ def run_in_batches(fn, x: torch.Tensor, spec, batch_size: int) -> torch.Tensor:
     return torch.cat([fn(normalised(x[i : i + batch_size], spec)) for i in range(0, len(x), batch_size)])
 
 
-def teacher_logits(models: list[torch.nn.Module], x: torch.Tensor, spec, batch_size: int) -> torch.Tensor:
-    """(K, N, C) logits of each (loaded) teacher on the server's images, in eval mode."""
+def teacher_logits(teachers: Iterable[tuple[torch.nn.Module, Weights]], x: torch.Tensor, spec,
+                   batch_size: int) -> torch.Tensor:
+    """(K, N, C) logits of each teacher on the server's images, in eval mode. A teacher is a module and
+    the weights to load into it; one module may serve several teachers (its outputs are taken before the
+    next teacher's weights are loaded)."""
     out = []
-    for m in models:
-        m.eval()
-        out.append(run_in_batches(m, x, spec, batch_size))
+    for module, weights in teachers:
+        module.load_state_dict(weights)
+        module.eval()
+        out.append(run_in_batches(module, x, spec, batch_size))
     return torch.stack(out)
 
 

@@ -20,6 +20,9 @@ class RoundOutcome:
 
 
 class Runtime(ABC):
+    #: Personalised methods: each client's figures at the last evaluation (set by ``evaluate``).
+    _client_rows: list[dict] | None = None
+
     @abstractmethod
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
         """Broadcast, train ``client_ids`` (sorted), aggregate their uploads on the server."""
@@ -36,7 +39,7 @@ class Runtime(ABC):
     def client_evaluation(self) -> list[dict] | None:
         """Personalised methods: each client's figures at the last evaluation (client, architecture,
         own-test-split and global-test accuracy); None otherwise or before any evaluation."""
-        return getattr(self, "_client_rows", None)
+        return self._client_rows
 
     @abstractmethod
     def export_state(self) -> tuple[Any, dict[int, Any]]:

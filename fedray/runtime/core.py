@@ -46,6 +46,8 @@ def _to_device(modules: Any, device: torch.device) -> Any:
     for value in (vars(modules).values() if modules is not None else ()):
         if isinstance(value, torch.nn.Module):
             value.to(device)
+        elif isinstance(value, ModelBank):  # builds its modules later, on this device
+            value.device = device
     return modules
 
 

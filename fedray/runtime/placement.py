@@ -9,6 +9,17 @@ from fedray.config import ExperimentConfig
 from fedray.errors import ResourceError
 
 
+def client_costs(cfg: ExperimentConfig, input_shape: tuple[int, int, int], num_classes: int,
+                 client_sizes) -> list[float]:
+    """Each client's estimated work per round: forward FLOPs of its architecture x its local steps."""
+    from fedray.algorithms.base import local_step_count
+    from fedray.models import forward_flops
+
+    flops = {a: forward_flops(a, input_shape, num_classes) for a in cfg.model.architectures()}
+    return [float(flops[cfg.model.client_architecture(c)] * local_step_count(cfg.federation, int(n)))
+            for c, n in enumerate(client_sizes)]
+
+
 def plan_pool(cfg: ExperimentConfig, resources: dict[str, float], node_resources: list[dict[str, float]]) -> int:
     """Number of client workers: ``runtime.num_workers`` or what the cluster's CPUs/GPUs allow."""
     rt = cfg.runtime

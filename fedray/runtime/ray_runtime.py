@@ -37,9 +37,7 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.placement import deal, plan_pool
-from fedray.algorithms.base import local_step_count
-from fedray.models import forward_flops
+from fedray.runtime.placement import client_costs, deal, plan_pool
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, data_spec, personal_evaluation,
                                  personal_models, torch_threads)
 
@@ -174,9 +172,7 @@ class RayRuntime(Runtime):
         self.num_clients = data.num_clients
         self.personalised = self.algo_cls.personalised
         self.algo = self.algo_cls(cfg, data_spec(data))  # the driver's copy: reads client states, builds nothing
-        flops = {a: forward_flops(a, data.input_shape, data.num_classes) for a in cfg.model.architectures()}
-        self.client_cost = [flops[cfg.model.client_architecture(c)] * local_step_count(cfg.federation, int(n))
-                            for c, n in enumerate(data.client_sizes())]
+        self.client_cost = client_costs(cfg, data.input_shape, data.num_classes, data.client_sizes())
         self.one_actor_per_client = self.pool_size >= self.num_clients
         self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server

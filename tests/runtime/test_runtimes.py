@@ -105,3 +105,13 @@ def test_clients_are_dealt_longest_first_to_the_least_loaded_worker():
     assert deal([1, 3, 4, 7], [1.0] * 8, 2) == [(1, 0), (3, 1), (4, 0), (7, 1)]  # equal costs: round-robin
     cost = [10.0, 1.0, 1.0, 1.0, 1.0, 100.0]
     assert deal(list(range(6)), cost, 2) == [(5, 0), (0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]  # the heavy one alone
+
+
+def test_client_costs_follow_architecture_flops_and_local_steps():
+    from fedray.models import forward_flops
+    from fedray.runtime.placement import client_costs
+
+    cfg = tiny_config(algorithm__name="local", model__client_models=["lenet5", "resnet8"], federation__local_epochs=1)
+    costs = client_costs(cfg, (1, 16, 16), 10, [32, 32, 64])
+    lenet, resnet = forward_flops("lenet5", (1, 16, 16), 10), forward_flops("resnet8", (1, 16, 16), 10)
+    assert costs == [lenet * 2, resnet * 2, lenet * 4]  # one epoch of batch 16: 2 or 4 steps
