@@ -249,11 +249,29 @@ def _kill_every_worker(rt):
         os.kill(pid, signal.SIGKILL)
 
 
+def _lose_the_data_then_kill_a_worker(rt):
+    """The dataset's object is lost (the runtime's reference now names an object whose owner died, as when
+    the node holding it goes), then worker 0 is SIGKILLed: it must restart all the same."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Owner:
+        def put(self, x):
+            return [ray.put(x)]
+
+    owner = Owner.remote()
+    lost = ray.get(owner.put.remote(rt.data))[0]
+    ray.kill(owner)
+    rt.data_ref = lost
+    os.kill(rt.worker_pids[0], signal.SIGKILL)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.parametrize("kill", [_kill_a_worker, _kill_every_worker])
+@pytest.mark.parametrize("kill", [_kill_a_worker, _kill_every_worker, _lose_the_data_then_kill_a_worker])
 def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
-    """With no live worker left, the client waits for a restart rather than spending its retries."""
+    """With no live worker left, the client waits for a restart rather than spending its retries. A worker
+    restarts even when the dataset's object is gone: the driver attaches the data again."""
     cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_slow_round_2")
     clean, _ = _run_rounds(cfg, 3)
     with caplog.at_level(logging.WARNING, logger="fedray"):
@@ -261,6 +279,21 @@ def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
     assert "lost its worker" in caplog.text and "rerunning it" in caplog.text and "dropped" not in caplog.text
     assert faulted == clean  # same losses, same aggregate, same evaluation
     assert pool == 2  # the killed workers restarted in place
+    if kill is _lose_the_data_then_kill_a_worker:
+        assert "the dataset's object was lost from the object store; putting it again" in caplog.text
+
+
+@pytest.mark.ray
+def test_no_actor_restart_depends_on_an_object_in_the_store(ray_local, capfd):
+    """Ray warns when a restartable actor's constructor arguments live in the object store (such an actor
+    cannot restart once that object is lost): the client workers take small arguments only."""
+    from fedray.runtime.ray_runtime import RayRuntime
+
+    cfg = tiny_config(runtime__backend="ray")
+    with RayRuntime(cfg, build_federated_data(cfg.data, cfg.seed)) as rt:
+        rt.run_round(1, [0, 1, 2])
+    time.sleep(0.5)  # Ray's log lines reach the driver's stderr asynchronously
+    assert "constructor arguments in the object store" not in capfd.readouterr().err
 
 
 @pytest.mark.ray

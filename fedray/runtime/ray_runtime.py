@@ -1,6 +1,8 @@
 """The Ray runtime: a pool of ``ClientWorker`` actors and a ``ServerActor``.
 
-- The dataset is put in the object store once; every actor maps it read-only (zero-copy numpy).
+- The dataset is put in the object store once; every actor maps it read-only (zero-copy numpy). Client
+  workers get it by a method call after they start (``attach``), not as a constructor argument, so a
+  worker restarts even when that object was lost: the driver attaches it again, putting the data anew.
 - Each round the server's broadcast is stored once and every client task receives the same reference.
 - Client tasks return (upload, client state, info). As each client finishes, its upload is handed to the
   server actor by reference (the server fetches it from the worker's node, never through the driver);
@@ -44,10 +46,16 @@ from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, dat
 
 log = logging.getLogger("fedray")
 
+class WorkerNotAttached(RuntimeError):
+    """A client worker that restarted has not been given the dataset again (see ``ClientWorker.attach``)."""
+
+
 # Failures of the machinery, not of the method: the client's task is rerun. An exception raised by the
 # method's own code (RayTaskError) is a bug and propagates.
 SYSTEM_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                  ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError)
+# ... and of a client worker's task: also a restarted worker that has no dataset yet (attached next round).
+WORKER_ERRORS = (*SYSTEM_ERRORS, WorkerNotAttached)
 EVAL_CHUNK = 16  # clients per personalised-evaluation task
 READY_TIMEOUT_S = 60.0  # a restarting worker imports torch and maps the dataset: seconds, more on a busy node
 
@@ -59,19 +67,35 @@ def _actor_device() -> torch.device:
 
 @ray.remote
 class ClientWorker:
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, algo_cls: type):
-        torch.set_num_threads(torch_threads(cfg))
-        self.core = ClientWorkerCore(cfg, data, _actor_device(), algo_cls)
+    """Trains and evaluates clients. Built from small arguments only and given the dataset afterwards by
+    ``attach``: a restartable actor whose constructor arguments live in the object store cannot restart
+    once that object is lost (ray-project/ray#53727), so after a restart the driver attaches it again,
+    re-putting the dataset if its object is gone."""
 
-    def ready(self) -> tuple[int, str]:
-        return os.getpid(), ray.get_runtime_context().get_node_id()
+    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
+        torch.set_num_threads(torch_threads(cfg))
+        self.cfg, self.algo_cls = cfg, algo_cls
+        self.core: ClientWorkerCore | None = None
+
+    def ready(self) -> tuple[int, str, bool]:
+        return os.getpid(), ray.get_runtime_context().get_node_id(), self.core is not None
+
+    def attach(self, data: FederatedData) -> tuple[int, str, bool]:
+        if self.core is None:
+            self.core = ClientWorkerCore(self.cfg, data, _actor_device(), self.algo_cls)
+        return self.ready()
+
+    def _core(self) -> ClientWorkerCore:
+        if self.core is None:
+            raise WorkerNotAttached("restarted without its dataset")
+        return self.core
 
     def train(self, round_: int, client_id: int, payload: Any, state: Any):
-        return self.core.train(round_, client_id, payload, state)
+        return self._core().train(round_, client_id, payload, state)
 
     def evaluate_clients(self, client_ids: list[int], *states: Any):
         # States arrive as top-level arguments so Ray resolves their references before the call.
-        return self.core.evaluate_clients(client_ids, list(states))
+        return self._core().evaluate_clients(client_ids, list(states))
 
 
 @ray.remote
@@ -146,12 +170,12 @@ class RayRuntime(Runtime):
             nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
-            # Kept: restartable actors need their constructor arguments alive in the object store.
+            self.data = data  # the driver's copy: re-put if the object store loses it
             self.data_ref = data_ref = ray.put(data)
             self.algo_cls = get_algorithm(cfg.algorithm.name)
             self._new_worker = lambda: ClientWorker.options(
                 num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
-                max_task_retries=0).remote(cfg, data_ref, self.algo_cls)
+                max_task_retries=0).remote(cfg, self.algo_cls)
             server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
             if ray.util.get_current_placement_group() is None:
                 # Beside the driver: a run survives losing any other node, not the one it is driven from.
@@ -162,10 +186,10 @@ class RayRuntime(Runtime):
             self.server = ServerActor.options(**server_opts).remote(cfg, data_ref, self.algo_cls)
             self.workers = [self._new_worker() for _ in range(self.pool_size)]
             # Wait for every actor so start-up is not billed to round 1.
-            ready = ray.get([self.server.ready.remote()] + [w.ready.remote() for w in self.workers])
-            self.server_pid, self.server_node = ready[0]
-            self.worker_pids = [pid for pid, _ in ready[1:]]
-            self.worker_nodes = [node for _, node in ready[1:]]
+            self.server_pid, self.server_node = ray.get(self.server.ready.remote())
+            ready = self._attach(self.workers)
+            self.worker_pids = [pid for pid, _ in ready]
+            self.worker_nodes = [node for _, node in ready]
         except BaseException:
             self.close()
             raise
@@ -178,10 +202,23 @@ class RayRuntime(Runtime):
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
 
     # --- pool health ------------------------------------------------------------------------------
+    def _attach(self, workers: list) -> list[tuple[int, str]]:
+        """Give workers the dataset; (pid, node) of each. The dataset's object is put again if it was lost."""
+        for attempt in range(2):
+            try:
+                return [(pid, node) for pid, node, _ in ray.get([w.attach.remote(self.data_ref) for w in workers])]
+            except ray.exceptions.ObjectLostError:
+                if attempt:
+                    raise
+                log.warning("the dataset's object was lost from the object store; putting it again")
+                self.data_ref = ray.put(self.data)
+        raise AssertionError("unreachable")
+
     def _check_pool(self) -> None:
-        """Keep suspect workers that came back (restarted in place); drop those that cannot."""
+        """Keep suspect workers that came back (restarted in place, given the dataset again); drop those that
+        cannot."""
         for idx in sorted(self.suspect, reverse=True):
-            back = self._ping(self.workers[idx])
+            back = self._revive(self.workers[idx])
             if back is not None:
                 self.worker_pids[idx], self.worker_nodes[idx] = back
             else:
@@ -195,13 +232,14 @@ class RayRuntime(Runtime):
             raise RunFailure("no client worker is left (all died and none could restart); resume from the last "
                              "checkpoint once the cluster has capacity again")
 
-    @staticmethod
-    def _ping(worker) -> tuple[int, str] | None:
-        """(pid, node) once the worker answers; None if it is dead or not back within READY_TIMEOUT_S."""
+    def _revive(self, worker) -> tuple[int, str] | None:
+        """(pid, node) once the worker answers with the dataset attached; None if it is dead or not back within
+        READY_TIMEOUT_S."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         while (left := deadline - time.monotonic()) > 0:
             try:
-                return ray.get(worker.ready.remote(), timeout=left)
+                pid, node, attached = ray.get(worker.ready.remote(), timeout=left)
+                return (pid, node) if attached else self._attach([worker])[0]
             except ray.exceptions.ActorUnavailableError:  # restarting: ask again shortly
                 time.sleep(0.5)
             except (ray.exceptions.GetTimeoutError, *SYSTEM_ERRORS):
@@ -231,7 +269,7 @@ class RayRuntime(Runtime):
             worker = live[(job.client_id + job.attempt) % len(live)]
         else:  # every worker failed this round: wait for this one to restart rather than burn the retries
             worker = job.worker
-            if self._ping(self.workers[worker]) is None:
+            if self._revive(self.workers[worker]) is None:
                 log.warning("round %d: dropped client %d: no worker came back to rerun it", round_, job.client_id)
                 return
         log.warning("round %d: client %d lost its worker (%s); rerunning it on worker %d", round_, job.client_id,
@@ -270,7 +308,7 @@ class RayRuntime(Runtime):
                 info = ray.get(job.info)
                 # Hand the upload to the server now: it fetches it from the worker's node at once.
                 done[job.client_id] = (job, info, self.server.receive.remote(job.client_id, job.upload))
-            except SYSTEM_ERRORS as e:
+            except WORKER_ERRORS as e:
                 self._retry_or_drop(job, round_, payload_ref, e, jobs)
         kept = []
         for cid in client_ids:
@@ -321,7 +359,7 @@ class RayRuntime(Runtime):
                 chunk, *[self.client_states.get(c) for c in chunk]) for k, chunk in enumerate(chunks)]
             try:
                 return [row for part in ray.get(refs) for row in part]
-            except SYSTEM_ERRORS as e:
+            except WORKER_ERRORS as e:
                 if attempt:
                     raise RunFailure(f"evaluation failed twice: a client worker was lost ({type(e).__name__})") from None
                 log.warning("evaluation lost a client worker (%s); rerunning it", type(e).__name__)
