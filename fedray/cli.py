@@ -7,6 +7,7 @@ and what is allowed, and exit status 2; no traceback and no result files.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -50,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--name", help="sweep name (default: SPEC's stem and a timestamp)")
     tune.add_argument("--resume", action="store_true", help="continue the latest (or --name) sweep of SPEC")
     tune.add_argument("--address", help="Ray cluster to run on (default: start a local one)")
+    tune.add_argument("--dry-run", action="store_true", help="print the trials and their resource bundles; "
+                      "start nothing")
+    tune.add_argument("--verbose", action="store_true", help="Tune's status block and Ray's own lines on the "
+                      "terminal (default: one line per trial event; Ray's and Tune's logs in the sweep's ray.log)")
     models = sub.add_parser("models", help="list the model zoo: parameters and feature size for a dataset")
     _add_config_args(models, optional=True)
     models.add_argument("--dataset", help="the dataset whose input shape and classes to use (sets data.dataset)")
@@ -104,7 +109,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ ({SUMMARY_FILE}, {HISTORY_FILE})")
     if hooks:
-        console.print(f"MLflow: {hooks[0].tracker.uri}, experiment '{cfg.tracking.experiment}'")
+        from fedray.tracking import ui_hint
+
+        tracking = hooks[0]
+        console.print(ui_hint(tracking.tracker.uri, tracking.tracker.experiment_id, tracking.started_run_id),
+                      highlight=False, soft_wrap=True)
     return 0
 
 
@@ -174,13 +183,26 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.console import comparison_table, make_console
-    from fedray.tuning import load_spec, num_trials
+    from fedray.tuning import format_bundles, load_spec, planned_trials
 
     for flag in ("num_samples", "max_concurrent"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError("--" + flag.replace("_", "-"), f"must be at least 1 (got {value})")
     spec = load_spec(args.spec)
+    console = make_console()
+    trials = planned_trials(spec, args.num_samples)
+    if args.dry_run:
+        rows = [{"trial": t["trial"], **{k: str(v) for k, v in t["values"].items()},
+                 "bundles": format_bundles(t["bundles"])} for t in trials]
+        cpus = sum(b.get("CPU", 0.0) for b in trials[0]["bundles"])
+        at_once = [n for n in (int((os.cpu_count() or 1) // cpus) if cpus else None,
+                               args.max_concurrent or spec.max_concurrent) if n]
+        console.print(comparison_table(rows, ["trial", *spec.search, "bundles"],
+                                       title=f"{spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})"))
+        console.print(f"each trial reserves {cpus:g} CPU: {min(at_once) if at_once else '?'} at once on this "
+                      f"machine ({os.cpu_count()} CPUs); nothing was started", highlight=False)
+        return 0
     from fedray.runtime.tune_runner import latest_sweep, run_sweep  # imports Ray: after validation
 
     stem = spec.name
@@ -190,16 +212,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         spec.name = latest_sweep(stem, spec.storage) or stem
     else:
         spec.name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    console = make_console()
-    console.print(f"sweep {spec.name}: {num_trials(spec) if all(d.grid is not None for d in spec.search.values()) else '?'}"
-                  f" grid trials x {args.num_samples or spec.num_samples} sample(s), metric {spec.metric} ({spec.mode})")
+    console.print(f"sweep {spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})", highlight=False)
     best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
-                     address=args.address)
+                     address=args.address, verbose=args.verbose, console=console)
     rows = [{"key": k, "value": v} for k, v in best["config"].items()]
     rows += [{"key": k, "value": v} for k, v in sorted(best["metrics"].items())]
     console.print(comparison_table(rows, ["key", "value"], title=f"best trial of {spec.name} "
                                    f"({best['trials']} trials, {best['errored']} failed)"))
-    console.print(f"saved to {spec.storage}/{spec.name}/best.json")
+    console.print(f"saved to {spec.storage}/{spec.name}/best.json", highlight=False)
     return 0
 
 

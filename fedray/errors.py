@@ -16,6 +16,9 @@ class UserError(Exception):
         self.message = message
         super().__init__(f"{key}: {message}" if key else message)
 
+    def __reduce__(self):  # pickled by Ray (a trial's or a task's error): rebuilt from both fields
+        return type(self), (self.key, self.message)
+
 
 class ConfigError(UserError):
     """A config key or value is wrong."""

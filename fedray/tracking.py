@@ -25,6 +25,22 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
+# MLflow 3's UI opens an experiment on the view its kind names; without the tag it guesses, and may open the
+# GenAI (traces) view. "custom_model_development" is the kind for model training: the runs table.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+UI_PORT = 5000
+
+
+def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """How to look at a run: the ``mlflow ui`` command for a local store, and the run's page."""
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow: {uri.rstrip('/')}/{page}"
+    return (f"MLflow: mlflow ui --backend-store-uri {uri} --port {UI_PORT}, then open "
+            f"http://127.0.0.1:{UI_PORT}/{page}")
+
+
 def _artifact_root(uri: str) -> str | None:
     # A local store keeps artifacts in an absolute folder beside the database (MLflow 3 needs it absolute);
     # a remote server decides for itself.
@@ -71,10 +87,12 @@ class MlflowTracker:
             self.client = MlflowClient(tracking_uri=self.uri)
             exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
-                self.experiment_id = self.client.create_experiment(experiment,
-                                                                   artifact_location=_artifact_root(self.uri))
+                self.experiment_id = self.client.create_experiment(
+                    experiment, artifact_location=_artifact_root(self.uri), tags={EXPERIMENT_KIND: MODEL_TRAINING})
             else:
                 self.experiment_id = exp.experiment_id
+                if EXPERIMENT_KIND not in exp.tags:  # ours from before; a kind someone chose stays
+                    self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
         except Exception as e:  # an unreachable server or a malformed URI is the user's to fix
             raise ConfigError("tracking.uri", f"cannot use MLflow store {self.uri} ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:200]}); fix tracking.uri or set tracking.enabled=false") from None
@@ -133,6 +151,7 @@ class RunTracking:
                  resume: bool = False):
         self.cfg, self.kind, self.parent = cfg, kind, parent_run_id
         self.run_file, self.resume = run_file, resume
+        self.started_run_id: str | None = None  # kept after the run ends, for the UI hint
         self.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)  # fails early on a bad URI
 
     @property
@@ -142,10 +161,11 @@ class RunTracking:
     def on_start(self, cfg, data) -> None:
         if self.resume and self.run_file is not None and self.run_file.is_file():
             # A resumed run continues its MLflow run: same id, RUNNING again, later rounds appended.
-            self.tracker.run_id = json.loads(self.run_file.read_text())["run_id"]
+            self.tracker.run_id = self.started_run_id = json.loads(self.run_file.read_text())["run_id"]
             self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
             return
         run_id = self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
+        self.started_run_id = run_id
         if self.run_file is not None:
             self.run_file.parent.mkdir(parents=True, exist_ok=True)
             write_json(self.run_file, {"tracking_uri": self.tracker.uri, "run_id": run_id})

@@ -19,6 +19,7 @@ A spec (``tune_configs/*.yaml``)::
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -152,3 +153,29 @@ def search_space_summary(spec: SweepSpec) -> dict[str, str]:
 def num_trials(spec: SweepSpec) -> int:
     grid = math.prod(len(d.grid) for d in spec.search.values() if d.grid is not None)
     return grid * spec.num_samples
+
+
+def planned_trials(spec: SweepSpec, num_samples: int | None = None) -> list[dict[str, Any]]:
+    """The trials a sweep would start, in Tune's order (every grid combination, ``num_samples`` times): each
+    one's values (a sampled domain shown as the domain, drawn when the trial starts) and resource bundles."""
+    grid_keys = [k for k, d in spec.search.items() if d.grid is not None]
+    combos = list(itertools.product(*(spec.search[k].grid for k in grid_keys)))
+    trials = []
+    for sample in range(num_samples or spec.num_samples):
+        for combo in combos:
+            values: dict[str, Any] = {}
+            concrete: dict[str, Any] = {}
+            for key, domain in spec.search.items():
+                if domain.grid is not None:
+                    values[key] = concrete[key] = combo[grid_keys.index(key)]
+                else:
+                    values[key] = f"{domain.kind} {list(getattr(domain, domain.kind))}"
+                    concrete[key] = domain.probe_values()[0]
+            trials.append({"trial": len(trials), "sample": sample, "values": values,
+                           "bundles": trial_bundles(spec.trial_config(concrete), spec.trial_cpus)})
+    return trials
+
+
+def format_bundles(bundles: list[dict[str, float]]) -> str:
+    """``[CPU 0.5] [CPU 0.5, GPU 0.25]``: one bracket per placement-group bundle."""
+    return " ".join("[" + ", ".join(f"{k} {v:g}" for k, v in b.items()) + "]" for b in bundles)

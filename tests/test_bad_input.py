@@ -126,3 +126,15 @@ def test_no_traceback_from_a_real_process(tmp_path):
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert lines[-1].startswith("error: runtime.num_cpus_per_worker") and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_user_errors_survive_pickling_as_ray_reports_them():
+    """A trial's or a Ray task's error reaches the driver pickled: it must keep its field and message."""
+    import pickle
+
+    from fedray.errors import ConfigError, DataError, ResourceError
+
+    for cls in (ConfigError, DataError, ResourceError):
+        back = pickle.loads(pickle.dumps(cls("data.min_samples", "too large for 6 clients")))
+        assert type(back) is cls and back.key == "data.min_samples" and back.message == "too large for 6 clients"
+        assert str(back) == "data.min_samples: too large for 6 clients"

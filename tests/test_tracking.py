@@ -31,11 +31,12 @@ def _runs(uri, experiment="fedray"):
     return client, ([] if exp is None else client.search_runs([exp.experiment_id]))
 
 
-def test_fedray_run_is_tracked_in_a_local_sqlite_store(tmp_path, monkeypatch):
+def test_fedray_run_is_tracked_in_a_local_sqlite_store(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     args = [a for a in TINY_ARGS if not a.startswith("tracking.")]
     assert main(["run", *args, "seed=3", "--output-dir", "out", "--no-progress"]) == 0
+    out = capsys.readouterr().out
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert resolve_tracking_uri(None) == uri
     client, runs = _runs(uri)
@@ -53,6 +54,25 @@ def test_fedray_run_is_tracked_in_a_local_sqlite_store(tmp_path, monkeypatch):
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == ARTIFACTS
     exp = client.get_experiment(run.info.experiment_id)
     assert exp.artifact_location == (tmp_path / "mlartifacts").as_uri()
+    # MLflow 3's UI opens a model-training experiment on its runs table (not the GenAI view) ...
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    # ... and the run says, once, how to get there.
+    assert out.count("MLflow:") == 1
+    assert (f"MLflow: mlflow ui --backend-store-uri {uri} --port 5000, then open "
+            f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}") in out
+
+
+def test_experiment_kind_is_set_once_and_a_chosen_kind_is_kept(tmp_path):
+    from fedray.tracking import MlflowTracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    client.create_experiment("old")  # made before fedray set kinds: gets ours
+    client.create_experiment("theirs", tags={"mlflow.experimentKind": "finetuning"})
+    for name in ("old", "theirs", "new"):
+        MlflowTracker(uri, name)
+    kinds = {n: client.get_experiment_by_name(n).tags["mlflow.experimentKind"] for n in ("old", "theirs", "new")}
+    assert kinds == {"old": "custom_model_development", "theirs": "finetuning", "new": "custom_model_development"}
 
 
 @register_algorithm

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
 from fedray.errors import ConfigError
-from fedray.tuning import load_spec, num_trials, trial_bundles
+from fedray.tuning import load_spec, planned_trials, trial_bundles
 
 TINY = {"data.num_clients": 6, "data.synthetic_train_samples": 600, "data.synthetic_test_samples": 200,
         "federation.clients_per_round": 3, "federation.rounds": 3, "federation.local_steps": 5}
@@ -57,7 +58,7 @@ def test_bad_search_spaces_are_refused_naming_the_key(tmp_path, search, key, fra
 def test_spec_defaults_and_bundles(tmp_path):
     spec = load_spec(write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [0.5, 1.0]},
                                                              "federation.lr": {"loguniform": [0.01, 0.1]}}))
-    assert spec.name == "s" and spec.metric == "eval/accuracy" and num_trials(spec) == 2
+    assert spec.name == "s" and spec.metric == "eval/accuracy" and len(planned_trials(spec)) == 2
     local = spec.trial_config({"data.alpha": 0.5, "federation.lr": 0.05})
     assert local.tracking.enabled is False and local.data.alpha == 0.5
     assert trial_bundles(local, 0.25) == [{"CPU": 1.0}]
@@ -82,8 +83,27 @@ def test_shipped_specs_are_valid():
     specs = sorted(Path(__file__).parents[1].glob("tune_configs/*.yaml"))
     assert len(specs) >= 3
     for path in specs:
-        assert path.read_text().lstrip().startswith("#"), f"{path} must open with the question it answers"
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("#") and "?" in first, f"{path} must open with the question it answers"
+        assert re.search(r"\babout \d+(\.\d+)? (s|min|h) on this machine\b", first), \
+            f"{path}: its first line must give the expected run time ('about N min on this machine')"
         load_spec(path)
+
+
+def test_dry_run_lists_trials_and_bundles_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "d.yaml", search={"data.alpha": {"grid": [0.5, 1.0]},
+                                                   "federation.lr": {"loguniform": [0.01, 0.1]}},
+                      overrides={"runtime.backend": "ray", "runtime.num_cpus_per_worker": 0.5}, trial_cpus=0.5,
+                      num_samples=2)
+    assert main(["tune", str(spec), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "loguniform [0.01, 0.1]" in line]
+    assert len(rows) == 4  # 2 grid values x 2 samples; the random domain is drawn when a trial starts
+    assert all("[CPU 0.5] [CPU 0.5]" in row for row in rows)
+    assert "nothing was started" in out
+    assert not (tmp_path / "sweeps").exists() and not (tmp_path / "mlflow.db").exists()
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
 
 
 # --- real sweeps --------------------------------------------------------------------------------------
@@ -100,14 +120,39 @@ def four_trial_sweep(tmp_path_factory):
                                                    "algorithm.name": {"grid": ["fedavg", "fedprox"]}},
                       overrides={"runtime.backend": "ray", "runtime.num_cpus_per_worker": 0.5,
                                  "tracking.experiment": "grid"}, trial_cpus=0.5)
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        code = main(["tune", str(spec), "--name", "g1"])
-    finally:
-        os.chdir(cwd)
-    assert code == 0
+    # As a user runs it, in a terminal-less process: what it prints is checked below.
+    done = subprocess.run([sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", "g1"], cwd=root,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (root / "stdout.txt").write_text(done.stdout)
+    (root / "stderr.txt").write_text(done.stderr)
     return root
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sweep_prints_one_line_per_trial_event_and_keeps_ray_logs_in_a_file(four_trial_sweep):
+    root = four_trial_sweep
+    out, err = (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text()
+    ray_log = root / "sweeps" / "g1" / "ray.log"
+    for noise in ("== Status ==", "Logical resource usage", "Result logdir", "core_worker", "Checkpoint successfully",
+                  "(_trial pid="):
+        assert noise not in out + err, noise
+    assert err.strip() == ""
+    lines = out.splitlines()
+    trial_ids = {line[1:line.index("]")] for line in lines if re.match(r"\[\w+_\d+\] ", line)}
+    assert len(trial_ids) == 4
+    for tid in trial_ids:
+        mine = [line for line in lines if line.startswith(f"[{tid}] ")]
+        assert mine[0].startswith(f"[{tid}] started") and mine[-1].startswith(f"[{tid}] finished  round 3/3")
+        assert [line.split()[2] for line in mine if " round " in line and "finished" not in line] == \
+            ["1/3", "2/3", "3/3"]  # every evaluation, with the metric and the best so far
+        assert all("eval/accuracy" in line and "best so far" in line for line in mine[1:-1])
+    assert f"Ray's and Tune's logs: {ray_log}" in out and "Checkpoint successfully created" in ray_log.read_text()
+    assert re.search(r"MLflow: mlflow ui --backend-store-uri sqlite:///\S+ --port 5000, then open "
+                     r"http://127.0.0.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}", out)
+    assert out.count("MLflow:") == 1 and "best trial of g1" in out
 
 
 @pytest.mark.ray
@@ -120,6 +165,10 @@ def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.params["search.data.alpha"] == "grid [0.5, 1.0]"
+    # The UI opens the experiment on its runs table, not MLflow 3's GenAI view.
+    assert client.get_experiment_by_name("grid").tags["mlflow.experimentKind"] == "custom_model_development"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"spec.yaml", "best.json", "sweep.png"}
+    best_params = {k: v for k, v in parent.data.params.items() if k.startswith("best.")}
     seen = set()
     for kid in kids:
         assert kid.info.status == "FINISHED"
@@ -134,6 +183,7 @@ def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
     assert best["trials"] == 4 and best["errored"] == 0
     accs = [client.get_metric_history(k.info.run_id, "eval/accuracy")[-1].value for k in kids]
     assert best["metric_value"] == max(accs)
+    assert best_params == {f"best.{k}": str(v) for k, v in best["config"].items()}
 
 
 def _free_port():
@@ -181,7 +231,7 @@ def test_mlflow_server_serves_the_sweep_over_rest(four_trial_sweep):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, monkeypatch):
+def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, monkeypatch, capsys):
     """data.min_samples=100000 cannot be partitioned: that trial raises; the others finish. ASHA may stop
     the weak learning-rate trial early; every child run ends (none left RUNNING)."""
     import ray
@@ -206,6 +256,11 @@ def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, 
             assert kid.data.tags["fedray.stopped_early"] == str(done < 4).lower()
     best = json.loads((tmp_path / "sweeps" / "f1" / "best.json").read_text())
     assert best["errored"] == 2 and best["config"]["federation.lr"] == 0.1
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if "] failed " in line]
+    assert len(failed) == 2 and all("min_samples" in line and "traceback:" in line for line in failed)
+    early = sum(k.info.status == "FINISHED" and k.data.tags["fedray.stopped_early"] == "true" for k in kids)
+    assert out.count("stopped by ASHA at round") == early
 
 
 @pytest.mark.ray
@@ -248,3 +303,42 @@ def test_interrupted_sweep_resumes(tmp_path):
     assert min(steps) > 1 and max(steps) == 60  # the trial resumed from its Tune checkpoint
     best = json.loads((tmp_path / "sweeps" / "r1" / "best.json").read_text())
     assert best["trials"] == 2 and best["errored"] == 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
+    """SIGKILL of the driver: the saved sweep state may name a trial checkpoint that newer ones have since
+    replaced (deleted here, all of them, to make that certain). `--resume` must not fail that trial: it goes on
+    from its run directory's own checkpoint (or from scratch) and says so."""
+    spec = write_spec(tmp_path / "hard.yaml", search={"federation.lr": {"grid": [0.05]}},
+                      overrides={"federation.rounds": 40, "federation.local_steps": 2, "tracking.experiment": "hard"},
+                      trial_cpus=1, max_concurrent=1)
+    cmd = [sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", "h1"]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()  # create the tables before two processes use the store
+    sweep = tmp_path / "sweeps" / "h1"
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(480):
+            time.sleep(0.25)
+            if len(list(sweep.glob("_trial_*/checkpoint_*"))) >= 2 and list(sweep.glob("experiment_state-*.json")):
+                break
+        else:
+            pytest.fail("the sweep never checkpointed")
+    finally:
+        proc.kill()  # SIGKILL: no handler runs, nothing is saved on the way out
+        proc.wait(timeout=60)
+    time.sleep(2)  # the local Ray it started goes down with it
+    for ckpt in sweep.glob("_trial_*/checkpoint_*"):
+        subprocess.run(["rm", "-rf", str(ckpt)], check=True)
+    done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert "its checkpoint in the sweep's saved state was gone" in done.stdout, done.stdout[-3000:]
+    best = json.loads((sweep / "best.json").read_text())
+    assert best["trials"] == 1 and best["errored"] == 0 and best["metrics"]["round"] == 40
+    client = MlflowClient(uri)
+    parents, kids = children(client, "hard")
+    assert [p.info.status for p in parents] == ["FINISHED"]
+    assert sorted(k.info.status for k in kids) == ["FINISHED", "KILLED"]  # the killed driver's child, ended

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import threading
 import time
@@ -23,24 +25,36 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import yaml
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
+from fedray.checkpoint import CheckpointError, load_checkpoint
+from fedray.console import make_console
 from fedray.errors import ConfigError, check_interrupted, record_interrupt
-from fedray.runtime.ray_runtime import start_ray
+from fedray.runtime.ray_runtime import RayLogFile, start_ray
 from fedray.simulation import run_experiment
-from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri
+from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, ui_hint
 from fedray.tuning import SweepSpec, search_space_summary, trial_bundles
 
 SWEEP_STATE = "fedray_sweep.json"
+SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
+SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
+RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
+
+
+# In a trial's first report when the checkpoint Tune handed back was gone: the round it went on from (0: from
+# scratch). No "/" in the key: it is not a per-round metric.
+RESTARTED_KEY = "fedray_checkpoint_gone"
 
 
 class _TuneReport:
     """Run hook inside a trial: one ``tune.report`` per round (the round is Tune's training iteration),
     carrying the run's checkpoint when one was written that round, so a resumed sweep resumes its trials."""
 
-    def __init__(self):
+    def __init__(self, restarted_from: int | None = None):
         self.pending: Path | None = None
+        self.restarted_from = restarted_from
 
     def on_start(self, cfg, data) -> None: ...
 
@@ -50,11 +64,21 @@ class _TuneReport:
     def on_round(self, row: dict[str, Any]) -> None:
         ckpt = tune.Checkpoint.from_directory(str(self.pending)) if self.pending is not None else None
         self.pending = None
-        tune.report({**_numeric(row), "round": int(row["round"])}, checkpoint=ckpt)
+        extra = {RESTARTED_KEY: self.restarted_from} if self.restarted_from is not None else {}
+        self.restarted_from = None
+        tune.report({**_numeric(row), "round": int(row["round"]), **extra}, checkpoint=ckpt)
 
     def on_end(self, result) -> None: ...
 
     def on_error(self, exc: BaseException) -> None: ...
+
+
+def _checkpoint_round(folder) -> int | None:
+    """The round of the fedray checkpoint in ``folder``; None if it is missing or unreadable."""
+    try:
+        return int(load_checkpoint(folder)["round"])
+    except (CheckpointError, OSError):
+        return None
 
 
 def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
@@ -65,7 +89,17 @@ def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
         run_experiment(cfg, out, progress=False, hooks=[_TuneReport()])
         return
     with checkpoint.as_directory() as folder:
-        run_experiment(cfg, out, progress=False, hooks=[_TuneReport()], resume_from=folder)
+        if _checkpoint_round(folder) is not None:
+            run_experiment(cfg, out, progress=False, hooks=[_TuneReport()], resume_from=folder)
+            return
+    # The sweep's saved state names a checkpoint that is gone: the driver was killed (SIGKILL, a second
+    # Ctrl-C) after newer checkpoints had replaced it. The trial's own run directory holds its newest
+    # checkpoint (Tune's are copies of it): go on from there, else start over; the first report says which.
+    done = _checkpoint_round(out)
+    if done is None:
+        shutil.rmtree(out, ignore_errors=True)
+    run_experiment(cfg, out, progress=False, hooks=[_TuneReport(restarted_from=done or 0)],
+                   resume_from=out if done is not None else None)
 
 
 def _domain(d):
@@ -133,6 +167,99 @@ class MlflowSweepCallback(tune.Callback):
         self._finish(trial, "FAILED", {"fedray.error_file": str(error)})
 
 
+class ConsoleTrialReporter(tune.Callback):
+    """One terminal line per trial event, in place of Tune's status block: started (with its sampled values),
+    each evaluation (the sweep's metric, and the best so far), finished, stopped early by ASHA, failed, and a
+    trial that went on without the checkpoint the sweep's state named."""
+
+    def __init__(self, spec: SweepSpec, console):
+        self.spec, self.console = spec, console
+        self._rounds: dict[str, int] = {}
+        self._last: dict[str, dict[str, Any]] = {}
+        self.best: tuple[float, str] | None = None
+
+    def __getstate__(self):  # Tune pickles callbacks into its experiment state; the console stays behind
+        return {**self.__dict__, "console": None}
+
+    def __setstate__(self, state):  # a resumed sweep runs the pickled callbacks: print to this terminal
+        self.__dict__.update(state)
+        self.console = make_console()
+
+    def _say(self, trial, text: str) -> None:
+        if self.console is not None:
+            self.console.print(f"[{trial.trial_id}] {text}", highlight=False, markup=False, soft_wrap=True)
+
+    def _total(self, trial) -> int:
+        if trial.trial_id not in self._rounds:
+            self._rounds[trial.trial_id] = self.spec.trial_config(trial.config).federation.rounds
+        return self._rounds[trial.trial_id]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        values = " ".join(f"{k}={v}" for k, v in trial.config.items())
+        self._say(trial, f"started   {values}")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._last[trial.trial_id] = result
+        total, metric = self._total(trial), self.spec.metric
+        if RESTARTED_KEY in result:
+            went_on = int(result[RESTARTED_KEY])
+            self._say(trial, "its checkpoint in the sweep's saved state was gone (the driver was killed); "
+                      + (f"went on from its run directory's checkpoint at round {went_on}" if went_on
+                         else "restarted from round 1"))
+        value = result.get(metric)
+        if value is None:
+            return
+        sign = 1 if self.spec.mode == "max" else -1
+        if self.best is None or sign * value > sign * self.best[0]:
+            self.best = (float(value), trial.trial_id)
+        self._say(trial, f"round {int(result['round'])}/{total}  {metric} {value:.4f}  "
+                         f"(best so far {self.best[0]:.4f}, {self.best[1]})")
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        total = self._total(trial)
+        last = self._last.get(trial.trial_id, {})
+        done = int(last.get("round", 0))
+        value = last.get(self.spec.metric)
+        figure = f"  {self.spec.metric} {value:.4f}" if value is not None else ""
+        if done < total:
+            self._say(trial, f"stopped by ASHA at round {done}/{total}: its {self.spec.metric} was not in the "
+                             f"top 1/{self.spec.scheduler.reduction_factor:g} at a rung{figure}" if self.spec.scheduler
+                      else f"ended at round {done}/{total}{figure}")
+        else:
+            self._say(trial, f"finished  round {done}/{total}{figure}")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        error = Path(getattr(trial, "error_file", None) or "")
+        lines = error.read_text(errors="replace").strip().splitlines() if error.is_file() else []
+        reason = lines[-1][:200] if lines else "see the sweep's ray.log"
+        self._say(trial, f"failed    {reason}" + (f" (traceback: {error})" if lines else ""))
+
+
+def _stand_in_for_lost_checkpoints(sweep_dir: Path) -> list[Path]:
+    """Make an empty folder for each trial checkpoint the saved sweep state names but that no longer exists.
+
+    A driver killed hard (SIGKILL, a second Ctrl-C) may leave a state naming a checkpoint that the trial's
+    newer ones have since replaced (``num_to_keep``); Tune then refuses to restore that trial ("does not exist
+    on storage anymore") and fails it. With a stand-in the trial starts, finds no fedray checkpoint in it and
+    goes on from its run directory's newest checkpoint, or from scratch (``_trial``), and says so."""
+    made = []
+    for state_file in sweep_dir.glob("experiment_state-*.json"):
+        try:
+            trials = json.loads(state_file.read_text())["trial_data"]
+        except (OSError, ValueError, KeyError):
+            continue
+        for trial_json, run_json in trials:
+            trial_dir = sweep_dir / json.loads(trial_json)["relative_logdir"]
+            for name in set(re.findall(r"checkpoint_\d{6}", run_json)):
+                if trial_dir.is_dir() and not (trial_dir / name).exists():
+                    (trial_dir / name).mkdir()
+                    (trial_dir / name / "GONE.txt").write_text(
+                        "Stand-in made by `fedray tune --resume`: the sweep's saved state named this checkpoint,\n"
+                        "which no longer existed; the trial went on from its run directory or from scratch.\n")
+                    made.append(trial_dir / name)
+    return made
+
+
 def _kill_running_children(parent: MlflowTracker) -> None:
     query = f"tags.mlflow.parentRunId = '{parent.run_id}' and attributes.status = 'RUNNING'"
     for child in parent.client.search_runs([parent.experiment_id], query):
@@ -151,8 +278,13 @@ def latest_sweep(spec_stem: str, storage: str) -> str | None:
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None = None,
-              num_samples: int | None = None, address: str | None = None) -> dict[str, Any]:
-    """Run (or resume) a sweep; return the best trial's config and figures (also saved as best.json)."""
+              num_samples: int | None = None, address: str | None = None, verbose: bool = False,
+              console=None) -> dict[str, Any]:
+    """Run (or resume) a sweep; return the best trial's config and figures (also saved as best.json).
+
+    ``console`` gets one line per trial event (:class:`ConsoleTrialReporter`), where Ray's and Tune's own
+    logs went, and how to open the sweep in MLflow; Ray's and Tune's output goes to ``ray.log`` in the sweep
+    folder, unless ``verbose`` (then Tune's status block and Ray's lines print as Ray makes them)."""
     # Rounds without evaluation carry no eval/* keys; ASHA skips them (it needs its metric).
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
@@ -179,20 +311,31 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name,
                                                   extra_tags={"fedray.sweep": spec.name})
             parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
+            (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+            parent.client.log_artifact(parent.run_id, str(sweep_dir / SPEC_FILE))
         state_file.write_text(json.dumps(state, indent=2))
     if parent is not None and resume:
         parent.run_id = state["parent_run_id"]
         parent.client.update_run(parent.run_id, status="RUNNING")
         _kill_running_children(parent)  # left by a crashed driver; their trials rerun as new children
 
+    say = console.print if console is not None else (lambda *a, **k: None)
     owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}))
+    ray_log = None if verbose else RayLogFile(sweep_dir / RAY_LOG)
+    if ray_log is not None:
+        say(f"Ray's and Tune's logs: {ray_log.path}", highlight=False, soft_wrap=True)
+    if parent is not None:
+        say(ui_hint(uri, parent.experiment_id, parent.run_id), highlight=False, soft_wrap=True)
     try:
         trainable = tune.with_resources(
             tune.with_parameters(_trial, spec=spec),
             lambda config: tune.PlacementGroupFactory(trial_bundles(spec.trial_config(config), spec.trial_cpus)),
         )
-        callbacks = [MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"])] if parent else []
+        callbacks: list[tune.Callback] = [] if verbose else [ConsoleTrialReporter(spec, console)]
+        if parent is not None:
+            callbacks.append(MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"]))
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
+            _stand_in_for_lost_checkpoints(sweep_dir)
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=False)
         else:
@@ -209,8 +352,10 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                             max_concurrent_trials=max_concurrent or spec.max_concurrent),
                 run_config=tune.RunConfig(name=spec.name, storage_path=str(sweep_dir.parent), callbacks=callbacks,
                                           failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
-                                          checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                                          verbose=1),
+                                          # 2, not 1: a driver killed between saving its state and
+                                          # the trial's next checkpoint still finds the one it names
+                                          checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                                          verbose=1 if verbose else 0),
             )
         main_thread = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGINT, signal.SIGTERM)
@@ -223,12 +368,16 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         check_interrupted()  # fit() returned because of Ctrl-C / SIGTERM: the sweep ends KILLED
         best = _best(results, spec)
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
+        plot = plot_sweep(results, spec, sweep_dir / SWEEP_PLOT)
         if parent is not None:
             for k, v in best["config"].items():
                 parent.client.set_tag(parent.run_id, f"best.{k}", str(v))
+            parent.log_params({f"best.{k}": v for k, v in best["config"].items()})
             if best["metric_value"] is not None:
                 parent.client.log_metric(parent.run_id, f"best/{spec.metric}", best["metric_value"])
             parent.client.log_artifact(parent.run_id, str(sweep_dir / "best.json"))
+            if plot is not None:
+                parent.client.log_artifact(parent.run_id, str(plot))
             parent.end("FINISHED")
         return best
     except BaseException as exc:
@@ -239,6 +388,47 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     finally:
         if owns_ray and ray.is_initialized():
             ray.shutdown()
+        if ray_log is not None:
+            ray_log.close()
+
+
+def plot_sweep(results, spec: SweepSpec, path: Path) -> Path | None:
+    """The sweep's metric (last reported value of each trial) against each searched parameter, one panel per
+    parameter, the best trial marked; None when no trial reported the metric."""
+    rows = [(r.config, r.metrics[spec.metric]) for r in results
+            if r.error is None and spec.metric in (r.metrics or {})]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(spec.search)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    best = (max if spec.mode == "max" else min)(rows, key=lambda r: r[1])
+    for ax, key in zip(axes[0], keys):
+        values = [cfg.get(key) for cfg, _ in rows]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            xs, bx = values, best[0].get(key)
+            if spec.search[key].kind == "loguniform" or (min(values) > 0 and max(values) >= 100 * min(values)):
+                ax.set_xscale("log")
+        else:  # categories, in order of first appearance
+            labels = list(dict.fromkeys(map(str, values)))
+            xs, bx = [labels.index(str(v)) for v in values], labels.index(str(best[0].get(key)))
+            ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+        ax.scatter(xs, [m for _, m in rows], alpha=0.7)
+        ax.margins(x=0.15)
+        ax.scatter([bx], [best[1]], marker="*", s=200, color="tab:red", label="best")
+        ax.set_xlabel(key)
+        ax.set_ylabel(spec.metric)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(loc="best")
+    fig.suptitle(f"{spec.name}: {len(rows)} trials, last reported {spec.metric}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _best(results, spec: SweepSpec) -> dict[str, Any]:
