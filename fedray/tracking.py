@@ -25,16 +25,18 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
-# MLflow 3's UI opens an experiment on the view its kind names; without the tag it guesses, and may open the
-# GenAI (traces) view. "custom_model_development" is the kind for model training: the runs table.
+# MLflow 3 records what an experiment is for in this tag; "custom_model_development" is model training.
 EXPERIMENT_KIND = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 UI_PORT = 5000
+# MLflow 3.17's UI opens every experiment in its GenAI view (traces) unless the browser last chose "Model
+# training" or the page's URL says so: the pages we print say so.
+UI_VIEW = "workflowType=machine_learning"
 
 
 def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
     """How to look at a run: the ``mlflow ui`` command for a local store, and the run's page."""
-    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    page = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + f"?{UI_VIEW}"
     if uri.startswith(("http://", "https://")):
         return f"MLflow: {uri.rstrip('/')}/{page}"
     return (f"MLflow: mlflow ui --backend-store-uri {uri} --port {UI_PORT}, then open "

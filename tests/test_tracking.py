@@ -54,12 +54,11 @@ def test_fedray_run_is_tracked_in_a_local_sqlite_store(tmp_path, monkeypatch, ca
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == ARTIFACTS
     exp = client.get_experiment(run.info.experiment_id)
     assert exp.artifact_location == (tmp_path / "mlartifacts").as_uri()
-    # MLflow 3's UI opens a model-training experiment on its runs table (not the GenAI view) ...
-    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
-    # ... and the run says, once, how to get there.
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3's kind for training
+    # The run says, once, how to open it, on the UI's model-training view (not its GenAI view).
     assert out.count("MLflow:") == 1
-    assert (f"MLflow: mlflow ui --backend-store-uri {uri} --port 5000, then open "
-            f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}") in out
+    assert (f"MLflow: mlflow ui --backend-store-uri {uri} --port 5000, then open http://127.0.0.1:5000/"
+            f"#/experiments/{exp.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning") in out
 
 
 def test_experiment_kind_is_set_once_and_a_chosen_kind_is_kept(tmp_path):

@@ -151,7 +151,7 @@ def test_sweep_prints_one_line_per_trial_event_and_keeps_ray_logs_in_a_file(four
         assert all("eval/accuracy" in line and "best so far" in line for line in mine[1:-1])
     assert f"Ray's and Tune's logs: {ray_log}" in out and "Checkpoint successfully created" in ray_log.read_text()
     assert re.search(r"MLflow: mlflow ui --backend-store-uri sqlite:///\S+ --port 5000, then open "
-                     r"http://127.0.0.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}", out)
+                     r"http://127.0.0.1:5000/#/experiments/\d+/runs/[0-9a-f]{32}\?workflowType=machine_learning", out)
     assert out.count("MLflow:") == 1 and "best trial of g1" in out
 
 
