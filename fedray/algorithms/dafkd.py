@@ -22,6 +22,11 @@ and uploads f_k(x_i) * s_k(x_i) and f_k(x_i) (the paper sums the f's by secure a
 server sums them), and the server normalises. Same seed, same model as the main variant up to
 floating-point error (``tests/algorithms/test_dafkd.py``).
 
+Generated images pass through the classifier's extractor (discriminator, generator and gradient-penalty
+steps) with its BatchNorm layers on batch statistics and their running statistics frozen
+(:func:`fedray.models.base.frozen_bn_stats`): those describe real data only, as evaluation, the clients'
+outputs and the server's distillation (eval mode) assume.
+
 Generated images live in the classifier's normalised input space: the generator's tanh output is read
 as pixels in [0, 1] and normalised with the dataset's mean/std (:mod:`fedray.models.dcgan`), so real and
 fake inputs of the discriminator are on the same scale.
@@ -51,6 +56,7 @@ from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, Clie
 from fedray.algorithms.dafkd_server import server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.models import FedModel, build_model
+from fedray.models.base import frozen_bn_stats
 from fedray.models.dcgan import DCGANGenerator, separate_discriminator
 from fedray.seeding import derive_seed
 
@@ -243,10 +249,13 @@ class DaFKD(Algorithm):
             if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
                 with torch.no_grad():
                     fake = m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev))
-                d_real, d_fake = self.disc_logits(m, x, feats), self.disc_logits(m, fake)
+                d_real = self.disc_logits(m, x, feats)
+                with frozen_bn_stats(m.model):  # generated images never enter the running statistics
+                    d_fake = self.disc_logits(m, fake)
                 adv = F.binary_cross_entropy_with_logits(torch.cat([d_real, d_fake]), torch.cat([ones, zeros]))
                 if p.gp_weight > 0:
-                    adv = adv + p.gp_weight * self._gradient_penalty(m, x, fake, gp_rng)
+                    with frozen_bn_stats(m.model):
+                        adv = adv + p.gp_weight * self._gradient_penalty(m, x, fake, gp_rng)
                 loss = ce + adv
                 tot["adv"] += float(adv.detach())
                 tot["real_ok"] += float((d_real.detach() > 0).sum())
@@ -255,7 +264,8 @@ class DaFKD(Algorithm):
             loss.backward()
             opt.step()
             if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
-                d_gen = self.disc_logits(m, m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev)))
+                with frozen_bn_stats(m.model):
+                    d_gen = self.disc_logits(m, m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev)))
                 if p.gen_loss == "nonsaturating":
                     g_loss = F.binary_cross_entropy_with_logits(d_gen, ones)  # -log f(G(z))
                 else:

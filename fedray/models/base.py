@@ -15,6 +15,9 @@ exactly and the module pickles and deep-copies).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 from torch import Tensor, nn
 
 
@@ -64,3 +67,23 @@ def disable_inplace(module: nn.Module) -> nn.Module:
         if getattr(m, "inplace", False) is True:
             m.inplace = False
     return module
+
+
+@contextmanager
+def frozen_bn_stats(module: nn.Module) -> Iterator[nn.Module]:
+    """BatchNorm layers of ``module`` normalise by the batch's own statistics (as in training) but leave
+    their running statistics, and their count of batches, as they are.
+
+    For passes of inputs that are not the data the running statistics describe: DaFKD's generated images
+    through the classifier's extractor (discriminator, generator and gradient-penalty steps). Evaluation,
+    the clients' outputs and the server's distillation then use statistics of real data only.
+    """
+    layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [m.track_running_stats for m in layers]
+    for m in layers:
+        m.track_running_stats = False  # in training mode: batch statistics, no running update
+    try:
+        yield module
+    finally:
+        for m, keep in zip(layers, saved):
+            m.track_running_stats = keep

@@ -319,3 +319,40 @@ def test_presets_and_sweep_spec_validate():
     assert spec_path.read_text().startswith("#")
     spec = load_spec(spec_path)
     assert {"algorithm.distill_lr", "algorithm.temperature"} <= set(spec.search)
+
+
+@pytest.mark.parametrize("gp_weight", [0.0, 0.3])
+def test_generated_images_never_enter_batchnorm_running_statistics(gp_weight):
+    """After a client update, every BatchNorm layer's running statistics are the momentum average of the
+    real batches' statistics alone: the fakes of the discriminator, generator and gradient-penalty steps
+    pass through the same extractor but leave them as they are."""
+    from fedray.runtime.core import ClientWorkerCore, ServerCore
+
+    cfg = dafkd_config(model__name="resnet8_bn", federation__local_steps=3, algorithm__gp_weight=gp_weight)
+    data = build_federated_data(cfg.data, cfg.seed)
+    server = ServerCore(cfg, data, torch.device("cpu"))
+    worker = ClientWorkerCore(cfg, data, torch.device("cpu"))
+    layers = [m for m in worker.modules.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    seen: dict[torch.nn.Module, list[torch.Tensor]] = {bn: [] for bn in layers}
+
+    def record(bn, args):  # what a BatchNorm that updates its running statistics is given
+        if bn.training and bn.track_running_stats:
+            seen[bn].append(args[0].detach().clone())
+
+    hooks = [bn.register_forward_pre_hook(record) for bn in layers]
+    try:
+        payload, _ = server.broadcast(1)
+        upload, _, _ = worker.train(1, 0, payload, None)
+    finally:
+        for h in hooks:
+            h.remove()
+    names = {m: n for n, m in worker.modules.model.named_modules()}
+    for bn in layers:
+        assert len(seen[bn]) == 3  # one real batch per local step, nothing else
+        mean, var = payload.weights[f"{names[bn]}.running_mean"].clone(), payload.weights[f"{names[bn]}.running_var"].clone()
+        for x in seen[bn]:
+            mean = 0.9 * mean + 0.1 * x.mean((0, 2, 3))
+            var = 0.9 * var + 0.1 * x.var((0, 2, 3), unbiased=True)
+        assert torch.allclose(upload.weights[f"{names[bn]}.running_mean"], mean, atol=1e-5)
+        assert torch.allclose(upload.weights[f"{names[bn]}.running_var"], var, atol=1e-5)
+        assert int(upload.weights[f"{names[bn]}.num_batches_tracked"]) == 3
