@@ -76,6 +76,10 @@ class DaFKDParams(BaseModel):
     gp_weight: float = Field(default=0.0, ge=0, description="gradient penalty weight (authors' code: 0.3)")
     disc_train_rounds: int | None = Field(default=None, ge=0, description="train D only in rounds 1..N (code: 3)")
     gen_train_rounds: int | None = Field(default=None, ge=0, description="train G only in rounds 1..N (code: 5)")
+    gan_local_epochs: int | None = Field(default=None, ge=0, description="in those rounds, D and G steps only in "
+                                         "the first N local epochs (code: 5 of 20)")
+    kd_reduction: Literal["batchmean", "mean"] = Field(default="batchmean", description="Eq. 8's KL: summed over "
+                                                       "classes (batchmean) or averaged over them too (code: mean)")
     distill_samples: int = Field(default=1024, ge=1, description="size of the generated distillation set")
     distill_steps: int = Field(default=100, ge=0)
     distill_batch_size: int = Field(default=64, ge=1)
@@ -239,7 +243,13 @@ class DaFKD(Algorithm):
         train_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
         train_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
         tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
+        adv_steps = ctx.num_local_steps()  # the authors' code: adversarial steps in the first local epochs only
+        if p.gan_local_epochs is not None:
+            adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // fed.batch_size))
+        round_d, round_g = train_d, train_g
         for x, y in ctx.batches():  # lines 19-25
+            train_d = round_d and tot["steps"] < adv_steps
+            train_g = round_g and tot["steps"] < adv_steps
             b = x.shape[0]
             ones, zeros = torch.ones(b, device=dev), torch.zeros(b, device=dev)
             opt.zero_grad(set_to_none=True)
@@ -279,11 +289,11 @@ class DaFKD(Algorithm):
 
         steps = max(tot["steps"], 1)
         metrics = {"train/loss": tot["ce"] / steps}
-        if train_d and tot["n"]:
-            metrics.update({"train/disc_loss": tot["adv"] / steps, "train/disc_acc_real": tot["real_ok"] / tot["n"],
+        if round_d and tot["n"]:
+            metrics.update({"train/disc_loss": tot["adv"] / min(steps, adv_steps), "train/disc_acc_real": tot["real_ok"] / tot["n"],
                             "train/disc_acc_fake": tot["fake_ok"] / tot["n"]})
-        if train_g:
-            metrics["train/gen_loss"] = tot["gen"] / steps
+        if round_g and adv_steps:
+            metrics["train/gen_loss"] = tot["gen"] / min(steps, adv_steps)
         disc_w = clone_weights(m.disc)
         upload = DaFKDUpload(weights=clone_weights(m.model), generator=clone_weights(m.generator),
                              num_samples=ctx.num_samples)

@@ -96,6 +96,8 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
         idx = perm[pos : pos + bs].to(x.device)
         pos += bs
         loss = kd_kl_probs(model(x[idx]), teacher_probs[idx], p.temperature)
+        if p.kd_reduction == "mean":  # the authors' nn.KLDivLoss(): averaged over the classes as well
+            loss = loss / teacher_probs.shape[1]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

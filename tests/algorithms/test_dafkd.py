@@ -313,8 +313,15 @@ def test_presets_and_sweep_spec_validate():
     fm = load_config("dafkd_fmnist")
     assert (fm.model.name, fm.algorithm.name, fm.federation.rounds, fm.federation.clients_per_round) == \
         ("lenet5", "dafkd", 60, 8)
-    rn = load_config("dafkd_resnet11")
-    assert rn.model.name == "resnet11" and algorithm_params(rn).gen_width == 64
+    rn = load_config("dafkd_resnet11")  # the paper's Sec. 4.1: E = 20 local epochs, not steps
+    assert rn.model.name == "resnet11" and algorithm_params(rn).gen_width == 64 and rn.federation.local_epochs == 20
+    au = load_config("dafkd_fmnist_authors")
+    ap = algorithm_params(au)
+    assert (au.federation.lr, ap.gen_lr, ap.disc_lr, ap.distill_lr, ap.temperature) == (1e-4,) * 4 + (20.0,)
+    assert (ap.distill_samples // ap.distill_batch_size, ap.distill_steps * ap.distill_batch_size // ap.distill_samples) \
+        == (40, 40)  # 40 passes over 40 generated batches of 32
+    assert (ap.disc_train_rounds, ap.gen_train_rounds, ap.gan_local_epochs, ap.gp_weight) == (3, 5, 5, 0.3)
+    assert (ap.kd_reduction, ap.aggregation, au.federation.local_epochs) == ("mean", "samples", 20)
     spec_path = ROOT / "tune_configs" / "dafkd_distill.yaml"
     assert spec_path.read_text().startswith("#")
     spec = load_spec(spec_path)
@@ -356,3 +363,42 @@ def test_generated_images_never_enter_batchnorm_running_statistics(gp_weight):
         assert torch.allclose(upload.weights[f"{names[bn]}.running_mean"], mean, atol=1e-5)
         assert torch.allclose(upload.weights[f"{names[bn]}.running_var"], var, atol=1e-5)
         assert int(upload.weights[f"{names[bn]}.num_batches_tracked"]) == 3
+
+
+def test_gan_trains_only_in_its_first_local_epochs():
+    """gan_local_epochs=1 of 3: the generator and discriminator a client uploads are those of a one-epoch
+    round (same batches, same noise); only the classifier trains on in epochs 2-3."""
+    from fedray.runtime.core import ClientWorkerCore, ServerCore
+
+    def upload(**kw):
+        cfg = dafkd_config(federation__local_epochs=kw.pop("epochs"), federation__batch_size=50, **kw)
+        data = build_federated_data(cfg.data, cfg.seed)
+        payload, _ = ServerCore(cfg, data, torch.device("cpu")).broadcast(1)
+        up, state, info = ClientWorkerCore(cfg, data, torch.device("cpu")).train(1, 0, payload, None)
+        return up, state
+
+    limited, lim_state = upload(epochs=3, algorithm__gan_local_epochs=1)
+    one, one_state = upload(epochs=1)
+    for k in one.generator:
+        assert torch.equal(limited.generator[k], one.generator[k]), k
+    for k in one_state.disc:
+        assert torch.equal(lim_state.disc[k], one_state.disc[k]), k
+    assert any(not torch.equal(limited.weights[k], one.weights[k]) for k in one.weights)  # the classifier went on
+
+
+def test_authors_kl_reduction_averages_over_classes_too():
+    from fedray.algorithms.dafkd_server import distil
+
+    losses, classes = {}, None
+    for reduction in ("batchmean", "mean"):
+        cfg = dafkd_config(algorithm__distill_steps=1, algorithm__kd_reduction=reduction)
+        algo = DaFKD(cfg, data_spec(build_federated_data(cfg.data, cfg.seed)))
+        classes = algo.spec.num_classes
+        torch.manual_seed(0)
+        modules = algo.build_modules()
+        start = {k: v.clone() for k, v in modules.model.state_dict().items()}
+        x = torch.randn(16, *algo.spec.input_shape)
+        teacher = torch.softmax(torch.randn(16, classes), 1)
+        ctx = ServerContext(round=1, seed=1, device=torch.device("cpu"), modules=modules)
+        losses[reduction] = distil(algo, start, x, teacher, ctx)[1]["server/kd_loss"]
+    assert losses["mean"] == pytest.approx(losses["batchmean"] / classes, rel=1e-5)
