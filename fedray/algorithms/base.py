@@ -69,6 +69,18 @@ class ServerSideData:
 
 
 @dataclass
+class DiagnosticProbe:
+    """Real data a simulation shows a method's diagnostics (``diag/*``) and never its training: a seeded
+    subset of the global test set, a few training images of every client, and every client's label counts
+    (the Theorem-1-style oracle of which client an image of class y is likely to come from)."""
+
+    test_x: torch.Tensor  # float, normalised (N, C, H, W)
+    test_y: torch.Tensor  # int64 (N,)
+    client_x: dict[int, torch.Tensor]  # client id -> float, normalised (<= n, C, H, W) of its training images
+    label_counts: torch.Tensor  # float (num_clients, num_classes): training samples per client and class
+
+
+@dataclass
 class PersonalModel(ClientState):
     """A client's own model: its architecture's name and weights (FedCD, the isolated baseline)."""
 
@@ -248,6 +260,17 @@ class Algorithm(ABC, Generic[Params]):
         """Simulation-only figures of the round just aggregated, from the labels of the server's data that a
         real deployment would not have (``diag/*`` keys). Called by the runtime after ``server_update``
         when the server's data has labels, labelled for the method or not; never feeds back into it."""
+        return {}
+
+    def probe_size(self) -> int:
+        """Images per client and (x10) from the test set the method's :meth:`probe_diagnostics` wants; 0 (the
+        default): none, and the method is never probed."""
+        return 0
+
+    def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
+        """Simulation-only figures (``diag/*``) of the round just aggregated, from real data the method never
+        trains on (:class:`DiagnosticProbe`); ``client_ids`` are this round's aggregated clients, in the order
+        of the uploads ``server_update`` was given. Never feeds back into the method."""
         return {}
 
     def global_weights(self, state: ServerState) -> Weights | None:

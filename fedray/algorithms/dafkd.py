@@ -51,9 +51,9 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, ClientState, Payload, ServerContext,
-                                    ServerState, Upload, Weights, clone_weights)
-from fedray.algorithms.dafkd_server import server_round
+from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, ClientState, DiagnosticProbe, Payload,
+                                    ServerContext, ServerState, Upload, Weights, clone_weights)
+from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.models import FedModel, build_model
 from fedray.models.base import frozen_bn_stats
@@ -89,6 +89,8 @@ class DaFKDParams(BaseModel):
     distill_start_round: int = Field(default=1, ge=1, description="authors' code: 2 (no distillation in round 1)")
     alpha_eps: float = Field(default=1e-8, gt=0, description="added to every f_k in Eq. 7")
     eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
+    diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
+                              "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
 
 
 # --- typed state (tensors, dicts of tensors, ints, None: checkpointable without pickle) ---------------
@@ -309,6 +311,17 @@ class DaFKD(Algorithm):
         return ClientResult(upload=upload, state=new_state, metrics=metrics)
 
     # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
+    #: This round's uploads, kept for probe_diagnostics (only when diag_samples > 0; not server state)
+    _round_uploads: list[DaFKDUpload] | None = None
+
     def server_update(self, state: DaFKDServerState, uploads: list[DaFKDUpload],
                       ctx: ServerContext) -> tuple[DaFKDServerState, dict[str, float]]:
+        self._round_uploads = uploads if self.params.diag_samples else None
         return server_round(self, state, uploads, ctx)
+
+    def probe_size(self) -> int:
+        return self.params.diag_samples
+
+    def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
+        uploads, self._round_uploads = self._round_uploads, None
+        return probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}

@@ -16,6 +16,7 @@ from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targ
 from fedray.seeding import derive_seed
 
 if TYPE_CHECKING:
+    from fedray.algorithms.base import DiagnosticProbe
     from fedray.algorithms.dafkd import DaFKD, DaFKDServerState, DaFKDUpload
 
 
@@ -127,3 +128,56 @@ def server_round(algo: "DaFKD", state: "DaFKDServerState", uploads: list["DaFKDU
         metrics.update(kd)
     new = DaFKDServerState(weights=weights, generator=generator, average=average if p.eval_average else None)
     return new, metrics
+
+
+def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
+    """P(score of a positive > score of a negative), ties counting 1/2 (the Mann-Whitney AUC)."""
+    diff = pos.unsqueeze(1) - neg.unsqueeze(0)
+    return float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean())
+
+
+def probe_diagnostics(algo: "DaFKD", uploads: list["DaFKDUpload"], probe: "DiagnosticProbe",
+                      client_ids: list[int], ctx: ServerContext) -> dict[str, float]:
+    """Does the mechanism work, on real images (simulation-only ``diag/*``; the method never sees them)?
+
+    - ``diag/domain_auc``: how well each client's discriminator ranks its own real training images above the
+      other aggregated clients' (mean over clients; 0.5 = cannot tell them apart).
+    - ``diag/alpha_entropy_real``: Eq. 7's normalised weight entropy on real test images (1 = uniform).
+    - ``diag/ens_acc_eq7`` / ``_uniform`` / ``_oracle``: test accuracy of the ensemble of this round's local
+      models weighted by Eq. 7, uniformly, and by the oracle of Theorem 1 (client k's share of the training
+      images of the test image's true class: which client the image most likely comes from).
+    """
+    p, m = algo.params, ctx.modules
+    if not p.correlation or p.private_discriminator or len(uploads) < 2:
+        return {}  # no discriminators at the server (Appendix B keeps them on the clients)
+    outs, f_test, f_own = [], [], []
+    own_x = [probe.client_x[c] for c in client_ids]
+    for u in uploads:
+        m.model.load_state_dict(u.weights)
+        m.disc.load_state_dict(u.disc)
+        s, f = algo.client_outputs(m, probe.test_x)
+        outs.append(s)
+        f_test.append(f)
+        f_own.append([algo.client_outputs(m, x)[1] for x in own_x])  # f_k on client j's real images
+    counts = probe.label_counts[client_ids][:, probe.test_y]  # (K, N): client k's images of x_i's class
+    return mechanism_figures(torch.stack(outs), torch.stack(f_test), f_own, counts, probe.test_y, p.alpha_eps)
+
+
+def mechanism_figures(s: torch.Tensor, f: torch.Tensor, f_own: list[list[torch.Tensor]], counts: torch.Tensor,
+                      y: torch.Tensor, eps: float) -> dict[str, float]:
+    """The figures of :func:`probe_diagnostics` from the K clients' outputs s (K, N, C) and discriminator
+    scores f (K, N) on N test images of labels y, their scores ``f_own[k][j]`` on client j's images, and
+    ``counts`` (K, N): client k's training images of image i's class."""
+    k_ = len(f_own)
+    aucs = [_auc(f_own[k][k], torch.cat([f_own[k][j] for j in range(k_) if j != k])) for k in range(k_)]
+    alpha = correlation_weights(f, eps)
+    oracle = counts / counts.sum(0, keepdim=True).clamp_min(1.0)
+
+    def accuracy(weights: torch.Tensor) -> float:
+        return float(((weights.unsqueeze(2) * s).sum(0).argmax(1) == y).float().mean())
+
+    return {"diag/domain_auc": float(sum(aucs) / k_),
+            "diag/alpha_entropy_real": float(normalised_entropy(alpha, dim=0).mean()),
+            "diag/ens_acc_eq7": accuracy(alpha),
+            "diag/ens_acc_uniform": accuracy(torch.full_like(alpha, 1.0 / k_)),
+            "diag/ens_acc_oracle": accuracy(oracle)}

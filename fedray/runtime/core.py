@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
-from fedray.algorithms.base import ClientState, ModelBank, ServerSideData, Upload, Weights, leaves, nbytes
+from fedray.algorithms.base import (ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload, Weights, leaves,
+                                    nbytes)
 from fedray.config import ExperimentConfig
-from fedray.data.federated import FederatedData
+from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
 from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
@@ -138,6 +139,7 @@ class ServerCore:
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
+        self.probe = diagnostic_probe(data, self.algo, cfg.seed, device)
         spec = self.algo.spec
         self.evaluator = None
         if not self.algo.personalised:  # personalised methods are evaluated where the clients' models are
@@ -150,17 +152,19 @@ class ServerCore:
 
     def aggregate(self, round_: int, uploads: list[Any], client_ids: list[int]) -> dict[str, float]:
         """Reject non-finite uploads, then run the method's server update on the rest (client-id order)."""
-        kept = [u for u, c in zip(uploads, client_ids) if is_finite(u) or _reject(round_, c)]
+        pairs = [(u, c) for u, c in zip(uploads, client_ids) if is_finite(u) or _reject(round_, c)]
+        kept, kept_ids = [u for u, _ in pairs], [c for _, c in pairs]
         if not kept:
             raise RunFailure(f"round {round_}: every upload was non-finite (clients {', '.join(map(str, client_ids))}); "
                              "the run stops with its last good checkpoint intact; lower federation.lr or check the data")
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules)
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
-        if self.server_labels is not None:
-            diag = self.algo.server_diagnostics(ctx, self.server_labels)
-            assert all(k.startswith("diag/") for k in diag), "server diagnostics are logged under diag/*"
-            metrics.update(diag)
+        diag = self.algo.server_diagnostics(ctx, self.server_labels) if self.server_labels is not None else {}
+        if self.probe is not None:
+            diag.update(self.algo.probe_diagnostics(ctx, self.probe, kept_ids))
+        assert all(k.startswith("diag/") for k in diag), "simulation-only diagnostics are logged under diag/*"
+        metrics.update(diag)
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
     def evaluate(self) -> dict[str, float]:
@@ -186,6 +190,26 @@ def server_side_data(data: FederatedData, device: torch.device) -> ServerSideDat
     y = server.visible_y()
     y = torch.from_numpy(np.array(y)).to(device) if y is not None else None
     return ServerSideData(x=torch.from_numpy(np.array(server.x)).to(device), y=y, domain=server.domain)
+
+
+def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: torch.device) -> DiagnosticProbe | None:
+    """The real data of :class:`DiagnosticProbe` for a method that asks for some (``probe_size``): 10n test
+    images and n training images of each client, drawn from (run seed) alone."""
+    n = algo.probe_size()
+    if n <= 0:
+        return None
+    rng = np.random.default_rng(derive_seed(seed, "diagnostic-probe"))
+    spec = algo.spec
+
+    def images(x: np.ndarray) -> torch.Tensor:
+        return to_float(torch.from_numpy(np.array(x)).to(device), spec.mean, spec.std)
+
+    test = np.sort(rng.choice(len(data.test_y), size=min(10 * n, len(data.test_y)), replace=False))
+    clients = {cid: images(data.train_x[np.sort(rng.choice(idx, size=min(n, len(idx)), replace=False))])
+               for cid, idx in enumerate(data.client_train)}
+    counts = np.stack([np.bincount(data.train_y[idx], minlength=data.num_classes) for idx in data.client_train])
+    return DiagnosticProbe(test_x=images(data.test_x[test]), test_y=torch.from_numpy(data.test_y[test]).long().to(device),
+                           client_x=clients, label_counts=torch.from_numpy(counts).float().to(device))
 
 
 def setup_bytes(algo_cls: type[Algorithm], data: FederatedData) -> int:

@@ -402,3 +402,40 @@ def test_authors_kl_reduction_averages_over_classes_too():
         ctx = ServerContext(round=1, seed=1, device=torch.device("cpu"), modules=modules)
         losses[reduction] = distil(algo, start, x, teacher, ctx)[1]["server/kd_loss"]
     assert losses["mean"] == pytest.approx(losses["batchmean"] / classes, rel=1e-5)
+
+
+def test_mechanism_diagnostics_by_hand():
+    """Two clients, two test images of classes 0 and 1. Client 0 holds class 0 and predicts 0 for both;
+    client 1 holds class 1 and predicts 1 for both. Discriminators that say 'mine' for the own client's
+    class make Eq. 7 pick the right expert (accuracy 1), the uniform ensemble ties and falls to class 0 (0.5),
+    the oracle (label counts) picks the expert (1)."""
+    from fedray.algorithms.dafkd_server import _auc, mechanism_figures
+
+    assert _auc(torch.tensor([0.9, 0.8]), torch.tensor([0.1, 0.8])) == pytest.approx(0.875)  # 3 wins, 1 tie of 4
+    s = torch.tensor([[[1.0, 0.0], [1.0, 0.0]],   # client 0: class 0 for both images
+                      [[0.0, 1.0], [0.0, 1.0]]])  # client 1: class 1 for both
+    f = torch.tensor([[0.9, 0.1],                 # client 0's discriminator: image 0 is its own
+                      [0.1, 0.9]])
+    f_own = [[torch.tensor([0.9, 0.8]), torch.tensor([0.2, 0.1])],   # f_0 on client 0's / client 1's images
+             [torch.tensor([0.3, 0.4]), torch.tensor([0.6, 0.7])]]   # f_1 on them
+    counts = torch.tensor([[50.0, 0.0], [0.0, 50.0]])  # image i's class: client 0 holds class 0 only
+    y = torch.tensor([0, 1])
+    d = mechanism_figures(s, f, f_own, counts, y, eps=1e-8)
+    assert d["diag/domain_auc"] == pytest.approx(1.0)
+    assert d["diag/ens_acc_eq7"] == 1.0 and d["diag/ens_acc_oracle"] == 1.0 and d["diag/ens_acc_uniform"] == 0.5
+    assert d["diag/alpha_entropy_real"] == pytest.approx(0.469, abs=1e-3)  # H(0.9, 0.1) / log 2
+    flipped = mechanism_figures(s, f.flip(0), [f_own[1], f_own[0]], counts, y, eps=1e-8)
+    assert flipped["diag/ens_acc_eq7"] == 0.0 and flipped["diag/domain_auc"] == pytest.approx(0.0)
+
+
+def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
+    cfg = dafkd_config(algorithm__diag_samples=20)
+    with_diag = run_experiment(cfg, progress=False)
+    without = run_experiment(dafkd_config(algorithm__diag_samples=0), progress=False)
+    keys = ("diag/domain_auc", "diag/alpha_entropy_real", "diag/ens_acc_eq7", "diag/ens_acc_uniform",
+            "diag/ens_acc_oracle")
+    for row in with_diag.history:
+        assert all(0.0 <= row[k] <= 1.0 for k in keys), row
+    assert not any(k in row for row in without.history for k in keys)
+    for k in ("eval/accuracy", "train/loss", "server/kd_loss"):  # diagnostics never feed back into the method
+        assert [r.get(k) for r in with_diag.history] == [r.get(k) for r in without.history], k
