@@ -9,6 +9,10 @@ client state here), and for ``federation.local_steps`` steps
   n + n_hat samples as Eq. 2 writes it;
 - then trains its copy of the generator against its discriminator (Eq. 3; non-saturating by default).
 
+The generator is the paper's (Sec. 4.1): conditional, label and noise embeddings then fully-connected layers
+with BatchNorm and LeakyReLU; clients draw its classes uniformly and the server's distillation set holds
+every class equally often. ``generator=dcgan`` is the authors' code's unconditional DCGAN.
+
 With ``sharing=true`` (Sec. 3.4, Fig. 2) the discriminator is ``sigmoid(Linear(feature_dim, 1))`` on the
 classifier's ``features(x)``: only that head is the client's own; with ``sharing=false`` it is a separate
 network (Table 3, "no-sharing") whose full weights are the client's state.
@@ -57,7 +61,7 @@ from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.models import FedModel, build_model
 from fedray.models.base import frozen_bn_stats
-from fedray.models.dcgan import DCGANGenerator, separate_discriminator
+from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
 from fedray.seeding import derive_seed
 
 
@@ -68,7 +72,10 @@ class DaFKDParams(BaseModel):
     private_discriminator: bool = Field(default=False, description="Appendix B: upload f*s and f, not theta^d")
     ensemble: Literal["probs", "logits"] = Field(default="probs", description="paper: probs; authors' code: logits")
     aggregation: Literal["uniform", "samples"] = Field(default="uniform", description="Eq. 4/6: 1/K_t; code: |D_k|")
+    generator: Literal["conditional", "dcgan"] = Field(
+        default="conditional", description="the paper's conditional fully-connected generator, or the authors' DCGAN")
     noise_dim: int = Field(default=100, ge=1)
+    gen_hidden: int = Field(default=256, ge=2, description="conditional generator: hidden width (paper: not given)")
     gen_width: int = Field(default=64, ge=1, description="DCGAN width w: 4w-2w-w channels (authors' code: 64)")
     gen_lr: float = Field(default=0.001, gt=0, description="generator Adam lr (betas 0.5, 0.999)")
     disc_lr: float = Field(default=0.001, gt=0, description="discriminator head / network lr")
@@ -99,7 +106,7 @@ class DaFKDParams(BaseModel):
 @dataclass
 class DaFKDModules:
     model: FedModel  # classifier w (student on the server)
-    generator: DCGANGenerator  # theta^g
+    generator: nn.Module  # theta^g: ConditionalGenerator (the paper's) or DCGANGenerator (the authors' code)
     disc: nn.Module  # sharing: Linear(feature_dim, 1) on model.features; else a separate network
 
 
@@ -146,8 +153,12 @@ class DaFKD(Algorithm):
 
     def build_modules(self) -> DaFKDModules:
         model = build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes)
-        gen = DCGANGenerator(self.params.noise_dim, self.spec.input_shape, self.params.gen_width,
-                             self.spec.mean, self.spec.std)
+        p = self.params
+        if p.generator == "conditional":
+            gen: nn.Module = ConditionalGenerator(p.noise_dim, self.spec.num_classes, self.spec.input_shape,
+                                                  p.gen_hidden, self.spec.mean, self.spec.std)
+        else:
+            gen = DCGANGenerator(p.noise_dim, self.spec.input_shape, p.gen_width, self.spec.mean, self.spec.std)
         return DaFKDModules(model=model, generator=gen, disc=self._build_disc(model.feature_dim))
 
     def init_server_state(self, modules: DaFKDModules) -> DaFKDServerState:
@@ -194,8 +205,9 @@ class DaFKD(Algorithm):
         m.generator.train()
         z = torch.randn(p.distill_samples, p.noise_dim, generator=torch.Generator().manual_seed(seed % (1 << 63)))
         z, bs = z.to(device), self.cfg.federation.batch_size
+        y = (torch.arange(p.distill_samples) % self.spec.num_classes).to(device)  # every class equally often
         with torch.no_grad():
-            return torch.cat([m.generator(z[i : i + bs]) for i in range(0, len(z), bs)])
+            return torch.cat([m.generator(z[i : i + bs], y[i : i + bs]) for i in range(0, len(z), bs)])
 
     def client_outputs(self, m: DaFKDModules, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Soft outputs s_k(x) (probabilities at temperature T, or logits) and f_k(x) (None without
@@ -229,6 +241,13 @@ class DaFKD(Algorithm):
         (grad,) = torch.autograd.grad(out.sum(), mix, create_graph=True)
         return ((grad.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
 
+    def _labels(self, n: int, rng: torch.Generator, device: torch.device) -> torch.Tensor | None:
+        """Classes for the conditional generator, uniform (class-balanced); None for the DCGAN, which draws
+        nothing more from ``rng``."""
+        if self.params.generator != "conditional":
+            return None
+        return torch.randint(self.spec.num_classes, (n,), generator=rng).to(device)
+
     def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
         assert state.client_id == ctx.client_id, "a client received another client's discriminator"
         p, m, fed, dev = self.params, ctx.modules, ctx.fed, ctx.device
@@ -260,7 +279,7 @@ class DaFKD(Algorithm):
             loss = ce
             if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
                 with torch.no_grad():
-                    fake = m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev))
+                    fake = m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev), self._labels(b, noise, dev))
                 d_real = self.disc_logits(m, x, feats)
                 with frozen_bn_stats(m.model):  # generated images never enter the running statistics
                     d_fake = self.disc_logits(m, fake)
@@ -277,7 +296,8 @@ class DaFKD(Algorithm):
             opt.step()
             if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
                 with frozen_bn_stats(m.model):
-                    d_gen = self.disc_logits(m, m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev)))
+                    z = torch.randn(b, p.noise_dim, generator=noise).to(dev)
+                    d_gen = self.disc_logits(m, m.generator(z, self._labels(b, noise, dev)))
                 if p.gen_loss == "nonsaturating":
                     g_loss = F.binary_cross_entropy_with_logits(d_gen, ones)  # -log f(G(z))
                 else:

@@ -1,4 +1,5 @@
-"""DaFKD's generator and its separate (no-sharing) discriminator.
+"""DaFKD's generators (the authors' DCGAN; the paper's conditional fully-connected one) and its separate
+(no-sharing) discriminator.
 
 **Generator** (DCGAN, Radford et al. 2016; the DaFKD authors' ``GeneratorCifar``): z in R^nz, seen as a
 1x1 map, -> ConvTranspose to ``4w`` channels at a small base size -> three stride-2 ConvTranspose layers
@@ -66,14 +67,58 @@ class DCGANGenerator(nn.Module):
         self.net = nn.Sequential(*layers)
         dcgan_init(self)
 
-    def forward(self, z: Tensor) -> Tensor:
-        t = self.net(z.view(z.shape[0], self.noise_dim, 1, 1))
-        m = torch.as_tensor(self.mean, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
-        s = torch.as_tensor(self.std, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
-        return ((t + 1.0) * 0.5 - m) / s
+    conditional = False
+
+    def forward(self, z: Tensor, y: Tensor | None = None) -> Tensor:
+        """``y`` (labels) is ignored: this generator is unconditional."""
+        return to_input_space(self.net(z.view(z.shape[0], self.noise_dim, 1, 1)), self.mean, self.std)
 
     def extra_repr(self) -> str:
         return f"noise_dim={self.noise_dim}, output_shape={self.output_shape}"
+
+
+def to_input_space(t: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
+    """tanh output t in [-1, 1] read as pixels (t + 1) / 2 and normalised like the real data."""
+    m = torch.as_tensor(mean, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
+    return ((t + 1.0) * 0.5 - m) / s
+
+
+class ConditionalGenerator(nn.Module):
+    """The DaFKD paper's generator (Sec. 4.1, as FedGen's): an embedding of the one-hot label and one of the
+    noise vector, concatenated, then fully-connected layers with BatchNorm and LeakyReLU, and a last one to
+    C x H x W with tanh (read as pixels and normalised like :class:`DCGANGenerator`). (z, y) -> images of
+    class y: the distillation set can then hold every class in equal numbers.
+
+    The paper gives the layer types only; widths here: embeddings of ``hidden`` / 2 each, hidden layers of
+    ``hidden`` and 2 ``hidden`` units."""
+
+    conditional = True
+
+    def __init__(self, noise_dim: int, num_classes: int, output_shape: tuple[int, int, int], hidden: int = 256,
+                 mean: tuple[float, ...] = (0.5,), std: tuple[float, ...] = (0.5,)):
+        super().__init__()
+        channels = int(output_shape[0])
+        self.noise_dim, self.num_classes = int(noise_dim), int(num_classes)
+        self.output_shape = tuple(int(d) for d in output_shape)
+        self.mean = tuple(float(m) for m in mean) * (channels if len(mean) == 1 else 1)
+        self.std = tuple(float(s) for s in std) * (channels if len(std) == 1 else 1)
+        self.label_embedding = nn.Linear(self.num_classes, hidden // 2)
+        self.noise_embedding = nn.Linear(self.noise_dim, hidden // 2)
+        self.net = nn.Sequential(
+            nn.Linear(2 * (hidden // 2), hidden), nn.BatchNorm1d(hidden), nn.LeakyReLU(0.2),
+            nn.Linear(hidden, 2 * hidden), nn.BatchNorm1d(2 * hidden), nn.LeakyReLU(0.2),
+            nn.Linear(2 * hidden, channels * self.output_shape[1] * self.output_shape[2]), nn.Tanh())
+
+    def forward(self, z: Tensor, y: Tensor | None = None) -> Tensor:
+        if y is None:
+            raise ValueError("the conditional generator needs labels y")
+        onehot = nn.functional.one_hot(y, self.num_classes).to(z.dtype)
+        h = torch.cat([self.label_embedding(onehot), self.noise_embedding(z)], dim=1)
+        return to_input_space(self.net(h).view(z.shape[0], *self.output_shape), self.mean, self.std)
+
+    def extra_repr(self) -> str:
+        return f"noise_dim={self.noise_dim}, num_classes={self.num_classes}, output_shape={self.output_shape}"
 
 
 def dcgan_init(module: nn.Module) -> None:

@@ -26,7 +26,8 @@ from tests.conftest import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small generator and distillation so that a round takes well under a second on one core.
-SMALL = {"algorithm__name": "dafkd", "algorithm__gen_width": 8, "algorithm__distill_samples": 48,
+SMALL = {"algorithm__name": "dafkd", "algorithm__generator": "dcgan", "algorithm__gen_width": 8,
+         "algorithm__gen_hidden": 32, "algorithm__distill_samples": 48,
          "algorithm__distill_steps": 6, "algorithm__distill_batch_size": 16, "algorithm__distill_lr": 0.05}
 
 
@@ -244,6 +245,7 @@ OPTIONS = {
                      "algorithm__distill_start_round": 2, "algorithm__distill_optimizer": "adam",
                      "algorithm__distill_lr": 1e-4, "federation__optimizer": "adam", "federation__lr": 0.001},
     "minimax": {"algorithm__gen_loss": "minimax", "algorithm__eval_average": True},
+    "conditional": {"algorithm__generator": "conditional"},
 }
 
 
@@ -439,3 +441,26 @@ def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
     assert not any(k in row for row in without.history for k in keys)
     for k in ("eval/accuracy", "train/loss", "server/kd_loss"):  # diagnostics never feed back into the method
         assert [r.get(k) for r in with_diag.history] == [r.get(k) for r in without.history], k
+
+
+def test_conditional_generator_makes_images_of_the_asked_class_and_balanced_distillation_sets():
+    from fedray.models.dcgan import ConditionalGenerator
+
+    torch.manual_seed(0)
+    gen = ConditionalGenerator(100, 10, (1, 28, 28), hidden=32, mean=(0.2860,), std=(0.3530,)).eval()
+    z = torch.randn(4, 100)
+    a, b = gen(z, torch.tensor([0, 1, 2, 3])), gen(z, torch.tensor([5, 1, 2, 3]))
+    assert a.shape == (4, 1, 28, 28)
+    assert not torch.equal(a[0], b[0]) and torch.equal(a[1:], b[1:])  # the label steers the image
+    lo, hi = (0 - 0.2860) / 0.3530, (1 - 0.2860) / 0.3530  # tanh read as [0, 1] pixels, then normalised
+    assert a.min() >= lo - 1e-5 and a.max() <= hi + 1e-5
+    with pytest.raises(ValueError, match="needs labels"):
+        gen(z)
+    cfg = dafkd_config(algorithm__generator="conditional", algorithm__distill_samples=40)
+    algo = DaFKD(cfg, data_spec(build_federated_data(cfg.data, cfg.seed)))
+    modules = algo.build_modules()
+    seen = []
+    modules.generator.register_forward_hook(lambda mod, args, out: seen.append(args[1]))
+    algo.distillation_set(modules, {k: v.clone() for k, v in modules.generator.state_dict().items()}, 7,
+                          torch.device("cpu"))
+    assert torch.bincount(torch.cat(seen), minlength=10).tolist() == [4] * 10  # every class equally often
