@@ -1,15 +1,19 @@
 """DaFKD against FedAvg and FedProx on real Fashion-MNIST, with its two ablations (DaFKD Tables 1-3).
 
-Setting (the ``dafkd_fmnist`` preset, the paper's Sec. 4.1 as far as a CPU allows): K=20 clients, 8 per
-round, Dirichlet alpha in {0.1, 1.0}, 20 local steps of batch 32, 60 rounds, LeNet-5, Adam lr 1e-3 and
-weight decay 1e-3 for every method's local training; DaFKD with a width-16 DCGAN generator. Methods:
+Setting (``--preset``, default ``dafkd_fmnist``: the paper's Sec. 4.1 at a reduced budget a CPU allows): K=20
+clients, 8 per round, Dirichlet alpha in {0.1, 1.0}, 20 local steps of batch 32, 60 rounds, LeNet-5, Adam lr
+1e-3 and weight decay 1e-3 for every method's local training; DaFKD with a width-16 DCGAN generator.
+``--local-epochs N`` / ``--local-steps N`` set every method's local budget (the paper: 20 epochs);
+``--preset dafkd_resnet11 --device cuda`` is the paper's setting on a GPU. Methods:
 ``fedavg``, ``fedprox`` (mu = 0.01), ``dafkd``, ``dafkd_no_sharing`` (Table 3: separate discriminator),
 ``dafkd_no_correlation`` (Table 3: uniform weights). DaFKD runs also evaluate the plain average before
 distillation (``eval/accuracy_avg``), to show what the distillation itself adds.
 
 Writes ``OUT/dafkd_fmnist.json`` (every run's figures and DaFKD's per-round diagnostics) and
 ``OUT/dafkd_fmnist.md`` (top-1 % as mean ± std over seeds beside the paper's Table 1 / 3, rounds to 60% and
-65% beside Table 2 / 3b, seconds per round, diagnostics). Resumable: a run whose directory already holds
+65% beside Table 2 / 3b, seconds per round, diagnostics, and whether the mechanism works: each discriminator's
+domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembles; plotted over rounds in
+``OUT/dafkd_fmnist_mechanism.png``). Resumable: a run whose directory already holds
 ``summary.json`` is not run again, so an interrupted benchmark continues where it stopped.
 
     .venv/bin/python benchmarks/dafkd_fmnist.py --jobs 2                         # the full benchmark
@@ -60,6 +64,9 @@ TARGETS = (0.60, 0.65)
 DIAGNOSTICS = ("eval/accuracy", "eval/accuracy_avg", "server/alpha_max_mean", "server/alpha_entropy",
                "server/disc_score_mean", "train/disc_acc_real", "train/disc_acc_fake", "server/kd_loss_first",
                "server/kd_loss", "train/loss", "train/gen_loss")
+# Does the mechanism work (simulation-only, real images; README's DaFKD section)?
+MECHANISM = ("diag/domain_auc", "diag/alpha_entropy_real", "diag/ens_acc_eq7", "diag/ens_acc_uniform",
+             "diag/ens_acc_oracle")
 
 
 def run_dir(root: Path, method: str, alpha: float, seed: int) -> Path:
@@ -67,17 +74,17 @@ def run_dir(root: Path, method: str, alpha: float, seed: int) -> Path:
 
 
 def make_config(method: str, alpha: float, seed: int, rounds: int, track: bool, data_dir: str | None,
-                eval_average: bool):
+                eval_average: bool, preset: str = "dafkd_fmnist", budget: dict | None = None, device: str = "cpu"):
     from fedray.config import apply_overrides, load_config, validate_config
 
-    raw = load_config("dafkd_fmnist").model_dump(mode="json")
+    raw = load_config(preset).model_dump(mode="json")
     if method.startswith("dafkd"):
         raw["algorithm"].update(METHODS[method], eval_average=eval_average)
     else:
         raw["algorithm"] = dict(METHODS[method])
     over = {"name": f"bench_{method}", "seed": seed, "data.alpha": alpha, "federation.rounds": rounds,
             "tracking.enabled": track, "tracking.experiment": "dafkd_fmnist", "runtime.backend": "local",
-            "runtime.num_cpus_per_worker": 1}
+            "runtime.num_cpus_per_worker": 1, "runtime.device": device, **(budget or {})}
     if data_dir:
         over["data.data_dir"] = data_dir
     return validate_config(apply_overrides(raw, over))
@@ -92,7 +99,7 @@ def run_one(job: dict) -> str:
     if is_finished(out):
         return f"skip {out.name} (finished)"
     cfg = make_config(job["method"], job["alpha"], job["seed"], job["rounds"], job["track"], job["data_dir"],
-                      job["eval_average"])
+                      job["eval_average"], job["preset"], job["budget"], job["device"])
     hooks = []
     if job["track"]:
         from fedray.tracking import RunTracking
@@ -140,7 +147,7 @@ def collect(root: Path, methods, alphas, seeds) -> list[dict]:
                 if m.startswith("dafkd"):
                     rec["accuracy_avg"] = _num(summary.get("eval/accuracy_avg"))
                     rec["accuracy_avg_last5"] = last_n_mean(hist, "eval/accuracy_avg")
-                    rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in DIAGNOSTICS}
+                    rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in (*DIAGNOSTICS, *MECHANISM)}
                 runs.append(rec)
     return runs
 
@@ -182,15 +189,75 @@ def _mean_curve(recs: list[dict], key: str) -> list[float | None]:
     return out
 
 
-def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str) -> str:
+def _window(curve: list[float | None], first: bool, n: int = 5) -> float | None:
+    vals = [v for v in (curve[:n] if first else curve[-n:]) if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def mechanism(by: dict, alphas) -> list[str]:
+    """Does Eq. 7 do what the paper says, here? From the diag/* curves of the DaFKD runs (mean over seeds)."""
+    lines = ["", "## Does the mechanism work? (DaFKD runs; simulation-only diagnostics on real images)", "",
+             "| α | domain AUC first 5 → last 5 | Eq. 7 entropy on real images first 5 → last 5 | ensemble accuracy "
+             "(%), last 5: Eq. 7 / uniform / oracle |", "|---|---|---|---|"]
+    for a in alphas:
+        recs = by.get(("dafkd", a), [])
+        if not recs or not any("diag/domain_auc" in r.get("per_round", {}) for r in recs):
+            continue
+        c = {k: _mean_curve(recs, k) for k in MECHANISM}
+        fmt = lambda v, pct=False: "—" if v is None else (f"{100 * v:.2f}" if pct else f"{v:.3f}")  # noqa: E731
+        lines.append(f"| {a:g} | {fmt(_window(c['diag/domain_auc'], True))} → {fmt(_window(c['diag/domain_auc'], False))}"
+                     f" | {fmt(_window(c['diag/alpha_entropy_real'], True))} → "
+                     f"{fmt(_window(c['diag/alpha_entropy_real'], False))} | "
+                     + " / ".join(fmt(_window(c[k], False), True) for k in MECHANISM[2:]) + " |")
+    lines += ["", "AUC 0.5: a client's discriminator cannot tell its own images from the others'. Entropy 1: "
+              "uniform weights. Oracle: each client weighted by its share of the training images of the image's "
+              "true class (Theorem 1's ideal under label skew)."]
+    return lines
+
+
+def plot_mechanism(by: dict, alphas, path: Path) -> Path | None:
+    """The diag/* curves over rounds, one panel per α (mean over seeds)."""
+    panels = [a for a in alphas if any("diag/domain_auc" in r.get("per_round", {}) for r in by.get(("dafkd", a), []))]
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 3.6), squeeze=False)
+    for ax, a in zip(axes[0], panels):
+        recs = by[("dafkd", a)]
+        for key, label in (("diag/domain_auc", "domain AUC"), ("diag/alpha_entropy_real", "Eq. 7 entropy (real)"),
+                           ("diag/ens_acc_eq7", "ens. acc Eq. 7"), ("diag/ens_acc_uniform", "ens. acc uniform"),
+                           ("diag/ens_acc_oracle", "ens. acc oracle"), ("eval/accuracy", "DaFKD acc"),
+                           ("eval/accuracy_avg", "average before distillation")):
+            curve = _mean_curve(recs, key)
+            if curve:
+                ax.plot(range(1, len(curve) + 1), [np.nan if v is None else v for v in curve], label=label)
+        ax.axhline(0.5, color="grey", lw=0.5, ls=":")
+        ax.set_title(f"DaFKD, α={a:g}, {len(recs)} seed(s)")
+        ax.set_xlabel("round")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str, setting: str = "") -> str:
     by = {}
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)
-    lines = ["# DaFKD on Fashion-MNIST (LeNet-5, CPU)", "",
+    setting = setting or ("LeNet-5, K=20 clients, 8 per round, 20 local steps of batch 32 (a reduced budget: the "
+                          "paper's E = 20 is epochs), Adam lr 1e-3, weight decay 1e-3")
+    lines = ["# DaFKD on Fashion-MNIST", "",
              f"`{command}`", "",
-             f"K=20 clients, 8 per round, 20 local steps of batch 32, {rounds} rounds, Adam lr 1e-3, weight decay "
-             f"1e-3, seeds {', '.join(map(str, seeds))}. Paper: ResNet-11 and its own FedAvg/FedProx runs, "
-             "E=20, T=60 (Table 1, 2, 3); its numbers are copied for reference, not reproduced settings.", "",
+             f"{setting}, {rounds} rounds, seeds {', '.join(map(str, seeds))}; the same budget for every method. "
+             "Paper: ResNet-11 and its own FedAvg/FedProx runs, E=20 epochs, T=60 (Table 1, 2, 3); its numbers are "
+             "copied for reference, not reproduced settings.", "",
              "## Top-1 test accuracy (%), last round, mean ± std over seeds", ""]
     head = ["method"]
     for a in alphas:
@@ -264,12 +331,19 @@ def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str
                     v = curves[k][i] if i < len(curves[k]) else None
                     cells.append("—" if v is None else (f"{100 * v:.2f}" if k.startswith("eval/") else f"{v:.4f}"))
                 lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    lines += mechanism(by, alphas)
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--preset", default="dafkd_fmnist", choices=["dafkd_fmnist", "dafkd_resnet11", "dafkd_fmnist_authors"],
+                    help="the DaFKD preset whose federation budget every method shares")
+    budget = ap.add_mutually_exclusive_group()
+    budget.add_argument("--local-epochs", type=int, help="every method's local budget in epochs (the paper: 20)")
+    budget.add_argument("--local-steps", type=int, help="every method's local budget in steps")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.1, 1.0])
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -282,9 +356,16 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="run nothing: tabulate the finished runs of the grid (missing ones are left out)")
     args = ap.parse_args()
-    root = Path(args.runs_dir or f"runs/dafkd_fmnist_R{args.rounds}")
+    budget: dict[str, Any] = {}
+    if args.local_epochs:
+        budget = {"federation.local_epochs": args.local_epochs}
+    elif args.local_steps:
+        budget = {"federation.local_epochs": None, "federation.local_steps": args.local_steps}
+    tag = f"E{args.local_epochs}" if args.local_epochs else (f"S{args.local_steps}" if args.local_steps else "")
+    root = Path(args.runs_dir or f"runs/{args.preset}_R{args.rounds}{tag}")
     jobs = [{"method": m, "alpha": a, "seed": s, "rounds": args.rounds, "track": args.track,
-             "data_dir": args.data_dir, "eval_average": not args.no_eval_average, "out": str(run_dir(root, m, a, s))}
+             "data_dir": args.data_dir, "eval_average": not args.no_eval_average, "out": str(run_dir(root, m, a, s)),
+             "preset": args.preset, "budget": budget, "device": args.device}
             for a in args.alphas for s in args.seeds for m in args.methods]
     if args.report_only:
         jobs = []
@@ -300,18 +381,33 @@ def main() -> None:
     runs = collect(root, args.methods, args.alphas, args.seeds)
     command = ("python benchmarks/dafkd_fmnist.py --seeds " + " ".join(map(str, args.seeds)) + " --alphas "
                + " ".join(f"{a:g}" for a in args.alphas) + f" --rounds {args.rounds} --methods "
-               + " ".join(args.methods))
+               + " ".join(args.methods) + f" --preset {args.preset}"
+               + (f" --local-epochs {args.local_epochs}" if args.local_epochs else "")
+               + (f" --local-steps {args.local_steps}" if args.local_steps else ""))
+    cfg0 = make_config("dafkd", args.alphas[0], args.seeds[0], args.rounds, False, args.data_dir, True, args.preset,
+                       budget, args.device)
+    fed = cfg0.federation
+    setting = (f"preset {args.preset}: {cfg0.model.name}, K={cfg0.data.num_clients} clients, {fed.clients_per_round} "
+               f"per round, " + (f"{fed.local_epochs} local epochs" if fed.local_epochs else f"{fed.local_steps} local "
+                                 "steps") + f" of batch {fed.batch_size}, {fed.optimizer} lr {fed.lr:g}, weight decay "
+               f"{fed.weight_decay:g}, device {args.device}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": "dafkd_fmnist", "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": "cpu"},
-              "settings": {"preset": "dafkd_fmnist", "rounds": args.rounds, "seeds": args.seeds,
+              "settings": {"preset": args.preset, "budget": budget, "rounds": args.rounds, "seeds": args.seeds,
                            "alphas": args.alphas, "methods": {m: METHODS[m] for m in args.methods}},
               "wall_s_this_invocation": round(wall, 1), "runs": runs,
               "paper": {"accuracy": {f"{m}@{a:g}": v for (m, a), v in PAPER_ACC.items()},
                         "rounds_to_60_65_alpha0.1": PAPER_ROUNDS}}
     (out / "dafkd_fmnist.json").write_text(json.dumps(record, indent=1) + "\n")
-    md = markdown(runs, args.methods, args.alphas, args.seeds, args.rounds, command)
+    md = markdown(runs, args.methods, args.alphas, args.seeds, args.rounds, command, setting)
+    by: dict = {}
+    for r in runs:
+        by.setdefault((r["method"], r["alpha"]), []).append(r)
+    plot = plot_mechanism(by, args.alphas, out / "dafkd_fmnist_mechanism.png")
+    if plot is not None:
+        md += f"\n![the diagnostics over rounds]({plot.name})\n"
     (out / "dafkd_fmnist.md").write_text(md)
     print(md)
 
