@@ -66,6 +66,9 @@ class Evaluator:
         flat = np.concatenate(idx) if idx else np.zeros(0, np.int64)
         self.local_x, self.local_y = data.train_x[flat], data.train_y[flat]
         self.local_start = np.concatenate(([0], np.cumsum([len(i) for i in idx]))).astype(np.int64)
+        # Multi-domain data: the global test set's accuracy per domain too (eval/acc_<domain>)
+        self.test_domain = None if data.test_domain is None else np.asarray(data.test_domain)
+        self.domains = data.domains
 
     @torch.inference_mode()
     def _correct(self, x: np.ndarray, y: np.ndarray, model: torch.nn.Module | None = None) -> np.ndarray:
@@ -90,7 +93,11 @@ class Evaluator:
         assert self.model is not None, "evaluate() scores a global model: build the Evaluator with one"
         self.model.load_state_dict(weights)
         self.model.eval()
-        metrics = {"eval/accuracy": float(self._correct(self.test_x, self.test_y).mean())}
+        glob = self._correct(self.test_x, self.test_y)
+        metrics = {"eval/accuracy": float(glob.mean())}
+        if self.test_domain is not None:
+            for d in np.unique(self.test_domain):
+                metrics[f"eval/acc_{self.domains[d]}"] = float(glob[self.test_domain == d].mean())
         ok = self._correct(self.local_x, self.local_y)
         correct = np.bincount(self.client_of, weights=ok, minlength=self.num_clients)
         total = np.bincount(self.client_of, minlength=self.num_clients)

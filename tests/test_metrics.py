@@ -73,3 +73,31 @@ def test_rounds_to_target():
     assert rounds_to_target(rounds, values, 0.95) is None  # never reached
     assert rounds_to_target([2, 4], [np.float64("nan"), np.float64(0.6)], 0.5) == 4
     assert rounds_to_target([], [], 0.5) is None
+
+
+def test_evaluator_reports_each_domains_accuracy_on_multi_domain_data():
+    """eval/acc_<domain>: the global model on each client domain's share of the global test set; their
+    size-weighted mean is eval/accuracy. A model that predicts class 0 is right exactly on the 0 labels."""
+    import torch
+
+    from fedray.data.federated import FederatedData
+    from fedray.metrics import Evaluator
+
+    class Zero(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b = torch.nn.Parameter(torch.tensor([1.0, 0.0]))
+
+        def forward(self, x):
+            return self.b.expand(x.shape[0], 2)
+
+    test_y = np.array([0, 0, 1, 1, 0, 1, 1, 1, 1, 1])  # domain "a": 4 images (2 zeros); "c": 6 (1 zero)
+    data = FederatedData(
+        dataset="toy", train_x=np.zeros((4, 1, 2, 2), np.uint8), train_y=np.array([0, 1, 0, 1]),
+        test_x=np.zeros((10, 1, 2, 2), np.uint8), test_y=test_y, client_train=[np.array([0, 1]), np.array([2, 3])],
+        client_test=[np.array([0]), np.array([2])], num_classes=2, mean=(0.5,), std=(0.5,),
+        domains=("a", "b", "c"), test_domain=np.array([0] * 4 + [2] * 6))
+    model = Zero()
+    m = Evaluator(data, model, torch.device("cpu"), batch_size=3).evaluate(model.state_dict())
+    assert m["eval/acc_a"] == 0.5 and m["eval/acc_c"] == 1 / 6 and "eval/acc_b" not in m  # b: the server's
+    assert m["eval/accuracy"] == pytest.approx((4 * 0.5 + 6 / 6) / 10)
