@@ -263,17 +263,22 @@ def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, 
     assert out.count("stopped by ASHA at round") == early
 
 
+def _sweep_command(tmp_path, experiment: str, name: str, lrs: list[float], rounds: int):
+    """A one-trial-at-a-time sweep over federation.lr run as `fedray tune` in a process: (cmd, env, MLflow URI)."""
+    spec = write_spec(tmp_path / f"{experiment}.yaml", search={"federation.lr": {"grid": lrs}},
+                      overrides={"federation.rounds": rounds, "federation.local_steps": 2,
+                                 "tracking.experiment": experiment}, trial_cpus=1, max_concurrent=1)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()  # create the tables before two processes use the store
+    return ([sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", name],
+            {**os.environ, "RAY_AUTH_MODE": "disabled"}, uri)
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_interrupted_sweep_resumes(tmp_path):
     """Ctrl-C mid-sweep: runs end KILLED, exit 130; `--resume` finishes the sweep with new child runs."""
-    spec = write_spec(tmp_path / "long.yaml", search={"federation.lr": {"grid": [0.05, 0.1]}},
-                      overrides={"federation.rounds": 60, "federation.local_steps": 2, "tracking.experiment": "long"},
-                      trial_cpus=1, max_concurrent=1)
-    cmd = [sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", "r1"]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(uri).search_experiments()  # create the tables before two processes use the store
+    cmd, env, uri = _sweep_command(tmp_path, "long", "r1", [0.05, 0.1], rounds=60)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     client = MlflowClient(uri)
     try:
@@ -311,13 +316,7 @@ def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
     """SIGKILL of the driver: the saved sweep state may name a trial checkpoint that newer ones have since
     replaced (deleted here, all of them, to make that certain). `--resume` must not fail that trial: it goes on
     from its run directory's own checkpoint (or from scratch) and says so."""
-    spec = write_spec(tmp_path / "hard.yaml", search={"federation.lr": {"grid": [0.05]}},
-                      overrides={"federation.rounds": 40, "federation.local_steps": 2, "tracking.experiment": "hard"},
-                      trial_cpus=1, max_concurrent=1)
-    cmd = [sys.executable, "-m", "fedray.cli", "tune", str(spec), "--name", "h1"]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(uri).search_experiments()  # create the tables before two processes use the store
+    cmd, env, uri = _sweep_command(tmp_path, "hard", "h1", [0.05], rounds=40)
     sweep = tmp_path / "sweeps" / "h1"
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
