@@ -1,0 +1,61 @@
+"""Why the heterogeneous FedD3A run of ``fedd3a_domains.py`` stays at chance: each client model as a teacher
+on the server's (blurred) domain, round by round.
+
+Runs ``--rounds`` rounds of the benchmark's ``fedd3a_hetero`` cross-silo setting in-process and prints, per
+round and client, the architecture, the local loss, and the teacher's accuracy on the server's images (from
+the labels the simulation keeps; the method never reads them), its mean top probability and how many of the
+server's images it puts in its most predicted class; then the plain average's accuracy.
+
+    .venv/bin/python benchmarks/fedd3a_hetero_probe.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fedd3a_domains import make_config  # noqa: E402
+
+
+def main() -> None:
+    from fedray.algorithms.proxy_distill import teacher_logits
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import ClientWorkerCore, ServerCore
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cfg = make_config("fedd3a_hetero", "cross_silo", args.seed, args.rounds, "cpu")
+    data = build_federated_data(cfg.data, cfg.seed)
+    cpu = torch.device("cpu")
+    server, worker = ServerCore(cfg, data, cpu), ClientWorkerCore(cfg, data, cpu)
+    algo, x, y = server.algo, server.algo.server_data.x, server.server_labels
+    clients = list(range(data.num_clients))
+    states: dict[int, object] = {}
+    print("| round | client | architecture | train/loss | acc on server domain | mean top prob | top class share |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for rnd in range(1, args.rounds + 1):
+        payload, _ = server.broadcast(rnd)
+        uploads, losses = [], []
+        for c in clients:
+            up, states[c], info = worker.train(rnd, c, payload, states.get(c))
+            uploads.append(up)
+            losses.append(info["train/loss"])
+        probs = teacher_logits(((server.modules.bank.get(u.architecture), u.weights) for u in uploads), x, algo.spec,
+                               cfg.federation.eval_batch_size).softmax(-1)
+        for c, u, loss, p in zip(clients, uploads, losses, probs):
+            pred = p.argmax(1)
+            print(f"| {rnd} | {c} | {u.architecture} | {loss:.3f} | {float((pred == y).float().mean()):.3f} | "
+                  f"{float(p.max(1).values.mean()):.3f} | {float(torch.bincount(pred).max()) / len(pred):.3f} |")
+        print(f"| {rnd} | average | | | {float((probs.mean(0).argmax(1) == y).float().mean()):.3f} | | |")
+        server.aggregate(rnd, uploads, clients)
+
+
+if __name__ == "__main__":
+    main()
