@@ -21,8 +21,9 @@ The server holds unlabelled data of another domain (``data.server_data.kind=doma
 
 Logged: ``server/alpha_entropy`` (normalised, 1 = uniform), ``server/alpha_max_mean``, ``server/r_mean``,
 ``server/r_std`` and the KD loss; when the server's data has labels (the method never reads them):
-``diag/teacher_acc_<weighting>`` for all four weightings on this round's teachers and
-``diag/teacher_acc_best_single`` (the best single client).
+``diag/teacher_acc_<weighting>`` for all four weightings on this round's teachers,
+``diag/teacher_acc_best_single`` (the best single client), and the student's accuracy there before and
+after its distillation (``diag/student_acc_start``, ``diag/student_acc``).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class FedD3A(Algorithm):
     shared_architecture = False  # heterogeneous clients distil from the global model (the paper's Fig. 6)
     #: This round's cosines r, teacher probabilities and random-weighting seed, kept for server_diagnostics
     #: only (the method never reads them back; not server state, so not checkpointed).
-    _round: tuple[torch.Tensor, torch.Tensor, int] | None = None
+    _round: tuple[torch.Tensor, torch.Tensor, int, Weights, Weights] | None = None
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig) -> None:
@@ -206,17 +207,21 @@ class FedD3A(Algorithm):
         metrics.update({"server/alpha_entropy": float(normalised_entropy(alpha, dim=1).mean()),
                         "server/alpha_max_mean": float(alpha.max(1).values.mean()),
                         "server/r_mean": float(r.mean()), "server/r_std": float(r.std())})
-        self._round = (r, probs, derive_seed(ctx.seed, "fedd3a/random-weights"))
+        self._round = (r, probs, derive_seed(ctx.seed, "fedd3a/random-weights"), start, weights)
         return dataclasses.replace(state, weights=weights), metrics
 
     def server_diagnostics(self, ctx: ServerContext, labels: torch.Tensor) -> dict[str, float]:
         if self._round is None:
             return {}
-        r, probs, seed = self._round
+        r, probs, seed, start, distilled = self._round
         y = labels.to(probs.device)
         out = {}
         for kind in WEIGHTINGS:
             teacher = torch.einsum("nk,knc->nc", weights_for(kind, r, seed).to(probs.dtype), probs)
             out[f"diag/teacher_acc_{kind}"] = float((teacher.argmax(1) == y).float().mean())
         out["diag/teacher_acc_best_single"] = float((probs.argmax(2) == y).float().mean(1).max())
+        # the student on the server's domain before and after its distillation: can the teacher teach it?
+        for key, weights in (("diag/student_acc_start", start), ("diag/student_acc", distilled)):
+            out[key] = float((teacher_logits([(ctx.modules.model, weights)], self.server_data.x, self.spec,
+                                              self.cfg.federation.eval_batch_size)[0].argmax(1) == y).float().mean())
         return out

@@ -73,6 +73,7 @@ def test_two_round_run_repeats_and_reports_its_mechanism(extra):
     assert 0 <= row["server/alpha_entropy"] <= 1 and 1 / 3 <= row["server/alpha_max_mean"] <= 1
     # the server's data has labels in the simulation (hidden from the method): every weighting is scored
     assert {f"diag/teacher_acc_{k}" for k in ("soft", "onehot", "avg", "random", "best_single")} <= set(row)
+    assert 0 <= row["diag/student_acc_start"] <= 1 and 0 <= row["diag/student_acc"] <= 1
 
 
 def test_weightings_change_the_teacher_not_the_clients():
@@ -81,6 +82,7 @@ def test_weightings_change_the_teacher_not_the_clients():
             for w in ("soft", "avg")}
     assert runs["soft"]["train/loss"] == runs["avg"]["train/loss"]  # round 1: same clients
     assert runs["soft"]["diag/teacher_acc_soft"] == runs["avg"]["diag/teacher_acc_soft"]
+    assert runs["soft"]["diag/student_acc_start"] == runs["avg"]["diag/student_acc_start"]  # the same average
     assert runs["soft"]["server/alpha_entropy"] < runs["avg"]["server/alpha_entropy"] == pytest.approx(1.0)
 
 
