@@ -30,9 +30,10 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
 from fedray.checkpoint import CheckpointError, load_checkpoint
-from fedray.console import make_console
 from fedray.errors import ConfigError, check_interrupted, record_interrupt
-from fedray.runtime.ray_runtime import RayLogFile, start_ray
+from fedray.runtime.ray_logs import RayLogFile
+from fedray.runtime.ray_runtime import start_ray
+from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, ui_hint
 from fedray.tuning import SweepSpec, search_space_summary, trial_bundles
@@ -41,11 +42,6 @@ SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
 SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
 RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
-
-
-# In a trial's first report when the checkpoint Tune handed back was gone: the round it went on from (0: from
-# scratch). No "/" in the key: it is not a per-round metric.
-RESTARTED_KEY = "fedray_checkpoint_gone"
 
 
 class _TuneReport:
@@ -165,74 +161,6 @@ class MlflowSweepCallback(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         error = getattr(trial, "error_file", None) or ""
         self._finish(trial, "FAILED", {"fedray.error_file": str(error)})
-
-
-class ConsoleTrialReporter(tune.Callback):
-    """One terminal line per trial event, in place of Tune's status block: started (with its sampled values),
-    each evaluation (the sweep's metric, and the best so far), finished, stopped early by ASHA, failed, and a
-    trial that went on without the checkpoint the sweep's state named."""
-
-    def __init__(self, spec: SweepSpec, console):
-        self.spec, self.console = spec, console
-        self._rounds: dict[str, int] = {}
-        self._last: dict[str, dict[str, Any]] = {}
-        self.best: tuple[float, str] | None = None
-
-    def __getstate__(self):  # Tune pickles callbacks into its experiment state; the console stays behind
-        return {**self.__dict__, "console": None}
-
-    def __setstate__(self, state):  # a resumed sweep runs the pickled callbacks: print to this terminal
-        self.__dict__.update(state)
-        self.console = make_console()
-
-    def _say(self, trial, text: str) -> None:
-        if self.console is not None:
-            self.console.print(f"[{trial.trial_id}] {text}", highlight=False, markup=False, soft_wrap=True)
-
-    def _total(self, trial) -> int:
-        if trial.trial_id not in self._rounds:
-            self._rounds[trial.trial_id] = self.spec.trial_config(trial.config).federation.rounds
-        return self._rounds[trial.trial_id]
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        values = " ".join(f"{k}={v}" for k, v in trial.config.items())
-        self._say(trial, f"started   {values}")
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._last[trial.trial_id] = result
-        total, metric = self._total(trial), self.spec.metric
-        if RESTARTED_KEY in result:
-            went_on = int(result[RESTARTED_KEY])
-            self._say(trial, "its checkpoint in the sweep's saved state was gone (the driver was killed); "
-                      + (f"went on from its run directory's checkpoint at round {went_on}" if went_on
-                         else "restarted from round 1"))
-        value = result.get(metric)
-        if value is None:
-            return
-        sign = 1 if self.spec.mode == "max" else -1
-        if self.best is None or sign * value > sign * self.best[0]:
-            self.best = (float(value), trial.trial_id)
-        self._say(trial, f"round {int(result['round'])}/{total}  {metric} {value:.4f}  "
-                         f"(best so far {self.best[0]:.4f}, {self.best[1]})")
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        total = self._total(trial)
-        last = self._last.get(trial.trial_id, {})
-        done = int(last.get("round", 0))
-        value = last.get(self.spec.metric)
-        figure = f"  {self.spec.metric} {value:.4f}" if value is not None else ""
-        if done < total:
-            self._say(trial, f"stopped by ASHA at round {done}/{total}: its {self.spec.metric} was not in the "
-                             f"top 1/{self.spec.scheduler.reduction_factor:g} at a rung{figure}" if self.spec.scheduler
-                      else f"ended at round {done}/{total}{figure}")
-        else:
-            self._say(trial, f"finished  round {done}/{total}{figure}")
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        error = Path(getattr(trial, "error_file", None) or "")
-        lines = error.read_text(errors="replace").strip().splitlines() if error.is_file() else []
-        reason = lines[-1][:200] if lines else "see the sweep's ray.log"
-        self._say(trial, f"failed    {reason}" + (f" (traceback: {error})" if lines else ""))
 
 
 def _stand_in_for_lost_checkpoints(sweep_dir: Path) -> list[Path]:
@@ -390,45 +318,6 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             ray.shutdown()
         if ray_log is not None:
             ray_log.close()
-
-
-def plot_sweep(results, spec: SweepSpec, path: Path) -> Path | None:
-    """The sweep's metric (last reported value of each trial) against each searched parameter, one panel per
-    parameter, the best trial marked; None when no trial reported the metric."""
-    rows = [(r.config, r.metrics[spec.metric]) for r in results
-            if r.error is None and spec.metric in (r.metrics or {})]
-    if not rows:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = list(spec.search)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
-    best = (max if spec.mode == "max" else min)(rows, key=lambda r: r[1])
-    for ax, key in zip(axes[0], keys):
-        values = [cfg.get(key) for cfg, _ in rows]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            xs, bx = values, best[0].get(key)
-            if spec.search[key].kind == "loguniform" or (min(values) > 0 and max(values) >= 100 * min(values)):
-                ax.set_xscale("log")
-        else:  # categories, in order of first appearance
-            labels = list(dict.fromkeys(map(str, values)))
-            xs, bx = [labels.index(str(v)) for v in values], labels.index(str(best[0].get(key)))
-            ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-        ax.scatter(xs, [m for _, m in rows], alpha=0.7)
-        ax.margins(x=0.15)
-        ax.scatter([bx], [best[1]], marker="*", s=200, color="tab:red", label="best")
-        ax.set_xlabel(key)
-        ax.set_ylabel(spec.metric)
-        ax.grid(alpha=0.3)
-    axes[0][0].legend(loc="best")
-    fig.suptitle(f"{spec.name}: {len(rows)} trials, last reported {spec.metric}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _best(results, spec: SweepSpec) -> dict[str, Any]:
