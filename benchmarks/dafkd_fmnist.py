@@ -14,7 +14,8 @@ Writes ``OUT/dafkd_fmnist.json`` (every run's figures and DaFKD's per-round diag
 65% beside Table 2 / 3b, seconds per round, diagnostics, and whether the mechanism works: each discriminator's
 domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembles; plotted over rounds in
 ``OUT/dafkd_fmnist_mechanism.png``). Resumable: a run whose directory already holds
-``summary.json`` is not run again, so an interrupted benchmark continues where it stopped.
+``summary.json`` is not run again, and an interrupted run goes on from its last checkpoint, so an interrupted
+benchmark continues where it stopped.
 
     .venv/bin/python benchmarks/dafkd_fmnist.py --jobs 2                         # the full benchmark
     .venv/bin/python benchmarks/dafkd_fmnist.py --rounds 3 --seeds 0 --alphas 0.1 --out /tmp/smoke   # smoke
@@ -105,8 +106,12 @@ def run_one(job: dict) -> str:
         from fedray.tracking import RunTracking
 
         hooks = [RunTracking(cfg, run_file=out / MLFLOW_RUN_FILE)]
+    from fedray.checkpoint import FILENAME
+
     t0 = time.perf_counter()
-    result = run_experiment(cfg, out, progress=False, hooks=hooks)
+    # an interrupted run goes on from its last checkpoint (same figures as an uninterrupted one)
+    resume = out if (out / FILENAME).is_file() else None
+    result = run_experiment(cfg, out, progress=False, hooks=hooks, resume_from=resume)
     return (f"done {out.name}: acc {result.summary['eval/accuracy']:.4f}, "
             f"{result.summary['time/round_s']:.2f} s/round, {time.perf_counter() - t0:.0f} s")
 
