@@ -20,7 +20,6 @@ A spec (``tune_configs/*.yaml``)::
 from __future__ import annotations
 
 import itertools
-import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,11 +147,6 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
 def search_space_summary(spec: SweepSpec) -> dict[str, str]:
     """``search.<key> -> "grid [..]"``: logged as the sweep's MLflow params."""
     return {f"search.{k}": f"{d.kind} {getattr(d, d.kind)}" for k, d in spec.search.items()}
-
-
-def num_trials(spec: SweepSpec) -> int:
-    grid = math.prod(len(d.grid) for d in spec.search.values() if d.grid is not None)
-    return grid * spec.num_samples
 
 
 def planned_trials(spec: SweepSpec, num_samples: int | None = None) -> list[dict[str, Any]]:
