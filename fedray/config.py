@@ -159,6 +159,12 @@ class RuntimeConfig(_Strict):
     server_num_gpus: float = Field(default=0.0, ge=0)
     address: str | None = Field(default=None, description="Ray cluster address; default starts a local one")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    vectorize: Literal["auto"] | bool = Field(
+        default="auto", description="train a worker's clients of a round as one batched computation (torch.func.vmap "
+        "over stacked weights); auto: on CUDA devices, not on CPUs where it measured slower"
+    )
+    vectorize_max_clients: int = Field(default=64, ge=1, description="at most this many clients batched at once "
+                                       "(memory grows with it)")
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"

@@ -291,6 +291,13 @@ class Algorithm(ABC, Generic[Params]):
     def client_update(self, ctx: ClientContext, payload: Payload, state: ClientState | None) -> ClientResult:
         """Local training from the payload and this client's private state."""
 
+    def local_training(self, ctx: ClientContext, payload: Payload, state: ClientState | None) -> Any:
+        """This client's update as a :class:`~fedray.algorithms.training.LocalTraining` (start weights, loss,
+        finish), which the runtime may batch with the round's other clients (``runtime.vectorize``); None
+        (the default): the update is not plain local training and ``client_update`` runs it, one client at
+        a time. Methods that return one implement ``client_update`` as ``run_local_training`` of it."""
+        return None
+
     def personal_model(self, state: ClientState) -> PersonalModel:
         """Personalised methods: the client's own model inside its state (what ``eval/*`` scores)."""
         raise NotImplementedError(f"{type(self).__name__} has no per-client models")
@@ -332,6 +339,15 @@ class PersonalisedAlgorithm(Algorithm):
         model = ctx.own_model()
         model.load_state_dict(state.weights)
         return model
+
+    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish) -> Any:
+        """A :class:`~fedray.algorithms.training.LocalTraining` of the client's own model from its state;
+        ``finish(model, metrics, new_state)`` builds the result."""
+        from fedray.algorithms.training import LocalTraining
+
+        model = self.load_own_model(ctx, state)
+        return LocalTraining(model=model, start=state.weights, loss=loss,
+                             finish=lambda m, metrics: finish(m, metrics, self.keep(ctx, state, m)))
 
     @staticmethod
     def keep(ctx: ClientContext, state: PersonalModel, model: torch.nn.Module) -> PersonalModel:

@@ -28,11 +28,10 @@ from fedray.algorithms.base import (
     Upload,
     Weights,
     clone_weights,
-    make_optimizer,
-    train_local,
     weighted_average,
 )
 from fedray.algorithms.cached import CacheParams, ModelCache, init_cache, update_cache
+from fedray.algorithms.training import LocalTraining, run_local_training
 from fedray.models import build_model
 
 
@@ -116,14 +115,16 @@ class FedAvg(Algorithm):
             return CachedUpload(weights=clone_weights(model), num_samples=ctx.num_samples, client_id=ctx.client_id)
         return ModelUpload(weights=clone_weights(model), num_samples=ctx.num_samples)
 
-    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
+    def local_training(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> LocalTraining:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         model.train()
-        anchor = self.make_anchor(model, ctx, payload)
-        loss = train_local(ctx, model, lambda m, x, y: self.local_loss(m, x, y, anchor),
-                           make_optimizer(model.parameters(), ctx.fed))
-        return ClientResult(upload=self.make_upload(ctx, model), state=None, metrics={"train/loss": loss})
+        anchor = self.make_anchor(model, ctx, payload)  # from the payload alone: the same for every client
+        return LocalTraining(model=model, start=payload.weights, loss=lambda m, x, y: self.local_loss(m, x, y, anchor),
+                             finish=lambda m, metrics: ClientResult(self.make_upload(ctx, m), None, metrics))
+
+    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
+        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     # --- server -------------------------------------------------------------------------------------
     def server_update(

@@ -46,10 +46,9 @@ from fedray.algorithms.base import (
     ServerContext,
     ServerState,
     Upload,
-    make_optimizer,
-    train_local,
 )
 from fedray.algorithms.distill import kd_kl, normalised_entropy
+from fedray.algorithms.training import LocalTraining, run_local_training
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
 from fedray.errors import ConfigError
@@ -164,10 +163,8 @@ class FedCD(PersonalisedAlgorithm):
         assert ctx.server_x is not None, "FedCD's clients hold the shared validation images"
         return to_float(ctx.server_x[idx.to(ctx.server_x.device)], ctx.spec.mean, ctx.spec.std)
 
-    def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> ClientResult:
+    def local_training(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> LocalTraining:
         p = self.params
-        model = self.load_own_model(ctx, state)
-        kd = {"sum": 0.0, "n": 0}
         if payload.teacher is None or p.lambda_kd == 0:
             def loss_fn(m, x, y):
                 return F.cross_entropy(m(x), y)
@@ -177,18 +174,19 @@ class FedCD(PersonalisedAlgorithm):
 
             def loss_fn(m, x, y):  # Eq. 2: CE on the private batch + lambda * Eq. 1 on the teacher batch
                 distil = kd_kl(m(shared), teacher, p.temperature)
-                kd["sum"] += float(distil.detach())
-                kd["n"] += 1
-                return F.cross_entropy(m(x), y) + p.lambda_kd * distil
-        loss = train_local(ctx, model, loss_fn, make_optimizer(model.parameters(), ctx.fed))
-        model.eval()
-        with torch.no_grad():
-            logits = model(self.shared_images(ctx, payload.upload_idx)).float().cpu()
-        metrics = {"train/loss": loss}
-        if kd["n"]:
-            metrics["train/kd_loss"] = kd["sum"] / kd["n"]
-        return ClientResult(upload=FedCDUpload(client_id=ctx.client_id, logits=logits),
-                            state=self.keep(ctx, state, model), metrics=metrics)
+                return F.cross_entropy(m(x), y) + p.lambda_kd * distil, {"train/kd_loss": distil}
+
+        def finish(model: torch.nn.Module, metrics: dict[str, float], new: PersonalModel) -> ClientResult:
+            model.eval()
+            with torch.no_grad():
+                logits = model(self.shared_images(ctx, payload.upload_idx)).float().cpu()
+            return ClientResult(upload=FedCDUpload(client_id=ctx.client_id, logits=logits), state=new,
+                                metrics=metrics)
+
+        return self.own_training(ctx, state, loss_fn, finish)
+
+    def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> ClientResult:
+        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     # --- server (Algorithm 1, lines 11-16) ------------------------------------------------------------
     def server_update(self, state: FedCDServerState, uploads: list[FedCDUpload],

@@ -35,10 +35,9 @@ from fedray.algorithms.base import (
     ServerContext,
     ServerState,
     Upload,
-    make_optimizer,
-    train_local,
 )
-from fedray.algorithms.distill import kd_kl
+from fedray.algorithms.distill import soft_targets
+from fedray.algorithms.training import LocalTraining, run_local_training
 from fedray.data.federated import to_float
 
 
@@ -83,9 +82,8 @@ class FedDistill(PersonalisedAlgorithm):
     def broadcast(self, state: LabelLogits, round_: int) -> LabelLogitsPayload:
         return LabelLogitsPayload(logits=state.logits, present=state.present)
 
-    def client_update(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> ClientResult:
+    def local_training(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> LocalTraining:
         p = self.params
-        model = self.load_own_model(ctx, state)
         if payload.logits is None or p.lambda_kd == 0:
             def loss_fn(m, x, y):
                 return F.cross_entropy(m(x), y)
@@ -93,21 +91,28 @@ class FedDistill(PersonalisedAlgorithm):
             table, present = payload.logits.to(ctx.device), payload.present.to(ctx.device)
 
             def loss_fn(m, x, y):
+                # KD on the samples whose label some client holds, batch-mean over them; masked rather than
+                # indexed (no data-dependent shapes), so the loss also runs batched over clients.
                 z = m(x)
-                keep = present[y]
-                loss = F.cross_entropy(z, y)
-                if bool(keep.any()):
-                    loss = loss + p.lambda_kd * kd_kl(z[keep], table[y[keep]], p.temperature)
-                return loss
-        loss = train_local(ctx, model, loss_fn, make_optimizer(model.parameters(), ctx.fed))
-        model.eval()
-        outs, bs = [], ctx.fed.eval_batch_size
-        with torch.no_grad():
-            for s in range(0, ctx.num_samples, bs):
-                outs.append(model(to_float(ctx.x[s : s + bs], ctx.spec.mean, ctx.spec.std)).float().cpu())
-        means, counts = label_means(torch.cat(outs), ctx.y.cpu(), self.spec.num_classes)
-        return ClientResult(upload=LabelLogitsUpload(logits=means, counts=counts),
-                            state=self.keep(ctx, state, model), metrics={"train/loss": loss})
+                keep = present[y].to(z.dtype)
+                per_sample = F.kl_div(F.log_softmax(z / p.temperature, dim=-1),
+                                      soft_targets(table[y], p.temperature), reduction="none").sum(-1)
+                kd = (keep * per_sample).sum() / keep.sum().clamp_min(1.0) * p.temperature**2
+                return F.cross_entropy(z, y) + p.lambda_kd * kd
+
+        def finish(model: torch.nn.Module, metrics: dict[str, float], new: PersonalModel) -> ClientResult:
+            model.eval()
+            outs, bs = [], ctx.fed.eval_batch_size
+            with torch.no_grad():
+                for s in range(0, ctx.num_samples, bs):
+                    outs.append(model(to_float(ctx.x[s : s + bs], ctx.spec.mean, ctx.spec.std)).float().cpu())
+            means, counts = label_means(torch.cat(outs), ctx.y.cpu(), self.spec.num_classes)
+            return ClientResult(upload=LabelLogitsUpload(logits=means, counts=counts), state=new, metrics=metrics)
+
+        return self.own_training(ctx, state, loss_fn, finish)
+
+    def client_update(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> ClientResult:
+        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     def server_update(self, state: LabelLogits, uploads: list[LabelLogitsUpload],
                       ctx: ServerContext) -> tuple[LabelLogits, dict[str, float]]:

@@ -26,9 +26,8 @@ from fedray.algorithms.base import (
     ServerContext,
     ServerState,
     Upload,
-    make_optimizer,
-    train_local,
 )
+from fedray.algorithms.training import LocalTraining, run_local_training
 
 
 @dataclass
@@ -55,11 +54,12 @@ class Local(PersonalisedAlgorithm):
     def broadcast(self, state: NoServerState, round_: int) -> EmptyPayload:
         return EmptyPayload()
 
+    def local_training(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> LocalTraining:
+        return self.own_training(ctx, state, lambda m, x, y: F.cross_entropy(m(x), y),
+                                 lambda m, metrics, new: ClientResult(EmptyUpload(), new, metrics))
+
     def client_update(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> ClientResult:
-        model = self.load_own_model(ctx, state)
-        loss = train_local(ctx, model, lambda m, x, y: F.cross_entropy(m(x), y),
-                           make_optimizer(model.parameters(), ctx.fed))
-        return ClientResult(upload=EmptyUpload(), state=self.keep(ctx, state, model), metrics={"train/loss": loss})
+        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     def server_update(self, state: NoServerState, uploads: list[EmptyUpload],
                       ctx: ServerContext) -> tuple[NoServerState, dict[str, float]]:

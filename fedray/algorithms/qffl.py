@@ -26,8 +26,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.algorithms.base import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
+from fedray.algorithms.base import (ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights,
+                                    clone_weights)
 from fedray.algorithms.fedavg import FedAvg, ModelPayload, ModelState
+from fedray.algorithms.training import LocalTraining
 from fedray.data.federated import to_float
 
 EPS = 1e-10  # the reference code's offset of F_k
@@ -89,13 +91,17 @@ class QFFL(FedAvg):
             total += float(F.cross_entropy(logits, ctx.y[s : s + bs], reduction="sum"))
         return total / max(ctx.num_samples, 1)
 
-    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
+    def local_training(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> LocalTraining:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
-        loss = self.local_objective(ctx, model)
-        trained = super().client_update(ctx, payload, state)  # FedAvg's local SGD from the same w
-        delta, h = qffl_terms(payload.weights, trained.upload.weights, loss, self.params.q, ctx.fed.lr)
-        return ClientResult(QFFLUpload(delta=delta, h=h), None, {**trained.metrics, "train/loss_before": loss})
+        loss = self.local_objective(ctx, model)  # F_k(w), before training
+        plan = super().local_training(ctx, payload, state)  # FedAvg's local SGD from the same w
+
+        def finish(trained: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+            delta, h = qffl_terms(payload.weights, clone_weights(trained), loss, self.params.q, ctx.fed.lr)
+            return ClientResult(QFFLUpload(delta=delta, h=h), None, {**metrics, "train/loss_before": loss})
+
+        return dataclasses.replace(plan, finish=finish)
 
     def server_update(self, state: ModelState, uploads: list[QFFLUpload], ctx: ServerContext):
         weights = qffl_step(state.weights, uploads)

@@ -15,13 +15,14 @@ import numpy as np
 import torch
 
 from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
-from fedray.algorithms.base import (ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload, Weights, leaves,
+from fedray.algorithms.base import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload, Weights, leaves,
                                     nbytes)
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
 from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
+from fedray.runtime.vectorized import train_vectorized, vectorize_enabled
 from fedray.seeding import derive_seed
 
 
@@ -77,6 +78,7 @@ class ClientWorkerCore:
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device)
+        self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self._evaluator: Evaluator | None = None
         self.server_x = None  # only methods whose clients hold the server data's images get them
         if self.algo.clients_hold_server_images and data.server is not None:
@@ -84,6 +86,44 @@ class ClientWorkerCore:
 
     def train(self, round_: int, client_id: int, payload: Any,
               state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
+        ctx, state = self._context(round_, client_id, state)
+        return self._outcome(ctx, self.algo.client_update(ctx, payload, state))
+
+    def train_many(self, round_: int, client_ids: list[int], payload: Any,
+                   states: list[ClientState | None]) -> list[tuple[Upload, ClientState | None, dict]]:
+        """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on and a method
+        that describes its update as :class:`LocalTraining`, clients sharing a module and a loss are trained
+        in lockstep as one batched computation (:mod:`fedray.runtime.vectorized`); otherwise one by one."""
+        if not self.vectorize:
+            return [self.train(round_, c, payload, s) for c, s in zip(client_ids, states)]
+        ctxs, plans, results = [], [], {}
+        for cid, state in zip(client_ids, states):
+            ctx, state = self._context(round_, cid, state)
+            plan = self.algo.local_training(ctx, payload, state)
+            if plan is None:  # not plain local training (e.g. DaFKD's GAN steps): the method runs it
+                results[cid] = self._outcome(ctx, self.algo.client_update(ctx, payload, state))
+            else:
+                ctxs.append(ctx)
+                plans.append(plan)
+        groups: dict[tuple, list[int]] = {}
+        for i, plan in enumerate(plans):
+            groups.setdefault((id(plan.model), plan.group), []).append(i)
+        chunk = self.cfg.runtime.vectorize_max_clients
+        for members in groups.values():
+            for s in range(0, len(members), chunk):
+                part = members[s : s + chunk]
+                trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part])
+                for i, result in zip(part, trained):
+                    results[ctxs[i].client_id] = self._outcome(ctxs[i], result)
+        return [results[c] for c in client_ids]
+
+    def _outcome(self, ctx: ClientContext, result: ClientResult) -> tuple[Upload, ClientState | None, dict]:
+        info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": nbytes(result.upload),
+                "has_state": result.state is not None, "pid": os.getpid()}
+        info.update(result.metrics)
+        return result.upload, result.state, info
+
+    def _context(self, round_: int, client_id: int, state: ClientState | None) -> tuple[ClientContext, ClientState | None]:
         idx = self.data.client_train[client_id]
         if state is None:
             state = self.algo.init_client_state(client_id)
@@ -101,11 +141,7 @@ class ClientWorkerCore:
             models=self.models,
             server_x=self.server_x,
         )
-        result = self.algo.client_update(ctx, payload, state)
-        info = {"client": client_id, "num_samples": int(len(idx)), "bytes_up": nbytes(result.upload),
-                "has_state": result.state is not None, "pid": os.getpid()}
-        info.update(result.metrics)
-        return result.upload, result.state, info
+        return ctx, state
 
     def _federation(self, round_: int):
         """``federation.*`` as this round's clients see it: the scheduled learning rate."""

@@ -30,8 +30,8 @@ class LocalRuntime(Runtime):
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
         payload, payload_bytes = self.server.broadcast(round_)
         uploads, infos = [], []
-        for cid in client_ids:
-            upload, state, info = self.worker.train(round_, cid, payload, self.client_states.get(cid))
+        done = self.worker.train_many(round_, client_ids, payload, [self.client_states.get(c) for c in client_ids])
+        for cid, (upload, state, info) in zip(client_ids, done):
             if state is not None:
                 self.client_states[cid] = state
             uploads.append(upload)
@@ -59,7 +59,8 @@ class LocalRuntime(Runtime):
         self.client_states = dict(client_states)
 
     def describe(self) -> str:
-        return f"local: in-process on {self.device}, {self.threads} torch thread(s)"
+        vec = ", vectorised clients" if self.worker.vectorize else ""
+        return f"local: in-process on {self.device}, {self.threads} torch thread(s){vec}"
 
     def close(self) -> None:
         torch.set_num_threads(self._threads_before)

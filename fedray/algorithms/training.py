@@ -1,0 +1,75 @@
+"""A client's supervised local training, described as data rather than run inside ``client_update``.
+
+Most methods' local update is "start from these weights, take ``ctx.num_local_steps()`` optimizer steps
+of this loss on the client's batches, then build the upload from the trained model". A method that says
+so through :meth:`Algorithm.local_training` lets the runtime choose how to run it: one client at a time
+(:func:`run_local_training`, exactly ``train_local``), or all of a worker's clients of the round in
+lockstep as one batched computation (``fedray.runtime.vectorized``, ``runtime.vectorize``). The method
+does not change between the two; this is the step function of DESIGN.md's "local training as a step
+function", and like FedJAX's ``for_each_client`` backends the choice belongs to the runtime.
+
+The contract a :class:`LocalTraining` keeps so that batching it is exact:
+
+- ``loss(model, x, y)`` depends on the client only through the model's weights and the batch: anything
+  else it reads (the received global model, a teacher, teacher logits) is the same for every client of
+  the round that gives the same ``group``. The runtime batches clients of one ``(model, group)`` and calls
+  the first client's ``loss`` for all of them.
+- ``loss`` is traceable by ``torch.func.vmap``: no ``.item()``/``float()``/``bool()`` of a tensor, no
+  data-dependent shapes (mask, don't index). It returns the loss, or ``(loss, {"train/name": tensor})``
+  for further per-step figures, averaged over the client's steps into its metrics.
+- ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
+  it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
+  logits on the shared batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedray.algorithms.base import ClientContext, ClientResult, Weights, make_optimizer
+
+LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclass
+class LocalTraining:
+    """One client's local supervised training: what the runtime needs to run it alone or batched."""
+
+    model: torch.nn.Module  # the worker's module of this client's architecture; weights loaded from ``start``
+    start: Weights  # the state dict training starts from (parameters and buffers)
+    loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], LossOut]
+    finish: Callable[[torch.nn.Module, dict[str, float]], ClientResult]
+    group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
+
+
+def split_loss(out: LossOut) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return out if isinstance(out, tuple) else (out, {})
+
+
+def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
+    """The sequential runner: ``ctx.batches()`` steps of ``plan.loss`` with ``federation.*``'s optimizer
+    (as :func:`~fedray.algorithms.base.train_local`), then ``plan.finish``. ``train/loss`` is the mean loss."""
+    model = plan.model
+    model.load_state_dict(plan.start)
+    model.train()
+    opt = make_optimizer(model.parameters(), ctx.fed)
+    sums: dict[str, torch.Tensor] = {}
+    steps = 0
+    for x, y in ctx.batches():
+        opt.zero_grad(set_to_none=True)
+        loss, aux = split_loss(plan.loss(model, x, y))
+        loss.backward()
+        opt.step()
+        for key, value in {"train/loss": loss, **aux}.items():
+            sums[key] = sums.get(key, 0.0) + value.detach()
+        steps += 1
+    return plan.finish(model, step_means(sums, steps))
+
+
+def step_means(sums: dict[str, Any], steps: int) -> dict[str, float]:
+    """Per-step sums of the training figures -> their means (one device sync, at the end)."""
+    return {key: float(total) / max(steps, 1) for key, total in sums.items()} if steps else {"train/loss": 0.0}
