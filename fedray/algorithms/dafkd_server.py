@@ -10,14 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from fedray.algorithms.base import ServerContext, Weights, clone_weights, weighted_average
 from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targets
+from fedray.algorithms.ensemble import stacked_outputs
 from fedray.seeding import derive_seed
 
 if TYPE_CHECKING:
     from fedray.algorithms.base import DiagnosticProbe
-    from fedray.algorithms.dafkd import DaFKD, DaFKDServerState, DaFKDUpload
+    from fedray.algorithms.dafkd import DaFKD, DaFKDModules, DaFKDServerState, DaFKDUpload
 
 
 def correlation_weights(f: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,10 +40,52 @@ def alpha_metrics(alpha: torch.Tensor) -> dict[str, float]:
             "server/alpha_entropy": float(normalised_entropy(alpha, dim=0).mean())}
 
 
+class _ClassifierAndDiscriminator(nn.Module):
+    """The classifier and discriminator of :class:`DaFKDModules` as one module whose forward gives both
+    outputs (logits, discriminator logit; or the logits alone without correlation), so the K uploaded
+    pairs can be stacked and run as one functional call (state-dict keys ``model.*`` and ``disc.*``).
+
+    The submodules are the method's own (reparametrised during the call), so the discriminator is applied
+    by the method's :meth:`DaFKD.disc_logits`, on the shared extractor's features or on x."""
+
+    def __init__(self, algo: "DaFKD", modules: "DaFKDModules"):
+        super().__init__()
+        self.algo, self.mods = algo, modules
+        self.model = modules.model
+        if algo.params.correlation:
+            self.disc = modules.disc
+
+    def forward(self, x: torch.Tensor):
+        feats = self.model.features(x)
+        logits = self.model.head(feats)
+        if not self.algo.params.correlation:
+            return logits
+        return logits, self.algo.disc_logits(self.mods, x, feats)
+
+
+def stacked_client_outputs(algo: "DaFKD", modules: "DaFKDModules", uploads: list["DaFKDUpload"],
+                           x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """s_k(x_i) (K, N, C) and f_k(x_i) (K, N) (None without correlation) of every upload's classifier and
+    discriminator in eval mode: :meth:`DaFKD.client_outputs` for all K clients as one stacked forward per
+    batch (:mod:`fedray.algorithms.ensemble`) instead of K loads and forwards."""
+    p = algo.params
+    pair = _ClassifierAndDiscriminator(algo, modules)
+    teachers = []
+    for u in uploads:
+        w = {f"model.{k}": v for k, v in u.weights.items()}
+        if p.correlation:
+            w.update({f"disc.{k}": v for k, v in u.disc.items()})
+        teachers.append((pair, w))
+    outs = stacked_outputs(teachers, x, algo.cfg.federation.eval_batch_size)
+    logits = outs[0]
+    s = soft_targets(logits, p.temperature) if p.ensemble == "probs" else logits
+    return s, (torch.sigmoid(outs[1]) if p.correlation else None)
+
+
 def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tensor,
                      ctx: ServerContext) -> tuple[torch.Tensor, dict[str, float]]:
     """Teacher targets (N, C): sum_k alpha_{k,i} s_k(x_i), with s = probabilities or logits (``ensemble``)."""
-    p, m = algo.params, ctx.modules
+    p = algo.params
     if p.private_discriminator:  # Appendix B: sum_k (f_k + eps) s_k / sum_k (f_k + eps)
         num = torch.stack([u.weighted_outputs.to(ctx.device) for u in uploads]).sum(0)
         if p.correlation:
@@ -51,18 +95,10 @@ def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tenso
         else:
             alpha = torch.full((len(uploads), x.shape[0]), 1.0 / len(uploads), device=ctx.device)
             teacher, scores = num / len(uploads), None
-    else:  # main variant: run each uploaded classifier and discriminator on the distillation set
-        outs, fs = [], []
-        for u in uploads:
-            m.model.load_state_dict(u.weights)
-            if p.correlation:
-                m.disc.load_state_dict(u.disc)
-            s, f = algo.client_outputs(m, x)
-            outs.append(s)
-            fs.append(f)
-        s = torch.stack(outs)  # (K, N, C)
+    else:  # main variant: run every uploaded classifier and discriminator on the distillation set, stacked
+        s, f = stacked_client_outputs(algo, ctx.modules, uploads, x)  # (K, N, C), (K, N)
         if p.correlation:
-            scores = torch.stack(fs)
+            scores = f
             alpha = correlation_weights(scores, p.alpha_eps)  # Eq. 7
         else:  # Table 3 no-correlation: plain ensemble
             scores, alpha = None, torch.full(s.shape[:2], 1.0 / len(uploads), device=ctx.device)
@@ -147,20 +183,16 @@ def probe_diagnostics(algo: "DaFKD", uploads: list["DaFKDUpload"], probe: "Diagn
       models weighted by Eq. 7, uniformly, and by the oracle of Theorem 1 (client k's share of the training
       images of the test image's true class: which client the image most likely comes from).
     """
-    p, m = algo.params, ctx.modules
+    p = algo.params
     if not p.correlation or p.private_discriminator or len(uploads) < 2:
         return {}  # no discriminators at the server (Appendix B keeps them on the clients)
-    outs, f_test, f_own = [], [], []
     own_x = [probe.client_x[c] for c in client_ids]
-    for u in uploads:
-        m.model.load_state_dict(u.weights)
-        m.disc.load_state_dict(u.disc)
-        s, f = algo.client_outputs(m, probe.test_x)
-        outs.append(s)
-        f_test.append(f)
-        f_own.append([algo.client_outputs(m, x)[1] for x in own_x])  # f_k on client j's real images
+    s, f_test = stacked_client_outputs(algo, ctx.modules, uploads, probe.test_x)
+    # f_k on client j's real images: every client's images in one stacked forward, split back per client
+    f_all = stacked_client_outputs(algo, ctx.modules, uploads, torch.cat(own_x))[1]
+    f_own = [list(f_k.split([len(xj) for xj in own_x])) for f_k in f_all]
     counts = probe.label_counts[client_ids][:, probe.test_y]  # (K, N): client k's images of x_i's class
-    return mechanism_figures(torch.stack(outs), torch.stack(f_test), f_own, counts, probe.test_y, p.alpha_eps)
+    return mechanism_figures(s, f_test, f_own, counts, probe.test_y, p.alpha_eps)
 
 
 def mechanism_figures(s: torch.Tensor, f: torch.Tensor, f_own: list[list[torch.Tensor]], counts: torch.Tensor,

@@ -20,6 +20,7 @@ import torch
 
 from fedray.algorithms.base import Weights, clone_weights
 from fedray.algorithms.distill import kd_kl_probs
+from fedray.algorithms.ensemble import stacked_outputs
 from fedray.data.federated import to_float
 
 
@@ -48,14 +49,9 @@ def run_in_batches(fn, x: torch.Tensor, spec, batch_size: int) -> torch.Tensor:
 def teacher_logits(teachers: Iterable[tuple[torch.nn.Module, Weights]], x: torch.Tensor, spec,
                    batch_size: int) -> torch.Tensor:
     """(K, N, C) logits of each teacher on the server's images, in eval mode. A teacher is a module and
-    the weights to load into it; one module may serve several teachers (its outputs are taken before the
-    next teacher's weights are loaded)."""
-    out = []
-    for module, weights in teachers:
-        module.load_state_dict(weights)
-        module.eval()
-        out.append(run_in_batches(module, x, spec, batch_size))
-    return torch.stack(out)
+    the weights it would be loaded with; teachers sharing a module (one architecture) run as one stacked
+    forward per batch (:mod:`fedray.algorithms.ensemble`), and the module's own weights are left as they are."""
+    return stacked_outputs(teachers, x, batch_size, lambda xb: normalised(xb, spec))[0]
 
 
 def agreement(model: torch.nn.Module, x: torch.Tensor, target_probs: torch.Tensor, spec, batch_size: int) -> float:

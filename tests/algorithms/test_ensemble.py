@@ -1,0 +1,96 @@
+"""The stacked teacher ensemble (fedray.algorithms.ensemble) equals the loop over client models up to float
+rounding: LeNet-5, a BatchNorm ResNet with per-teacher running statistics, heterogeneous architectures in
+upload order, sub-groups under a small weights budget, multi-output modules (DaFKD's classifier +
+discriminator), and the module's own weights left untouched."""
+
+import pytest
+import torch
+
+from fedray.algorithms import ensemble
+from fedray.algorithms.base import DataSpec, clone_weights
+from fedray.algorithms.ensemble import loop_outputs, stacked_outputs
+from fedray.models import build_model
+
+
+def _teachers(name: str, shape, k: int, seed: int = 0):
+    """One module and k different weight sets for it; BatchNorm running statistics made distinct per teacher."""
+    module = build_model(name, shape, 10)
+    out = []
+    for i in range(k):
+        torch.manual_seed(seed + i)
+        m = build_model(name, shape, 10)
+        for bn in m.modules():
+            if isinstance(bn, torch.nn.modules.batchnorm._BatchNorm):
+                bn.running_mean.uniform_(-0.3, 0.3)
+                bn.running_var.uniform_(0.5, 1.5)
+                bn.weight.data.uniform_(0.5, 1.5)
+        out.append((module, clone_weights(m)))
+    return module, out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("name,shape", [("lenet5", (1, 28, 28)), ("resnet8_bn", (3, 16, 16))])
+def test_stacked_equals_loop(name, shape):
+    module, teachers = _teachers(name, shape, 5)
+    x = torch.randn(37, *shape)
+    before = clone_weights(module)
+    stacked = stacked_outputs(teachers, x, batch_size=16)[0]  # 16 rows: chunks of 3 images x 5 teachers
+    assert all(torch.equal(before[k], v) for k, v in clone_weights(module).items())  # module untouched
+    loop = loop_outputs(teachers, x, batch_size=16)[0]
+    assert stacked.shape == loop.shape == (5, 37, 10)
+    _close(stacked, loop)
+    # BatchNorm: each teacher used its own running statistics (teachers differ, so do their outputs)
+    assert float((loop[0] - loop[1]).abs().max()) > 1e-3
+
+
+def test_heterogeneous_groups_keep_upload_order_and_subgroups(monkeypatch):
+    _, lenets = _teachers("lenet5", (1, 28, 28), 3)
+    _, mlps = _teachers("mlp", (1, 28, 28), 2, seed=10)
+    mixed = [lenets[0], mlps[0], lenets[1], mlps[1], lenets[2]]
+    x = torch.randn(20, 1, 28, 28)
+    loop = loop_outputs(mixed, x, batch_size=8)[0]
+    _close(stacked_outputs(mixed, x, batch_size=8)[0], loop)
+    # a weights budget below two LeNets: sub-groups of one teacher, the plain functional call, same numbers
+    monkeypatch.setattr(ensemble, "STACKED_WEIGHTS_BYTES", 1)
+    _close(stacked_outputs(mixed, x, batch_size=8)[0], loop)
+
+
+def test_prepare_and_single_teacher_is_the_loop_exactly():
+    module, teachers = _teachers("lenet5", (1, 28, 28), 1)
+    x = torch.randint(0, 256, (10, 1, 28, 28), dtype=torch.uint8)
+    prep = lambda t: t.float() / 255 - 0.5  # noqa: E731
+    assert torch.equal(stacked_outputs(teachers, x, 4, prep)[0], loop_outputs(teachers, x, 4, prep)[0])
+
+
+@pytest.mark.parametrize("sharing", [True, False])
+def test_dafkd_stacked_client_outputs_equal_client_outputs(sharing):
+    from fedray.algorithms.dafkd import DaFKD, DaFKDUpload
+    from fedray.algorithms.dafkd_server import stacked_client_outputs
+    from tests.algorithms.test_dafkd import dafkd_config
+
+    cfg = dafkd_config(model__name="resnet8_bn", algorithm__sharing=sharing)
+    spec = DataSpec(input_shape=(1, 16, 16), num_classes=10, num_clients=6, mean=(0.5,), std=(0.25,))
+    algo = DaFKD(cfg, spec)
+    m = algo.build_modules()
+    uploads = []
+    for k in range(3):
+        torch.manual_seed(k)
+        model, disc = build_model("resnet8_bn", spec.input_shape, 10), algo._build_disc(m.model.feature_dim)
+        for bn in model.modules():
+            if isinstance(bn, torch.nn.BatchNorm2d):
+                bn.running_mean.uniform_(-0.3, 0.3)
+        uploads.append(DaFKDUpload(weights=clone_weights(model), generator={}, num_samples=1, disc=clone_weights(disc)))
+    x = torch.randn(11, *spec.input_shape)
+    s, f = stacked_client_outputs(algo, m, uploads, x)
+    ref_s, ref_f = [], []
+    for u in uploads:
+        m.model.load_state_dict(u.weights)
+        m.disc.load_state_dict(u.disc)
+        a, b = algo.client_outputs(m, x)
+        ref_s.append(a)
+        ref_f.append(b)
+    _close(s, torch.stack(ref_s))
+    _close(f, torch.stack(ref_f))
