@@ -17,10 +17,18 @@ def soft_targets(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return F.softmax(logits / temperature, dim=-1)
 
 
+def kl_rows(teacher_probs: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p || q) of each row (sum over the last dimension; 0 log 0 = 0), from p and log q.
+
+    ``F.kl_div`` computes the same, but torch.func.vmap has no batching rule for it and falls back to a
+    Python loop over the batch; this stays one kernel when clients are trained batched."""
+    return (torch.xlogy(teacher_probs, teacher_probs) - teacher_probs * log_q).sum(-1)
+
+
 def kd_kl_probs(student_logits: Tensor, teacher_probs: Tensor, temperature: float = 1.0) -> Tensor:
     """KL(teacher_probs || softmax(student / T)) * T^2, batch-mean. ``teacher_probs`` rows sum to 1."""
     log_q = F.log_softmax(student_logits / temperature, dim=-1)
-    return F.kl_div(log_q, teacher_probs, reduction="batchmean") * (temperature**2)
+    return kl_rows(teacher_probs, log_q).mean() * (temperature**2)
 
 
 def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:

@@ -36,7 +36,7 @@ from fedray.algorithms.base import (
     ServerState,
     Upload,
 )
-from fedray.algorithms.distill import soft_targets
+from fedray.algorithms.distill import kl_rows, soft_targets
 from fedray.algorithms.training import LocalTraining, run_local_training
 from fedray.data.federated import to_float
 
@@ -95,8 +95,7 @@ class FedDistill(PersonalisedAlgorithm):
                 # indexed (no data-dependent shapes), so the loss also runs batched over clients.
                 z = m(x)
                 keep = present[y].to(z.dtype)
-                per_sample = F.kl_div(F.log_softmax(z / p.temperature, dim=-1),
-                                      soft_targets(table[y], p.temperature), reduction="none").sum(-1)
+                per_sample = kl_rows(soft_targets(table[y], p.temperature), F.log_softmax(z / p.temperature, dim=-1))
                 kd = (keep * per_sample).sum() / keep.sum().clamp_min(1.0) * p.temperature**2
                 return F.cross_entropy(z, y) + p.lambda_kd * kd
 

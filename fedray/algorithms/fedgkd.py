@@ -27,6 +27,7 @@ from pydantic import Field
 
 from fedray.algorithms.base import Payload, ServerContext, Weights, weighted_average
 from fedray.algorithms.cached import CacheParams
+from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelState, ModelUpload
 from fedray.models import build_model
 
@@ -99,8 +100,7 @@ class FedGKD(FedAvg):
             return ce
         with torch.no_grad():
             t = anchor(x)
-        kl = F.kl_div(F.log_softmax(logits, dim=1), F.softmax(t, dim=1), reduction="batchmean")
-        return ce + 0.5 * self.params.gamma * kl
+        return ce + 0.5 * self.params.gamma * kd_kl(logits, t)  # KL(teacher || student), T = 1, batch-mean
 
     # --- server -----------------------------------------------------------------------------------
     def server_update(self, state: GKDState, uploads: list[ModelUpload], ctx: ServerContext):
