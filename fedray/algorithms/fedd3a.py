@@ -49,14 +49,13 @@ from fedray.algorithms.base import (
     Upload,
     Weights,
     clone_weights,
-    make_optimizer,
-    train_local,
     weighted_average,
 )
 from fedray.algorithms.distill import kd_kl, normalised_entropy, soft_targets
 from fedray.algorithms.feddf import require_server_data
 from fedray.algorithms.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
 from fedray.algorithms.subspace import projection_cosine, projector, subspace_weights
+from fedray.algorithms.training import LocalTraining, run_local_training
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
 from fedray.models import FedModel, build_model
@@ -158,20 +157,20 @@ class FedD3A(Algorithm):
                            for i in range(0, ctx.num_samples, bs)])
         return projector(feats, self.params.proj_a, batch_size=bs).float().cpu()
 
-    def client_update(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> ClientResult:
+    def local_training(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> LocalTraining:
         glob = ctx.modules.model
         glob.load_state_dict(payload.weights)
         proj = self.client_projector(ctx, glob)
-        opt_of = lambda m: make_optimizer(m.parameters(), ctx.fed)  # noqa: E731
         if not self.heterogeneous:
-            loss = train_local(ctx, glob, lambda m, x, y: F.cross_entropy(m(x), y), opt_of(glob))
-            upload = FedD3AUpload(weights=clone_weights(glob), architecture=self.cfg.model.name,
-                                  num_samples=ctx.num_samples, projector=proj)
-            return ClientResult(upload=upload, state=None, metrics={"train/loss": loss})
+            def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+                upload = FedD3AUpload(weights=clone_weights(m), architecture=self.cfg.model.name,
+                                      num_samples=ctx.num_samples, projector=proj)
+                return ClientResult(upload=upload, state=None, metrics=metrics)
+
+            return LocalTraining(model=glob, start=payload.weights, loss=lambda m, x, y: F.cross_entropy(m(x), y),
+                                 finish=finish)
         assert isinstance(state, PersonalModel) and state.client_id == ctx.client_id
-        own = ctx.own_model()
-        own.load_state_dict(state.weights)
-        glob.eval()
+        glob.eval()  # the received global model is the teacher of every client this round
         w = self.params.hetero_kd_weight
 
         def loss_fn(m, x, y):  # CE + KL(global teacher || own), the paper's heterogeneous local training
@@ -179,11 +178,17 @@ class FedD3A(Algorithm):
             with torch.no_grad():
                 t = glob(x)
             return F.cross_entropy(z, y) + w * kd_kl(z, t, self.params.temperature)
-        loss = train_local(ctx, own, loss_fn, opt_of(own))
-        new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(own))
-        upload = FedD3AUpload(weights=new.weights, architecture=state.architecture, num_samples=ctx.num_samples,
-                              projector=proj)
-        return ClientResult(upload=upload, state=new, metrics={"train/loss": loss})
+
+        def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+            new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(m))
+            upload = FedD3AUpload(weights=new.weights, architecture=state.architecture, num_samples=ctx.num_samples,
+                                  projector=proj)
+            return ClientResult(upload=upload, state=new, metrics=metrics)
+
+        return LocalTraining(model=ctx.own_model(), start=state.weights, loss=loss_fn, finish=own_finish)
+
+    def client_update(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> ClientResult:
+        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     # --- server (Algorithm 1: Eq. 6-8) -----------------------------------------------------------------
     def server_update(self, state: GlobalModel, uploads: list[FedD3AUpload],

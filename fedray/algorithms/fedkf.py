@@ -45,6 +45,7 @@ CIFAR settings). The code also gives every client the same number of steps per e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -199,6 +200,15 @@ class FedKF(FedAvg):
                 new.adam_exp_avg[name] = st["exp_avg"].detach().to("cpu", copy=True)
                 new.adam_exp_avg_sq[name] = st["exp_avg_sq"].detach().to("cpu", copy=True)
         return new
+
+    def local_training(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None):
+        """Warm-up rounds are FedAvg's local training (batched under ``runtime.vectorize``); the distillation
+        rounds train the student and the generator together, one client at a time (None)."""
+        if self.distills(ctx.round):
+            return None
+        plan = super().local_training(ctx, ModelPayload(weights=payload.weights), None)
+        finish = plan.finish
+        return dataclasses.replace(plan, finish=lambda m, metrics: dataclasses.replace(finish(m, metrics), state=state))
 
     def client_update(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
         if not self.distills(ctx.round):  # warm-up: plain local training, the generator is left as it is

@@ -81,6 +81,10 @@ COVERED = {
     "local_heterogeneous": dict(algorithm__name="local", model__client_models=["lenet5", "resnet8_bn"]),
     "fedcd": dict(algorithm__name="fedcd", model__client_models=["lenet5", "resnet8"], **SERVER),
     "feddistill": dict(algorithm__name="feddistill", model__client_models=["lenet5", "mlp"]),
+    "fedd3a": dict(algorithm__name="fedd3a", **SERVER, data__server_data__labelled=False),
+    "fedd3a_heterogeneous": dict(algorithm__name="fedd3a", model__client_models=["lenet5", "resnet8"], **SERVER,
+                                 data__server_data__labelled=False),
+    "fedkf_warmup": dict(algorithm__name="fedkf", algorithm__warmup_rounds=1),
 }
 
 
