@@ -101,3 +101,79 @@ def test_evaluator_reports_each_domains_accuracy_on_multi_domain_data():
     m = Evaluator(data, model, torch.device("cpu"), batch_size=3).evaluate(model.state_dict())
     assert m["eval/acc_a"] == 0.5 and m["eval/acc_c"] == 1 / 6 and "eval/acc_b" not in m  # b: the server's
     assert m["eval/accuracy"] == pytest.approx((4 * 0.5 + 6 / 6) / 10)
+
+
+def _plain_eval(model, data):
+    """The straightforward computation: every image through ``model`` one at a time, accuracy by hand."""
+    import torch
+
+    from fedray.data.federated import to_float
+
+    def preds(x):
+        with torch.no_grad():
+            return np.array([int(model(to_float(torch.from_numpy(xi[None]), data.mean, data.std)).argmax(1))
+                             for xi in x])
+
+    glob = preds(data.test_x) == data.test_y
+    correct, total = [], []
+    for idx in data.client_test:
+        ok = preds(data.train_x[idx]) == data.train_y[idx]
+        correct.append(ok.sum())
+        total.append(len(idx))
+    acc = np.array(correct) / np.array(total)
+    return glob, {"eval/accuracy": glob.mean(), "eval/amp": sum(correct) / sum(total), "eval/fm": acc.var(),
+                  "eval/wlp": acc.min()}
+
+
+@pytest.mark.parametrize("batch_size,cache_bytes", [(1024, 1 << 30), (37, 1 << 30), (64, 0), (64, 20_000)])
+def test_evaluator_gives_the_figures_of_the_straightforward_computation(tiny, batch_size, cache_bytes):
+    """Cached float batches, the CPU batch cap and the fixed batches change no prediction: the figures equal
+    those of scoring each image alone; with the cache off, partly filled or full, and twice in a row."""
+    import torch
+
+    from fedray.data import build_federated_data
+    from fedray.metrics import Evaluator
+    from fedray.models import build_model
+
+    cfg = tiny(data__num_clients=5)
+    data = build_federated_data(cfg.data, cfg.seed)
+    torch.manual_seed(0)
+    model = build_model("lenet5", data.input_shape, data.num_classes).eval()
+    _, want = _plain_eval(model, data)
+    ev = Evaluator(data, build_model("lenet5", data.input_shape, data.num_classes), torch.device("cpu"), batch_size,
+                   cache_bytes=cache_bytes)
+    for _ in range(2):
+        got = ev.evaluate(model.state_dict())
+        assert got == pytest.approx(want, rel=1e-12, abs=0)
+    assert ev._cached <= cache_bytes
+
+
+def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny):
+    """The Ray runtime's split of a global evaluation (worker k of n scores every n-th fixed batch) puts
+    together the per-sample results of the in-process pass; a personalised row counts the same images."""
+    import torch
+
+    from fedray.data import build_federated_data
+    from fedray.metrics import EvalIndex, Evaluator
+    from fedray.models import build_model
+
+    cfg = tiny(data__num_clients=4)
+    data = build_federated_data(cfg.data, cfg.seed)
+    torch.manual_seed(1)
+    model = build_model("lenet5", data.input_shape, data.num_classes).eval()
+    ev = Evaluator(data, model, torch.device("cpu"), 50)
+    whole = np.concatenate(ev.correct(model, ev.chunks()))
+    index = EvalIndex(data)
+    for parts in (1, 2, 3):
+        ok = np.zeros(index.size, bool)
+        for k in range(parts):
+            ranges = ev.chunks()[k::parts]
+            for (s, e), o in zip(ranges, ev.correct(model, ranges)):
+                ok[s:e] = o
+        assert (ok == whole).all() and index.metrics(ok) == ev.evaluate(model.state_dict())
+    glob, _ = _plain_eval(model, data)
+    for cid, idx in enumerate(data.client_test):
+        own_c, own_n, glob_c, glob_n = ev.personal_counts(model, cid)
+        lo = index.local_start[cid]
+        assert (own_c, own_n) == (int(whole[lo : lo + len(idx)].sum()), len(idx))
+        assert (glob_c, glob_n) == (int(glob.sum()), len(glob))
