@@ -90,8 +90,8 @@ def run_experiment(
     """Run ``cfg`` to the end; write ``summary.json``, ``history.parquet``, the config, the final model
     and two plots (learning curve, partition).
 
-    Data loading and resource checks come first, so a bad path or an impossible resource request fails
-    before anything is written. Result files are written only once the run has finished. With an
+    Resource checks and data loading come first (the runtime is started, then given the data), so a bad
+    path or an impossible resource request fails before anything is written. Result files are written only once the run has finished. With an
     ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
     folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
     """
@@ -103,10 +103,12 @@ def run_experiment(
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
     if ckpt is not None:
         check_resumable(cfg, ckpt)
-    data = data if data is not None else build_federated_data(cfg.data, cfg.seed)
     history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
     every = cfg.runtime.checkpoint_interval(fed.rounds) if output_dir is not None else 0
-    with make_runtime(cfg, data) as runtime:
+    # The runtime first: on Ray its actors start (processes, torch imports) while the data loads here.
+    with make_runtime(cfg) as runtime:
+        data = data if data is not None else build_federated_data(cfg.data, cfg.seed)
+        runtime.attach(data)
         where = runtime.describe()
         if ckpt is not None:
             runtime.import_state(ckpt["server_state"], ckpt["client_states"])

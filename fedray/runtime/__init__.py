@@ -7,7 +7,9 @@ from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime
 
 
-def make_runtime(cfg: ExperimentConfig, data: FederatedData) -> Runtime:
+def make_runtime(cfg: ExperimentConfig, data: FederatedData | None = None) -> Runtime:
+    """The runtime ``cfg.runtime.backend`` names. Without ``data``, give it the data with ``attach`` before the
+    first round: the Ray runtime starts its actors first, so they start while the data loads."""
     if cfg.runtime.backend == "ray":
         from fedray.runtime.ray_runtime import RayRuntime  # imports ray only when asked for
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from fedray.config import ExperimentConfig
+from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError
 
 
@@ -22,6 +23,11 @@ class RoundOutcome:
 class Runtime(ABC):
     #: Personalised methods: each client's figures at the last evaluation (set by ``evaluate``).
     _client_rows: list[dict] | None = None
+
+    @abstractmethod
+    def attach(self, data: FederatedData) -> None:
+        """Give the runtime its dataset (once, before the first round). Separate from construction so that
+        a runtime with processes to start (Ray) starts them while the caller loads the data."""
 
     @abstractmethod
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:

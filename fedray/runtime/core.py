@@ -54,13 +54,16 @@ def _to_device(modules: Any, device: torch.device) -> Any:
 
 
 def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
-           algo_cls: type[Algorithm] | None) -> tuple[Algorithm, Any]:
+           algo_cls: type[Algorithm] | None, warm_optimizer: bool = True) -> tuple[Algorithm, Any]:
     # The class travels with the task (cloudpickle) so algorithms registered by a user's script work too.
     algo = (algo_cls or get_algorithm(cfg.algorithm.name))(cfg, data_spec(data))
     # The first optimizer a process builds imports torch's compiler stack (~1 s idle, far longer on a
     # busy node where Ray runs workers at low priority). Paid here, it stays out of round 1's timings and
-    # out of runtime.client_timeout_s, which would otherwise drop healthy clients in round 1.
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+    # out of runtime.client_timeout_s, which would otherwise drop healthy clients in round 1. Not on the
+    # server (``warm_optimizer=False``): most methods' servers never build one (FedAvg), and on Ray the
+    # server's start-up competes for the CPU with the workers'; a distilling server pays it in round 1.
+    if warm_optimizer:
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
     return algo, _to_device(algo.build_modules(), device)
@@ -80,6 +83,7 @@ class ClientWorkerCore:
         self.models = ModelBank(self.algo.spec, device)
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self._evaluator: Evaluator | None = None
+        self._eval_model: torch.nn.Module | None = None
         self.server_x = None  # only methods whose clients hold the server data's images get them
         if self.algo.clients_hold_server_images and data.server is not None:
             self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
@@ -162,6 +166,24 @@ class ClientWorkerCore:
             rows.append(self._evaluator.personal_counts(model, cid))
         return rows
 
+    def evaluate_global(self, models: dict[str, Weights], part: int, parts: int) -> dict[str, list]:
+        """Part ``part`` of ``parts`` of a global-model evaluation spread over the workers (Ray): for each
+        of ``models`` (see :func:`eval_models`), which samples of every ``part``-th fixed batch of the
+        evaluation set it predicts right, as [(start, stop, correct)]. The batches are those the server
+        scores in-process, so the figures are the same wherever the batches run."""
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
+        if self._eval_model is None:  # the global architecture, apart from the modules clients train in
+            spec = self.algo.spec
+            self._eval_model = build_model(self.cfg.model.name, spec.input_shape, spec.num_classes).to(self.device)
+        ranges = self._evaluator.chunks()[part::parts]
+        out = {}
+        for suffix, weights in models.items():
+            self._eval_model.load_state_dict(weights)
+            ok = self._evaluator.correct(self._eval_model.eval(), ranges)
+            out[suffix] = [(start, stop, o) for (start, stop), o in zip(ranges, ok)]
+        return out
+
 
 class ServerCore:
     """Holds the server state; broadcasts, aggregates and evaluates the global model."""
@@ -169,18 +191,15 @@ class ServerCore:
     def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
                  algo_cls: type[Algorithm] | None = None):
         self.cfg, self.device = cfg, device
-        self.algo, self.modules = _build(cfg, data, device, algo_cls)
+        self.algo, self.modules = _build(cfg, data, device, algo_cls, warm_optimizer=False)
         self.algo.server_data = server_side_data(data, device)
         # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
         self.probe = diagnostic_probe(data, self.algo, cfg.seed, device)
-        spec = self.algo.spec
-        self.evaluator = None
-        if not self.algo.personalised:  # personalised methods are evaluated where the clients' models are
-            eval_model = build_model(cfg.model.name, spec.input_shape, spec.num_classes).to(device)
-            self.evaluator = Evaluator(data, eval_model, device, cfg.federation.eval_batch_size)
+        self.data = data
+        self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
 
     def broadcast(self, round_: int) -> tuple[Any, int]:
         payload = self.algo.broadcast(self.state, round_)
@@ -203,19 +222,46 @@ class ServerCore:
         metrics.update(diag)
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
+    @property
+    def evaluator(self) -> Evaluator:
+        assert not self.algo.personalised, "personalised methods are evaluated where the clients' models are"
+        if self._evaluator is None:
+            spec = self.algo.spec
+            eval_model = build_model(self.cfg.model.name, spec.input_shape, spec.num_classes).to(self.device)
+            self._evaluator = Evaluator(self.data, eval_model, self.device, self.cfg.federation.eval_batch_size)
+        return self._evaluator
+
+    def eval_models(self) -> tuple[dict[str, Weights], dict[str, str]]:
+        """The models an evaluation scores and how they are reported: see :func:`eval_models`."""
+        return eval_models(self.algo, self.state)
+
     def evaluate(self) -> dict[str, float]:
-        assert self.evaluator is not None, "personalised methods are evaluated by the client workers"
-        main = self.algo.global_weights(self.state)
-        base = self.evaluator.evaluate(main)
-        metrics = dict(base)
-        for suffix, weights in self.algo.extra_eval_models(self.state).items():
-            # The reported model is usually one of the extra ones (FedKF reports OCA): evaluate it once.
-            extra = base if weights is main else self.evaluator.evaluate(weights)
-            metrics.update({f"{k}_{suffix}": v for k, v in extra.items()})
-        return metrics
+        models, report = self.eval_models()
+        return report_eval({suffix: self.evaluator.evaluate(w) for suffix, w in models.items()}, report)
 
     def global_weights(self) -> Weights | None:
         return self.algo.global_weights(self.state)
+
+
+def eval_models(algo: Algorithm, state: Any) -> tuple[dict[str, Weights], dict[str, str]]:
+    """({"": the global model, suffix: each other model to score}, {reported suffix: the scored model whose
+    figures it gets}) from ``algo.global_weights`` and ``algo.extra_eval_models``. The reported model is
+    often one of the extra ones (FedKF reports OCA): it is scored once."""
+    main = algo.global_weights(state)
+    models, report = {"": main}, {}
+    for suffix, weights in algo.extra_eval_models(state).items():
+        if weights is not main:
+            models[suffix] = weights
+        report[suffix] = suffix if weights is not main else ""
+    return models, report
+
+
+def report_eval(scored: dict[str, dict[str, float]], report: dict[str, str]) -> dict[str, float]:
+    """``eval/*`` of the global model, then ``eval/*_<suffix>`` of each extra model (see :func:`eval_models`)."""
+    metrics = dict(scored[""])
+    for suffix, source in report.items():
+        metrics.update({f"{k}_{suffix}": v for k, v in scored[source].items()})
+    return metrics
 
 
 def server_side_data(data: FederatedData, device: torch.device) -> ServerSideData | None:

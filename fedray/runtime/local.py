@@ -15,16 +15,21 @@ from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, per
 
 
 class LocalRuntime(Runtime):
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData):
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
+        self.cfg = cfg
         self.device = local_device(cfg)
         self._threads_before = torch.get_num_threads()
         self.threads = torch_threads(cfg)
         torch.set_num_threads(self.threads)
-        algo_cls = get_algorithm(cfg.algorithm.name)
-        self.server = ServerCore(cfg, data, self.device, algo_cls)
-        self.worker = ClientWorkerCore(cfg, data, self.device, algo_cls)
+        self.algo_cls = get_algorithm(cfg.algorithm.name)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
-        self.personalised = algo_cls.personalised
+        self.personalised = self.algo_cls.personalised
+        if data is not None:
+            self.attach(data)
+
+    def attach(self, data: FederatedData) -> None:
+        self.server = ServerCore(self.cfg, data, self.device, self.algo_cls)
+        self.worker = ClientWorkerCore(self.cfg, data, self.device, self.algo_cls)
         self.num_clients = data.num_clients
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:

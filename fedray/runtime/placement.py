@@ -60,3 +60,19 @@ def deal(client_ids: list[int], cost, num_workers: int) -> list[tuple[int, int]]
         load[w] += cost[cid]
         out.append((cid, w))
     return out
+
+
+def eval_tasks(client_ids: list[int], num_workers: int, max_clients: int) -> list[list[int]]:
+    """``client_ids`` cut into evaluation tasks of at most ``max_clients``, a multiple of ``num_workers`` of
+    them (when there are enough clients) with sizes differing by at most one, so that dealt round-robin
+    every worker gets the same share: 20 clients on 2 workers are 10 + 10, not 16 + 4."""
+    n = len(client_ids)
+    tasks = num_workers * max(1, -(-n // (num_workers * max_clients)))
+    size, extra = divmod(n, tasks)
+    out, start = [], 0
+    for k in range(tasks):
+        stop = start + size + (k < extra)
+        if stop > start:
+            out.append(list(client_ids[start:stop]))
+        start = stop
+    return out

@@ -1,8 +1,10 @@
 """The Ray runtime: a pool of ``ClientWorker`` actors and a ``ServerActor``.
 
-- The dataset is put in the object store once; every actor maps it read-only (zero-copy numpy). Client
-  workers get it by a method call after they start (``attach``), not as a constructor argument, so a
-  worker restarts even when that object was lost: the driver attaches it again, putting the data anew.
+- Start-up: the actors are created first, from small arguments, and import torch and the method while the
+  driver loads and partitions the data; :meth:`RayRuntime.attach` then puts the dataset in the object store
+  once and hands the server and every worker that one reference, which each maps read-only (zero-copy
+  numpy). Not a constructor argument, so a worker restarts even when that object was lost: the driver
+  attaches it again, putting the data anew.
 - Each round the server's broadcast is stored once and every client task receives the same reference.
 - Client tasks return (upload, client state, info). As each client finishes, its upload is handed to the
   server actor by reference (the server fetches it from the worker's node, never through the driver);
@@ -30,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -39,9 +42,10 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.placement import client_costs, deal, plan_pool
+from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
+from fedray.metrics import EvalIndex
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, data_spec, personal_evaluation,
-                                 personal_models, torch_threads)
+                                 personal_models, report_eval, torch_threads)
 
 
 log = logging.getLogger("fedray")
@@ -76,6 +80,9 @@ class ClientWorker:
         torch.set_num_threads(torch_threads(cfg))
         self.cfg, self.algo_cls = cfg, algo_cls
         self.core: ClientWorkerCore | None = None
+        # Paid now, while the driver loads the data: the first optimizer imports torch's compiler stack
+        # (~1.7 s of CPU; see fedray.runtime.core._build).
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
     def ready(self) -> tuple[int, str, bool]:
         return os.getpid(), ray.get_runtime_context().get_node_id(), self.core is not None
@@ -97,13 +104,24 @@ class ClientWorker:
         # States arrive as top-level arguments so Ray resolves their references before the call.
         return self._core().evaluate_clients(client_ids, list(states))
 
+    def evaluate_global(self, models: dict, part: int, parts: int):
+        return self._core().evaluate_global(models, part, parts)
+
 
 @ray.remote
 class ServerActor:
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, algo_cls: type):
+    """Started from small arguments, like the workers, and given the dataset by ``attach``."""
+
+    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
         torch.set_num_threads(torch_threads(cfg))
-        self.core = ServerCore(cfg, data, _actor_device(), algo_cls)
+        self.cfg, self.algo_cls = cfg, algo_cls
+        self.core: ServerCore | None = None
         self.inbox: dict[int, Any] = {}
+
+    def attach(self, data: FederatedData) -> tuple[int, str]:
+        if self.core is None:
+            self.core = ServerCore(self.cfg, data, _actor_device(), self.algo_cls)
+        return self.ready()
 
     def ready(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
@@ -121,6 +139,9 @@ class ServerActor:
 
     def evaluate(self) -> dict[str, float]:
         return self.core.evaluate()
+
+    def eval_models(self):
+        return self.core.eval_models()
 
     def global_weights(self):
         return self.core.global_weights()
@@ -161,17 +182,18 @@ class _Job:
 
 
 class RayRuntime(Runtime):
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData):
+    """Starts Ray and the actors at once; ``attach(data)`` (or ``data`` here) gives them the dataset."""
+
+    def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
         self.cfg = cfg
         self.owns_ray = start_ray(cfg)
         self.workers: list = []
         self.server = None
+        self.data = self.data_ref = None
         try:
             nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
-            self.data = data  # the driver's copy: re-put if the object store loses it
-            self.data_ref = data_ref = ray.put(data)
             self.algo_cls = get_algorithm(cfg.algorithm.name)
             self._new_worker = lambda: ClientWorker.options(
                 num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
@@ -183,23 +205,39 @@ class RayRuntime(Runtime):
                 needs = rt.server_num_cpus > 0 or rt.server_num_gpus > 0
                 server_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                     ray.get_runtime_context().get_node_id(), soft=needs)
-            self.server = ServerActor.options(**server_opts).remote(cfg, data_ref, self.algo_cls)
+            # Not waited for here: they start (a process each, torch imported) while the driver loads the data.
+            self.server = ServerActor.options(**server_opts).remote(cfg, self.algo_cls)
             self.workers = [self._new_worker() for _ in range(self.pool_size)]
-            # Wait for every actor so start-up is not billed to round 1.
-            self.server_pid, self.server_node = ray.get(self.server.ready.remote())
+        except BaseException:
+            self.close()
+            raise
+        self.personalised = self.algo_cls.personalised
+        # The global model is scored on the workers (idle between rounds) unless only the server has a GPU.
+        self.spread_eval = not (rt.server_num_gpus > 0 and rt.num_gpus_per_worker == 0)
+        self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
+        self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
+        if data is not None:
+            self.attach(data)
+
+    def attach(self, data: FederatedData) -> None:
+        """Put the dataset in the object store once and give the server and every worker that reference;
+        returns when all of them are ready, so start-up is not billed to round 1."""
+        try:
+            self.data = data  # the driver's copy: re-put if the object store loses it
+            self.data_ref = ray.put(data)
+            server_ready = self.server.attach.remote(self.data_ref)
             ready = self._attach(self.workers)
+            self.server_pid, self.server_node = ray.get(server_ready)
             self.worker_pids = [pid for pid, _ in ready]
             self.worker_nodes = [node for _, node in ready]
         except BaseException:
             self.close()
             raise
         self.num_clients = data.num_clients
-        self.personalised = self.algo_cls.personalised
-        self.algo = self.algo_cls(cfg, data_spec(data))  # the driver's copy: reads client states, builds nothing
-        self.client_cost = client_costs(cfg, data.input_shape, data.num_classes, data.client_sizes())
+        self.algo = self.algo_cls(self.cfg, data_spec(data))  # the driver's copy: reads client states, builds nothing
+        self.client_cost = client_costs(self.cfg, data.input_shape, data.num_classes, data.client_sizes())
         self.one_actor_per_client = self.pool_size >= self.num_clients
-        self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
-        self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
+        self.eval_index = EvalIndex(data)
 
     # --- pool health ------------------------------------------------------------------------------
     def _attach(self, workers: list) -> list[tuple[int, str]]:
@@ -346,19 +384,48 @@ class RayRuntime(Runtime):
             rows = self._evaluate_clients(list(range(self.num_clients)))
             self._client_rows = client_table(self.cfg, rows)
             return personal_evaluation(rows)
-        return self._server_call(self.server.evaluate)
+        if not self.spread_eval:
+            return self._server_call(self.server.evaluate)
+        return self._evaluate_global()
+
+    def _evaluate_global(self) -> dict[str, float]:
+        """The global model scored on the client workers, which sit idle between rounds: the server sends the
+        models once (one object), worker k of n scores every n-th fixed batch of the evaluation set (global
+        test set, then the clients' test splits), the driver turns the per-sample results into ``eval/*``.
+        The same batches as in-process, so the same figures."""
+        try:
+            models_ref, report_ref = self.server.eval_models.options(num_returns=2).remote()
+            report = ray.get(report_ref)
+        except SYSTEM_ERRORS as e:
+            raise RunFailure(f"the server actor was lost ({type(e).__name__})") from None
+        parts = self._on_workers(lambda workers: [w.evaluate_global.remote(models_ref, k, len(workers))
+                                                  for k, w in enumerate(workers)])
+        scored = {}
+        for suffix in parts[0]:
+            ok = np.zeros(self.eval_index.size, dtype=bool)
+            for part in parts:
+                for start, stop, correct in part[suffix]:
+                    ok[start:stop] = correct
+            scored[suffix] = self.eval_index.metrics(ok)
+        return report_eval(scored, report)
 
     def _evaluate_clients(self, client_ids: list[int]) -> list[tuple[int, ...]]:
-        """Every client's own model scored on the workers, in tasks of EVAL_CHUNK clients dealt round-robin
-        (a task deserialises the states it is given: small tasks keep that to a few models per worker);
-        a worker lost mid-way costs a rerun of the evaluation once the pool is checked."""
+        """Every client's own model scored on the workers, in tasks of at most EVAL_CHUNK clients (a task
+        deserialises the states it is given: small tasks keep that to a few models per worker), as many
+        tasks per worker, of sizes differing by at most one client (each client costs about the same: the
+        global test set dominates), dealt round-robin."""
+        def submit(workers):
+            return [workers[k % len(workers)].evaluate_clients.remote(chunk, *[self.client_states.get(c) for c in chunk])
+                    for k, chunk in enumerate(eval_tasks(client_ids, len(workers), EVAL_CHUNK))]
+        return [row for part in self._on_workers(submit) for row in part]
+
+    def _on_workers(self, submit) -> list:
+        """``ray.get`` of the tasks ``submit(workers)`` starts on the pool; a worker lost mid-way costs one
+        rerun of them all once the pool is checked."""
         for attempt in range(2):
             self._check_pool()
-            chunks = [client_ids[i : i + EVAL_CHUNK] for i in range(0, len(client_ids), EVAL_CHUNK)]
-            refs = [self.workers[k % len(self.workers)].evaluate_clients.remote(
-                chunk, *[self.client_states.get(c) for c in chunk]) for k, chunk in enumerate(chunks)]
             try:
-                return [row for part in ray.get(refs) for row in part]
+                return ray.get(submit(self.workers))
             except WORKER_ERRORS as e:
                 if attempt:
                     raise RunFailure(f"evaluation failed twice: a client worker was lost ({type(e).__name__})") from None

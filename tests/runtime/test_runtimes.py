@@ -115,3 +115,35 @@ def test_client_costs_follow_architecture_flops_and_local_steps():
     costs = client_costs(cfg, (1, 16, 16), 10, [32, 32, 64])
     lenet, resnet = forward_flops("lenet5", (1, 16, 16), 10), forward_flops("resnet8", (1, 16, 16), 10)
     assert costs == [lenet * 2, resnet * 2, lenet * 4]  # one epoch of batch 16: 2 or 4 steps
+
+
+@pytest.mark.ray
+def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
+    """Start-up order: the actors come up from small arguments while the driver has no data yet; after
+    ``attach`` a round and its evaluation (the global model scored on the workers, two parts) give the
+    in-process figures exactly."""
+    import ray
+
+    cfg = tiny_config(federation__local_steps=2)
+    ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "ray", "num_workers": 2})})
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(ray_cfg) as rt:
+        assert [attached for _, _, attached in ray.get([w.ready.remote() for w in rt.workers])] == [False, False]
+        ray.get(rt.server.ready.remote())
+        rt.attach(data)
+        assert rt.spread_eval
+        rt.run_round(1, [0, 2, 4])
+        remote = rt.evaluate()
+    with make_runtime(cfg, data) as local:
+        local.run_round(1, [0, 2, 4])
+        assert local.evaluate() == remote
+
+
+def test_personalised_evaluation_tasks_are_balanced_over_the_workers():
+    from fedray.runtime.placement import eval_tasks
+
+    assert [len(t) for t in eval_tasks(list(range(20)), 2, 16)] == [10, 10]  # was 16 + 4
+    tasks = eval_tasks(list(range(100)), 3, 16)
+    assert len(tasks) % 3 == 0 and max(map(len, tasks)) <= 16 and max(map(len, tasks)) - min(map(len, tasks)) <= 1
+    assert [c for t in tasks for c in t] == list(range(100))
+    assert eval_tasks([4, 7], 4, 16) == [[4], [7]]
