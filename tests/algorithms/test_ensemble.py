@@ -1,6 +1,6 @@
 """The stacked teacher ensemble (fedray.algorithms.ensemble) equals the loop over client models up to float
 rounding: LeNet-5, a BatchNorm ResNet with per-teacher running statistics, heterogeneous architectures in
-upload order, sub-groups under a small weights budget, multi-output modules (DaFKD's classifier +
+upload order, chunks grown to the activation budget, sub-groups under a small weights budget, multi-output modules (DaFKD's classifier +
 discriminator), and the module's own weights left untouched."""
 
 import pytest
@@ -52,6 +52,9 @@ def test_heterogeneous_groups_keep_upload_order_and_subgroups(monkeypatch):
     mixed = [lenets[0], mlps[0], lenets[1], mlps[1], lenets[2]]
     x = torch.randn(20, 1, 28, 28)
     loop = loop_outputs(mixed, x, batch_size=8)[0]
+    _close(stacked_outputs(mixed, x, batch_size=8)[0], loop)
+    # chunks grown to the activation budget (the GPU setting): same numbers
+    monkeypatch.setattr(ensemble, "BUDGET_DEVICES", ("cpu", "cuda"))
     _close(stacked_outputs(mixed, x, batch_size=8)[0], loop)
     # a weights budget below two LeNets: sub-groups of one teacher, the plain functional call, same numbers
     monkeypatch.setattr(ensemble, "STACKED_WEIGHTS_BYTES", 1)

@@ -1,0 +1,102 @@
+"""Server-side teacher ensemble: the loop over client models vs one stacked forward (issue 13, item 2).
+
+K LeNet-5 teachers (random weights; 1x28x28, 10 classes) on N uint8 images normalised per batch, as
+FedDF/FedD3A's ``teacher_logits`` runs them:
+
+  loop     load_state_dict + forward per teacher, batches of ``--batch`` (federation.eval_batch_size)
+  stacked  fedray.algorithms.ensemble.stacked_outputs as configured for the device (vmap over the stacked
+           state dicts; on a CPU teachers x images per forward <= batch, the loop's memory)
+  stacked_budget  the same with chunks grown to the activation budget (what it does on a GPU)
+
+Median of ``--repeats`` timings after one warm-up (the variants taking turns), for each thread count; the max |difference| of the
+outputs is printed too. Prints one JSON line per row and the host's load (``os.getloadavg``).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/server_ensemble.py [--teachers 8 20] [--images 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from fedray.algorithms import ensemble
+from fedray.algorithms.base import clone_weights
+from fedray.algorithms.ensemble import loop_outputs, stacked_outputs
+from fedray.models import build_model
+
+
+def _time_interleaved(fns: dict, repeats: int) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """Median seconds per variant; the variants take turns in every repeat, so that the load of a shared
+    machine falls on all of them alike."""
+    outs = {name: fn() for name, fn in fns.items()}  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            outs[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--teachers", type=int, nargs="+", default=[8, 20])
+    ap.add_argument("--images", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    shape = (1, 28, 28)
+    x = torch.randint(0, 256, (a.images, *shape), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).to(dev)
+    prep = lambda t: (t.float() / 255 - 0.2860) / 0.3530  # noqa: E731  (Fashion-MNIST's mean / std)
+    print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                      "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
+                      "torch": torch.__version__, "loadavg": os.getloadavg()}))
+    devices = ensemble.BUDGET_DEVICES
+    for threads in a.threads:
+        torch.set_num_threads(threads)
+        for k in a.teachers:
+            module = build_model("lenet5", shape, 10).to(dev)
+            teachers = []
+            for i in range(k):
+                torch.manual_seed(i)
+                teachers.append((module, clone_weights(build_model("lenet5", shape, 10))))
+            sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+            def run(f):
+                def go():
+                    out = f(teachers, x, a.batch, prep)[0]
+                    sync()
+                    return out
+                return go
+
+            def budget(f):
+                def go():
+                    ensemble.BUDGET_DEVICES = (dev.type,)
+                    try:
+                        return f()
+                    finally:
+                        ensemble.BUDGET_DEVICES = devices
+                return go
+
+            t, outs = _time_interleaved({"loop": run(loop_outputs), "stacked": run(stacked_outputs),
+                                         "budget": budget(run(stacked_outputs))}, a.repeats)
+            t_loop, t_stack, t_rows = t["loop"], t["stacked"], t["budget"]
+            ref, out, out_rows = outs["loop"], outs["stacked"], outs["budget"]
+            diff = max(float((out - ref).abs().max()), float((out_rows - ref).abs().max()))
+            print(json.dumps({"threads": threads, "teachers": k, "images": a.images, "loop_s": round(t_loop, 4),
+                              "stacked_s": round(t_stack, 4), "stacked_budget_s": round(t_rows, 4),
+                              "speedup": round(t_loop / t_stack, 2), "max_abs_diff": diff,
+                              "loadavg": os.getloadavg()}))
+
+
+if __name__ == "__main__":
+    main()
