@@ -64,6 +64,11 @@ class DataConfig(_Strict):
         "~/.cache/fedray/data (Debian's dataset-fashion-mnist is found and used when installed).",
     )
     download: bool = True
+    cache: bool = Field(default=True, description="keep decoded torchvision datasets as .npy files, memory-mapped "
+                        "by later runs (fedray.data.cache)")
+    cache_dir: str | None = Field(default=None, description="where the decoded datasets go; default "
+                                  "$FEDRAY_CACHE_DIR or ~/.cache/fedray/decoded (an unwritable folder: a warning, "
+                                  "and the run goes on without the cache)")
     partition: Literal["dirichlet", "iid", "shards", "domain", "domain_dirichlet"] = Field(
         default="dirichlet", description="domain: one client per domain (cross-silo); domain_dirichlet: each "
         "domain split over clients_per_domain clients by Dirichlet(alpha) over labels (cross-device)")

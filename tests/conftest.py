@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# The decoded-dataset cache (fedray.data.cache): a throwaway folder per test session, never the user's
+# (tests load fake datasets under the real names, which would replace the user's entries).
+_DECODED_CACHE = tempfile.mkdtemp(prefix="fedray-test-decoded-")
+os.environ["FEDRAY_CACHE_DIR"] = _DECODED_CACHE
+atexit.register(shutil.rmtree, _DECODED_CACHE, True)
 
 from pathlib import Path  # noqa: E402
 

@@ -28,6 +28,7 @@ from urllib.error import URLError
 import numpy as np
 
 from fedray.config import DOMAINS, DataConfig
+from fedray.data.cache import DecodedCache, default_cache_dir, fingerprint
 from fedray.errors import DataError
 
 #: Where Debian's ``dataset-fashion-mnist`` installs the four gzipped IDX files.
@@ -216,11 +217,48 @@ def canonical(a: np.ndarray, dtype) -> np.ndarray:
     return np.array(a, dtype=dtype, order="C", copy=True)
 
 
+# Each dataset's files under the root (torchvision's layout): what the decoded cache is keyed on.
+_SOURCES = {
+    "fashion_mnist": ("FashionMNIST/raw",), "mnist": ("MNIST/raw",), "emnist": ("EMNIST/raw",),
+    "cifar10": ("cifar-10-batches-py",), "cifar100": ("cifar-100-python",),
+    "svhn": ("train_32x32.mat", "test_32x32.mat"),
+}
+
+
+def _cache_for(cfg: DataConfig, root: Path) -> tuple[DecodedCache | None, str | None]:
+    """The decoded cache of ``cfg.dataset`` and the key of its current source files (None: no cache, or the
+    files are not there yet)."""
+    if not cfg.cache:
+        return None, None
+    label = cfg.dataset + (f"-{cfg.emnist_split}" if cfg.dataset == "emnist" else "")
+    cache = DecodedCache(Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir(), label)
+    return cache, fingerprint(label, [root / s for s in _SOURCES[cfg.dataset]], root)
+
+
 def _load_torchvision(cfg: DataConfig) -> RawDataset:
+    """``cfg.dataset`` from the decoded cache (``fedray.data.cache``) when its source files are unchanged;
+    else decoded by torchvision, and cached."""
     name = cfg.dataset
     root = resolve_root(cfg)
     if name == "fashion_mnist":
         _install_debian_fashion_mnist(root)
+    cache, key = _cache_for(cfg, root)
+    hit = cache.load(key) if cache is not None and key is not None else None
+    if hit is not None:
+        arrays, meta = hit
+        return RawDataset(name, **arrays, num_classes=int(meta["num_classes"]), mean=tuple(meta["mean"]),
+                          std=tuple(meta["std"]))
+    raw = _decode_torchvision(cfg, root)
+    if cache is not None:
+        key = key or fingerprint(cache.label, [root / s for s in _SOURCES[name]], root)  # after a download
+        if key is not None:
+            cache.save(key, {a: getattr(raw, a) for a in ("train_x", "train_y", "test_x", "test_y")},
+                       {"num_classes": raw.num_classes, "mean": list(raw.mean), "std": list(raw.std)})
+    return raw
+
+
+def _decode_torchvision(cfg: DataConfig, root: Path) -> RawDataset:
+    name = cfg.dataset
     try:
         train, test = _torchvision(cfg, root)
     except (URLError, RuntimeError, OSError) as e:

@@ -58,7 +58,8 @@ LAST_N_COLUMN = f"last {LAST_N} (%)"
 COMM_COLUMNS: tuple[tuple[str, str], ...] = (("comm/bytes_up", "MB up"), ("comm/bytes_down", "MB down"))
 
 # Config keys that may differ between runs pooled in one row without changing what is compared.
-_POOL_IGNORED_KEYS = {"seed", "name", "data.data_dir", "data.download", "federation.eval_batch_size"}
+_POOL_IGNORED_KEYS = {"seed", "name", "data.data_dir", "data.download", "data.cache", "data.cache_dir",
+                      "federation.eval_batch_size"}
 _POOL_IGNORED_PREFIXES = ("runtime.", "tracking.")
 # Short labels for well-known keys (others print their last dotted part).
 _LABELS = {"data.alpha": "α"}
