@@ -8,8 +8,8 @@ FedDF/FedD3A's ``teacher_logits`` runs them:
            state dicts; on a CPU teachers x images per forward <= batch, the loop's memory)
   stacked_budget  the same with chunks grown to the activation budget (what it does on a GPU)
 
-Median of ``--repeats`` timings after one warm-up (the variants taking turns), for each thread count; the max |difference| of the
-outputs is printed too. Prints one JSON line per row and the host's load (``os.getloadavg``).
+Median of ``--repeats`` timings after one warm-up (the variants taking turns), for each thread count;
+the max |difference| of the outputs is printed too. Prints one JSON line per row and the host's load (``os.getloadavg``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/server_ensemble.py [--teachers 8 20] [--images 1000]
 """

@@ -27,12 +27,16 @@ GPU (:data:`BUDGET_DEVICES`) larger kernels are what pays, so there the bound is
 :data:`ACTIVATION_BUDGET_BYTES` allows for this model (an estimate from one single-image forward: 3x the
 largest layer output, for the input, the output and a residual branch held at once), at most K x
 ``batch_size``. Not on a CPU: measured here (``benchmarks/server_ensemble.py``, LeNet-5, 1 thread),
-chunks beyond ~1,000 rows are slower, cache-bound (8 teachers: 0.67 s at 1,024 rows, 1.11 s at 8,192).
+chunks beyond ~1,000 rows are slower, cache-bound (8 teachers on 1,000 images: 0.52 s in chunks of
+1,024 rows, 1.06 s grown to the budget; ``benchmarks/README.md``).
 Stacked weights are a copy of the uploads: groups hold at most :data:`STACKED_WEIGHTS_BYTES` of them
 (at least one teacher).
 
-Where vmap cannot apply the loop is kept: a group of one teacher is a plain functional call (nothing to
-stack, and bit-identical to the loop).
+No loop fallback is needed for the zoo: every model in ``fedray.models.MODEL_NAMES`` runs under vmap in
+eval mode with outputs equal to the loop's up to rounding (checked when this module was written). A
+module whose forward vmap cannot batch (data-dependent Python control flow, ``.item()``) raises here
+rather than silently falling back. A group of one teacher skips vmap: a plain functional call, nothing
+to stack, bit-identical to the loop.
 """
 
 from __future__ import annotations
@@ -112,7 +116,8 @@ def _group_outputs(module: nn.Module, weights: Sequence[Weights], x: Tensor, bat
     n = len(x)
     if len(weights) == 1:  # nothing to stack: a plain functional call, bit-identical to the loop
         w = {k: v.to(dev) for k, v in weights[0].items()}
-        chunks = [_leaves(functional_call(module, w, (prepare(x[i : i + batch_size]),))) for i in range(0, n, batch_size)]
+        chunks = [_leaves(functional_call(module, w, (prepare(x[i : i + batch_size]),)))
+                  for i in range(0, n, batch_size)]
         return [torch.cat([c[j] for c in chunks]).unsqueeze(0) for j in range(len(chunks[0]))]
     rows = batch_size
     if dev.type in BUDGET_DEVICES:

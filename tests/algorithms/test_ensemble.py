@@ -1,7 +1,7 @@
 """The stacked teacher ensemble (fedray.algorithms.ensemble) equals the loop over client models up to float
 rounding: LeNet-5, a BatchNorm ResNet with per-teacher running statistics, heterogeneous architectures in
-upload order, chunks grown to the activation budget, sub-groups under a small weights budget, multi-output modules (DaFKD's classifier +
-discriminator), and the module's own weights left untouched."""
+upload order, chunks grown to the activation budget, sub-groups under a small weights budget,
+multi-output modules (DaFKD's classifier + discriminator), and the module's own weights left untouched."""
 
 import pytest
 import torch
