@@ -30,13 +30,23 @@ from __future__ import annotations
 from fedray.models.base import FedModel, disable_inplace
 from fedray.models.lenet import LeNet5
 from fedray.models.mlp import MLP
-from fedray.models.mobilenet import MobileNetV3Small
 from fedray.models.resnet import (BasicBlock, Bottleneck, ResNet8, ResNet8BN, ResNet8x4, ResNet11, ResNet14,
                                   ResNet20, ResNet32, ResNet32x4, ResNet44, ResNet56, ResNet110)
-from fedray.models.resnet18 import ResNet18
-from fedray.models.resnet50 import ResNet50
 from fedray.models.vgg import VGGSmall
 from fedray.models.zoo import MODEL_NAMES, build_model, describe_models, forward_flops
+
+# Defined on torchvision's classes: imported on first use (see fedray.models.zoo._lazy).
+_LAZY = {"MobileNetV3Small": "fedray.models.mobilenet", "ResNet18": "fedray.models.resnet18",
+         "ResNet50": "fedray.models.resnet50"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MODEL_NAMES",

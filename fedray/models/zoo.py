@@ -6,6 +6,7 @@ Kept in one table so that ``MODEL_NAMES``, the unknown-name error and :func:`des
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -14,12 +15,20 @@ from fedray.errors import ConfigError
 from fedray.models.base import FedModel
 from fedray.models.lenet import LeNet5
 from fedray.models.mlp import MLP
-from fedray.models.mobilenet import MobileNetV3Small
 from fedray.models.resnet import (ResNet8, ResNet8BN, ResNet8x4, ResNet11, ResNet14, ResNet20, ResNet32,
                                   ResNet32x4, ResNet44, ResNet56, ResNet110)
-from fedray.models.resnet18 import ResNet18
-from fedray.models.resnet50 import ResNet50
 from fedray.models.vgg import VGGSmall
+
+
+def _lazy(module: str, name: str) -> Callable[[tuple[int, int, int], int], FedModel]:
+    """The builder of a model class defined on top of torchvision's, imported when first built: importing
+    torchvision.models imports torch's compiler stack (~2 s of CPU), which a process that never builds
+    these (the Ray driver, a FedAvg server actor) should not pay at start-up."""
+
+    def build(input_shape: tuple[int, int, int], num_classes: int) -> FedModel:
+        return getattr(importlib.import_module(module), name)(input_shape, num_classes)
+
+    return build
 
 
 class ZooEntry(NamedTuple):
@@ -34,8 +43,8 @@ _ZOO: dict[str, ZooEntry] = {
     "resnet11": ZooEntry(ResNet11, "bottleneck ResNet-11 with BatchNorm (DaFKD)"),
     "mlp": ZooEntry(MLP, "2-hidden-layer MLP, 200-200 ReLU (McMahan et al.'s 2NN)"),
     "vgg_small": ZooEntry(VGGSmall, "small VGG with BatchNorm, 32-64-128-128 convs, FC 256"),
-    "resnet18": ZooEntry(ResNet18, "torchvision ResNet-18, 3x3 stem, no max-pool"),
-    "mobilenet_v3_small": ZooEntry(MobileNetV3Small, "torchvision MobileNetV3-Small, stride-1 stem, no dropout"),
+    "resnet18": ZooEntry(_lazy("fedray.models.resnet18", "ResNet18"), "torchvision ResNet-18, 3x3 stem, no max-pool"),
+    "mobilenet_v3_small": ZooEntry(_lazy("fedray.models.mobilenet", "MobileNetV3Small"), "torchvision MobileNetV3-Small, stride-1 stem, no dropout"),
     # The CIFAR ResNet family of knowledge-distillation work (Tian et al.'s CRD zoo), FedCD's Table I.
     "resnet8_bn": ZooEntry(ResNet8BN, "CIFAR ResNet-8 (n=1), BatchNorm, 16/32/64 channels"),
     "resnet14": ZooEntry(ResNet14, "CIFAR ResNet-14 (n=2), BatchNorm, 16/32/64 channels"),
@@ -46,7 +55,7 @@ _ZOO: dict[str, ZooEntry] = {
     "resnet110": ZooEntry(ResNet110, "CIFAR ResNet-110 (n=18), BatchNorm, 16/32/64 channels"),
     "resnet8x4": ZooEntry(ResNet8x4, "CIFAR ResNet-8x4 (n=1), BatchNorm, stem 32, 64/128/256 channels"),
     "resnet32x4": ZooEntry(ResNet32x4, "CIFAR ResNet-32x4 (n=5), BatchNorm, stem 32, 64/128/256 channels"),
-    "resnet50": ZooEntry(ResNet50, "torchvision bottleneck ResNet-50, 3x3 stem, no max-pool"),
+    "resnet50": ZooEntry(_lazy("fedray.models.resnet50", "ResNet50"), "torchvision bottleneck ResNet-50, 3x3 stem, no max-pool"),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_ZOO)
