@@ -11,11 +11,14 @@ from fedray.errors import ResourceError
 
 def client_costs(cfg: ExperimentConfig, input_shape: tuple[int, int, int], num_classes: int,
                  client_sizes) -> list[float]:
-    """Each client's estimated work per round: forward FLOPs of its architecture x its local steps."""
+    """Each client's estimated work per round: forward FLOPs of its architecture x its local steps. With one
+    architecture only the steps tell clients apart, and the FLOPs (whose counter imports torch's compiler
+    stack, ~1 s of the driver's start-up) are left out: the costs are the steps."""
     from fedray.algorithms.base import local_step_count
     from fedray.models import forward_flops
 
-    flops = {a: forward_flops(a, input_shape, num_classes) for a in cfg.model.architectures()}
+    archs = cfg.model.architectures()
+    flops = {a: forward_flops(a, input_shape, num_classes) for a in archs} if len(archs) > 1 else {archs[0]: 1}
     return [float(flops[cfg.model.client_architecture(c)] * local_step_count(cfg.federation, int(n)))
             for c, n in enumerate(client_sizes)]
 
