@@ -284,6 +284,21 @@ def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
 
 
 @pytest.mark.ray
+def test_a_killed_worker_reruns_its_batched_clients_one_by_one(ray_local, caplog):
+    """Vectorised clients: a worker killed while it trains its clients as one task costs a rerun of that task
+    on a live worker, batched as before, so the figures are the fault-free ones exactly."""
+    cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_slow_plan_round_2",
+                       runtime__vectorize=True)
+    clean, _ = _run_rounds(cfg, 3)
+    with caplog.at_level(logging.WARNING, logger="fedray"):
+        faulted, pool = _run_rounds(cfg, 3, during=_kill_a_worker)
+    assert "round 2: clients 0, 4 lost their worker" in caplog.text and "rerunning them together" in caplog.text
+    assert "dropped" not in caplog.text
+    assert faulted == clean  # same losses, same aggregate, same evaluation
+    assert pool == 2
+
+
+@pytest.mark.ray
 def test_no_actor_restart_depends_on_an_object_in_the_store(ray_local, capfd):
     """Ray warns when a restartable actor's constructor arguments live in the object store (such an actor
     cannot restart once that object is lost): the client workers take small arguments only."""

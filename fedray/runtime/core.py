@@ -81,7 +81,7 @@ class ClientWorkerCore:
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device)
-        self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
+        self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device, type(self.algo))
         self._evaluator: Evaluator | None = None
         self._eval_model: torch.nn.Module | None = None
         self.server_x = None  # only methods whose clients hold the server data's images get them

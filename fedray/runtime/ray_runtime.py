@@ -46,6 +46,7 @@ from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.metrics import EvalIndex
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, data_spec, personal_evaluation,
                                  personal_models, report_eval, torch_threads)
+from fedray.runtime.vectorized import vectorize_enabled
 
 
 log = logging.getLogger("fedray")
@@ -99,6 +100,12 @@ class ClientWorker:
 
     def train(self, round_: int, client_id: int, payload: Any, state: Any):
         return self._core().train(round_, client_id, payload, state)
+
+    def train_many(self, round_: int, client_ids: list[int], payload: Any, *states: Any) -> list:
+        """Several clients in one task (vectorised on the worker): uploads, then states, then infos, flat, so
+        each is its own object reference and the rest of the round handles them client by client."""
+        done = self._core().train_many(round_, client_ids, payload, list(states))
+        return [part[i] for i in range(3) for part in done]
 
     def evaluate_clients(self, client_ids: list[int], *states: Any):
         # States arrive as top-level arguments so Ray resolves their references before the call.
@@ -179,6 +186,7 @@ class _Job:
     info: Any
     attempt: int
     deadline: float
+    batch: tuple[int, ...] = ()  # the clients trained with it in one task (vectorised), itself included
 
 
 class RayRuntime(Runtime):
@@ -214,6 +222,10 @@ class RayRuntime(Runtime):
         self.personalised = self.algo_cls.personalised
         # The global model is scored on the workers (idle between rounds) unless only the server has a GPU.
         self.spread_eval = not (rt.server_num_gpus > 0 and rt.num_gpus_per_worker == 0)
+        # Vectorised clients: a worker gets its clients of a round as one task (its device decides, as in
+        # ClientWorkerCore: a worker with a GPU share has CUDA).
+        worker_device = torch.device("cuda" if cfg.runtime.num_gpus_per_worker > 0 else "cpu")
+        self.batch_clients = vectorize_enabled(cfg.runtime.vectorize, worker_device, self.algo_cls)
         self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
         if data is not None:
@@ -289,18 +301,46 @@ class RayRuntime(Runtime):
             return [(c, c) for c in client_ids]
         return deal(client_ids, self.client_cost, len(self.workers))
 
+    def _submit_batch(self, round_, cids: list[int], payload_ref, worker: int, start: float,
+                      attempt: int = 0) -> list[_Job]:
+        """One task training ``cids`` together on ``worker`` (``runtime.vectorize``): a job per client, all due
+        when the last would be. A failure reruns the batch as a whole, so its clients get the numbers they
+        would have had (a batched client's float rounding may depend on its batch-mates)."""
+        if len(cids) == 1:
+            return [self._submit(round_, cids[0], payload_ref, worker, attempt, 0, start)]
+        timeout = self.cfg.runtime.client_timeout_s
+        refs = self.workers[worker].train_many.options(num_returns=3 * len(cids)).remote(
+            round_, cids, payload_ref, *[self.client_states.get(c) for c in cids])
+        k = len(cids)
+        deadline = start + timeout * k if timeout else math.inf
+        return [_Job(c, worker, refs[i], refs[k + i], refs[2 * k + i], attempt, deadline, tuple(cids))
+                for i, c in enumerate(cids)]
+
     def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> _Job:
         timeout = self.cfg.runtime.client_timeout_s
-        up, st, info = self.workers[worker].train.options(num_returns=3).remote(
-            round_, cid, payload_ref, self.client_states.get(cid))
+        if self.batch_clients:  # a client alone (a rerun, or one per worker) still takes the vectorised path
+            up, st, info = self.workers[worker].train_many.options(num_returns=3).remote(
+                round_, [cid], payload_ref, self.client_states.get(cid))
+        else:
+            up, st, info = self.workers[worker].train.options(num_returns=3).remote(
+                round_, cid, payload_ref, self.client_states.get(cid))
         deadline = start + timeout * (queue_pos + 1) if timeout else math.inf
         return _Job(cid, worker, up, st, info, attempt, deadline)
 
     def _retry_or_drop(self, job: _Job, round_, payload_ref, error: BaseException, jobs: dict) -> None:
+        """Rerun a client whose worker failed on a live worker, with the clients of its task (they failed with
+        it: their pending jobs are replaced), or drop them after ``runtime.max_client_retries``."""
         self.suspect.add(job.worker)
+        mates = [c for c in job.batch if c != job.client_id and c in jobs and jobs[c].batch == job.batch
+                 and jobs[c].attempt == job.attempt]
+        cids = sorted([job.client_id, *mates])
+        names = (f"client {cids[0]}" if len(cids) == 1 else "clients " + ", ".join(map(str, cids)))
+        them = "it" if len(cids) == 1 else "them together"
         if job.attempt >= self.cfg.runtime.max_client_retries:
-            log.warning("round %d: dropped client %d after %d attempt(s) (%s)", round_, job.client_id,
-                        job.attempt + 1, type(error).__name__)
+            log.warning("round %d: dropped %s after %d attempt(s) (%s)", round_, names, job.attempt + 1,
+                        type(error).__name__)
+            for c in mates:
+                del jobs[c]
             return
         live = [i for i in range(len(self.workers)) if i not in self.suspect]
         if live:
@@ -308,12 +348,14 @@ class RayRuntime(Runtime):
         else:  # every worker failed this round: wait for this one to restart rather than burn the retries
             worker = job.worker
             if self._revive(self.workers[worker]) is None:
-                log.warning("round %d: dropped client %d: no worker came back to rerun it", round_, job.client_id)
+                log.warning("round %d: dropped %s: no worker came back to rerun %s", round_, names, them.split()[0])
+                for c in mates:
+                    del jobs[c]
                 return
-        log.warning("round %d: client %d lost its worker (%s); rerunning it on worker %d", round_, job.client_id,
-                    type(error).__name__, worker)
-        jobs[job.client_id] = self._submit(round_, job.client_id, payload_ref, worker, job.attempt + 1, 0,
-                                           time.monotonic())
+        log.warning("round %d: %s lost %s worker (%s); rerunning %s on worker %d", round_, names,
+                    "its" if len(cids) == 1 else "their", type(error).__name__, them, worker)
+        for new in self._submit_batch(round_, cids, payload_ref, worker, time.monotonic(), job.attempt + 1):
+            jobs[new.client_id] = new
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
         self._check_pool()
@@ -324,9 +366,17 @@ class RayRuntime(Runtime):
             raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
         start, queued = time.monotonic(), [0] * len(self.workers)
         jobs: dict[int, _Job] = {}
-        for cid, w in self._deal(client_ids):
-            jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
-            queued[w] += 1
+        if self.batch_clients:
+            per_worker: dict[int, list[int]] = {}
+            for cid, w in self._deal(client_ids):
+                per_worker.setdefault(w, []).append(cid)
+            for w, cids in per_worker.items():
+                for job in self._submit_batch(round_, sorted(cids), payload_ref, w, start):
+                    jobs[job.client_id] = job
+        else:
+            for cid, w in self._deal(client_ids):
+                jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
+                queued[w] += 1
         done: dict[int, tuple[_Job, dict, Any]] = {}
         while jobs:
             by_ref = {job.info: job for job in jobs.values()}
@@ -457,7 +507,8 @@ class RayRuntime(Runtime):
     def describe(self) -> str:
         rt = self.cfg.runtime
         return (f"ray: {self.pool_size} client worker(s) x {rt.num_cpus_per_worker:g} CPU / "
-                f"{rt.num_gpus_per_worker:g} GPU, server {rt.server_num_cpus:g} CPU / {rt.server_num_gpus:g} GPU")
+                f"{rt.num_gpus_per_worker:g} GPU, server {rt.server_num_cpus:g} CPU / {rt.server_num_gpus:g} GPU"
+                + (", vectorised clients" if self.batch_clients else ""))
 
     def close(self) -> None:
         for actor in [*self.workers, self.server]:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.func import functional_call, vmap
 
-from fedray.algorithms.base import ClientContext, ClientResult
+from fedray.algorithms.base import Algorithm, ClientContext, ClientResult
 from fedray.algorithms.training import LocalTraining, split_loss, step_means
 from fedray.config import FederationConfig
 
@@ -191,9 +191,17 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining]) -> l
     return results
 
 
-def vectorize_enabled(setting: Any, device: torch.device) -> bool:
-    """``runtime.vectorize``: true/false as said; ``auto`` vectorises on CUDA devices only (on a CPU
-    batching clients measured slower than one at a time, see benchmarks/overhead.py)."""
-    if setting == "auto":
-        return device.type == "cuda"
-    return bool(setting)
+def vectorize_enabled(setting: Any, device: torch.device, algo_cls: type) -> bool:
+    """Whether a worker on ``device`` trains ``algo_cls``'s clients batched. ``runtime.vectorize``: true/false
+    as said; ``auto`` vectorises on CUDA devices only (on a CPU batching clients measured slower than one at
+    a time, see benchmarks/overhead.py). Never for a method without :meth:`Algorithm.local_training`, nor
+    for one whose ``client_update`` is overridden below it (a subclass changing the update would be
+    bypassed: it runs sequentially)."""
+    if not (device.type == "cuda" if setting == "auto" else bool(setting)):
+        return False
+
+    def owner(name: str) -> type:
+        return next(c for c in algo_cls.__mro__ if name in vars(c))
+
+    planned, update = owner("local_training"), owner("client_update")
+    return planned is not Algorithm and issubclass(planned, update)

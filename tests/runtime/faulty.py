@@ -55,3 +55,16 @@ class SlowRound2(FedAvg):
         if ctx.round == 2:
             time.sleep(2)
         return super().client_update(ctx, payload, state)
+
+
+@register_algorithm
+class SlowPlanRound2(FedAvg):
+    """SlowRound2 for vectorised clients: the delay is in ``local_training``, so the worker still batches its
+    clients of the round (1 s each) and a fault lands mid-task."""
+
+    name = "test_slow_plan_round_2"
+
+    def local_training(self, ctx, payload, state):
+        if ctx.round == 2:
+            time.sleep(1)
+        return super().local_training(ctx, payload, state)

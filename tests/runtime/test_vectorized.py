@@ -7,6 +7,9 @@ import pytest
 import torch
 
 from fedray.algorithms import validate_experiment
+from fedray.algorithms.dafkd import DaFKD
+from fedray.algorithms.fedavg import FedAvg
+from fedray.algorithms.qffl import QFFL
 from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
@@ -125,7 +128,25 @@ def test_a_method_that_is_not_plain_local_training_runs_sequentially_under_vecto
     assert runs[0].history[-1]["eval/accuracy"] == runs[1].history[-1]["eval/accuracy"]
 
 
-def test_auto_vectorises_on_cuda_only():
-    assert vectorize_enabled("auto", torch.device("cuda")) and not vectorize_enabled("auto", torch.device("cpu"))
-    assert vectorize_enabled(True, torch.device("cpu")) and not vectorize_enabled(False, torch.device("cuda"))
+def test_auto_vectorises_on_cuda_only_and_only_methods_whose_update_is_their_local_training():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert vectorize_enabled("auto", cuda, FedAvg) and not vectorize_enabled("auto", cpu, FedAvg)
+    assert vectorize_enabled(True, cpu, QFFL) and not vectorize_enabled(False, cuda, FedAvg)
+    assert not vectorize_enabled(True, cpu, DaFKD)  # no LocalTraining
+
+    class Altered(FedAvg):  # changes the update without saying how to batch it: must not be bypassed
+        def client_update(self, ctx, payload, state):
+            return super().client_update(ctx, payload, state)
+
+    assert not vectorize_enabled(True, cpu, Altered)
     assert tiny_config(runtime__vectorize="true").runtime.vectorize is True
+
+
+@pytest.mark.ray
+def test_ray_batches_a_workers_clients_with_the_in_process_numbers(ray_local):
+    cfg = dict(runtime__vectorize=True, model__name="resnet8_bn", federation__rounds=2)
+    local = run_experiment(tiny_config(**cfg), progress=False)
+    on_ray = run_experiment(tiny_config(runtime__backend="ray", runtime__num_workers=2, **cfg), progress=False)
+    for a, b in zip(local.history, on_ray.history):
+        assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4)
+        assert b["eval/accuracy"] == pytest.approx(a["eval/accuracy"], abs=0.01)

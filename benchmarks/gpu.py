@@ -1,0 +1,165 @@
+"""Throughput on a GPU: per-round time and GPU busy fraction, sequential against vectorised clients.
+
+Rows (synthetic 1x28x28 data, Dirichlet alpha=0.1, 20 local SGD steps of batch 32, ``--rounds`` rounds,
+the mean over rounds 2..R: round 1 pays one-off start-up): FedAvg with LeNet-5 and with ResNet-8, and DaFKD
+with ResNet-11 (its GAN steps are not vectorised: sequential rows only), each in-process and on Ray with
+fractional GPUs (4 workers x 0.2 GPU, server 0.2), with ``runtime.vectorize`` false and true. The GPU's busy
+fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms while the rounds run (round 1 excluded).
+Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 80 % busy.
+
+    python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--no-ray]
+    .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g   # a dry run here
+
+Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named), and prints each row as it ends.
+Ray rows need Ray on the machine (``../shared/GPU.md``: the bundle script); without it they are skipped and
+the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedray.config import load_config
+from fedray.simulation import run_experiment
+
+BASE = ["data.dataset=synthetic", "data.synthetic_image_size=28", "data.alpha=0.1", "federation.local_steps=20",
+        "federation.batch_size=32", "tracking.enabled=false"]
+WORKLOADS = {
+    "fedavg_lenet5": ["algorithm.name=fedavg", "model.name=lenet5"],
+    "fedavg_resnet8": ["algorithm.name=fedavg", "model.name=resnet8"],
+    "dafkd_resnet11": ["algorithm.name=dafkd", "model.name=resnet11"],
+}
+RAY = ["runtime.backend=ray", "runtime.num_workers=4", "runtime.num_gpus_per_worker=0.2", "runtime.server_num_gpus=0.2"]
+
+
+class BusySampler(threading.Thread):
+    """``nvidia-smi``'s GPU utilization (%) every 200 ms, kept only while ``recording`` is set."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.recording = threading.Event()
+        self._halt = threading.Event()
+        self.available = True
+
+    def run(self) -> None:
+        while not self._halt.wait(0.2):
+            if not self.recording.is_set():
+                continue
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits",
+                                      "-i", "0"], capture_output=True, text=True, timeout=5).stdout
+                self.samples.append(float(out.strip().splitlines()[0]))
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                self.available = False
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+class RecordAfterRound1:
+    """A run hook: start recording GPU utilization once round 1 has ended."""
+
+    def __init__(self, sampler: BusySampler):
+        self.sampler = sampler
+
+    def on_start(self, cfg, data) -> None:
+        pass
+
+    def on_round(self, row: dict) -> None:
+        self.sampler.recording.set()  # from the end of round 1 on
+
+    def on_end(self, result) -> None:
+        self.sampler.recording.clear()
+
+    def on_error(self, exc: BaseException) -> None:
+        self.sampler.recording.clear()
+
+
+def run_row(name: str, overrides: list[str]) -> dict:
+    cfg = load_config(None, overrides)
+    sampler = BusySampler()
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        result = run_experiment(cfg, progress=False, hooks=[RecordAfterRound1(sampler)])
+    finally:
+        sampler.stop()
+    times = [row["time/round_s"] for row in result.history]
+    return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:] or times)),
+            "busy_pct": float(np.mean(sampler.samples)) if sampler.samples and sampler.available else None,
+            "accuracy": result.summary.get("eval/accuracy"), "runtime": result.summary.get("runtime"),
+            "wall_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/gpu")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--per-round", type=int, nargs="+", default=[8, 32], help="clients per round (of 2.5x as many)")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--no-ray", action="store_true")
+    args = ap.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        import ray  # noqa: F401
+        has_ray = not args.no_ray
+    except ImportError:
+        has_ray = False
+    device = torch.cuda.get_device_name(0) if args.device == "cuda" and torch.cuda.is_available() else "cpu"
+    rows = []
+    for k in args.per_round:
+        common = BASE + [f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
+                         f"data.num_clients={int(2.5 * k)}", f"federation.clients_per_round={k}",
+                         f"runtime.device={args.device}"]
+        for wl in args.workloads:
+            placements = [("in-process", [])] + ([("ray", RAY)] if has_ray and args.device == "cuda" else [])
+            for where, extra in placements:
+                for vec in (False, True):
+                    if vec and wl.startswith("dafkd"):
+                        continue  # DaFKD's GAN steps have no LocalTraining: vectorize=true is the same run
+                    name = f"{wl} k={k} {where} {'vectorised' if vec else 'sequential'}"
+                    row = run_row(name, common + WORKLOADS[wl] + extra + [f"runtime.vectorize={str(vec).lower()}"])
+                    row.update({"workload": wl, "clients_per_round": k, "where": where, "vectorize": vec})
+                    rows.append(row)
+                    print(json.dumps({key: row[key] for key in ("row", "round_s", "busy_pct", "accuracy")}), flush=True)
+    for row in rows:
+        if row["vectorize"]:
+            seq = next(r for r in rows if r["workload"] == row["workload"] and r["clients_per_round"] ==
+                       row["clients_per_round"] and r["where"] == row["where"] and not r["vectorize"])
+            row["speedup_vs_sequential"] = seq["round_s"] / row["round_s"]
+    record = {"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M"), "device": device,
+              "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
+              "ray_rows": has_ray, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [f"# GPU throughput ({device}, torch {torch.__version__}, {record['date']})", "",
+             "| workload | clients/round | where | clients | s/round | busy % | speed-up | accuracy |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        busy = "-" if r["busy_pct"] is None else f"{r['busy_pct']:.0f}"
+        up = f"{r['speedup_vs_sequential']:.2f}x" if "speedup_vs_sequential" in r else ""
+        lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | "
+                     f"{'vectorised' if r['vectorize'] else 'sequential'} | {r['round_s']:.3f} | {busy} | {up} | "
+                     f"{r['accuracy']:.4f} |")
+    if not has_ray:
+        lines += ["", "Ray rows skipped (Ray not installed here, `--no-ray`, or a CPU run)."]
+    (out / "gpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
