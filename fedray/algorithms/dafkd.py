@@ -59,6 +59,7 @@ from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, Clie
                                     ServerContext, ServerState, Upload, Weights, clone_weights)
 from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
+from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update
 from fedray.models import FedModel, build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
@@ -248,6 +249,96 @@ class DaFKD(Algorithm):
             return None
         return torch.randint(self.spec.num_classes, (n,), generator=rng).to(device)
 
+    def _disc_loss(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor,
+                   fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Eq. 9's adversarial part (Eq. 1 + Eq. 2): the discriminator's BCE on real ``x`` (features ``feats``)
+        against generated ``fake``; (loss, real logits, fake logits)."""
+        b = x.shape[0]
+        d_real = self.disc_logits(m, x, feats)
+        with frozen_bn_stats(m.model):  # generated images never enter the running statistics
+            d_fake = self.disc_logits(m, fake)
+        target = torch.cat([torch.ones(b, device=x.device), torch.zeros(b, device=x.device)])
+        return F.binary_cross_entropy_with_logits(torch.cat([d_real, d_fake]), target), d_real, d_fake
+
+    def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """Eq. 3 (or the non-saturating variant) of generated images against the discriminator."""
+        with frozen_bn_stats(m.model):
+            d_gen = self.disc_logits(m, m.generator(z, labels))
+        if self.params.gen_loss == "nonsaturating":
+            return F.binary_cross_entropy_with_logits(d_gen, torch.ones_like(d_gen))  # -log f(G(z))
+        return -F.binary_cross_entropy_with_logits(d_gen, torch.zeros_like(d_gen))  # log(1 - f(G(z))), Eq. 3
+
+    def _adversarial_steps(self, ctx: ClientContext, state: DaFKDClientState) -> tuple[bool, bool, int]:
+        """(train D this round, train G this round, local steps with D/G updates)."""
+        p = self.params
+        round_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
+        round_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
+        adv_steps = ctx.num_local_steps()  # the authors' code: adversarial steps in the first local epochs only
+        if p.gan_local_epochs is not None:
+            adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // ctx.fed.batch_size))
+        return round_d, round_g, adv_steps
+
+    def local_training(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState):
+        """Lines 19-25 as two updates per local step, for the runtime to batch over clients: (classifier +
+        discriminator, Eq. 9) then (generator, Eq. 3), on the batch and noise drawn as ``client_update`` draws
+        them. None with the gradient penalty (a gradient inside the loss, which ``vmap`` cannot batch here)."""
+        p, m, fed, dev = self.params, ctx.modules, ctx.fed, ctx.device
+        if p.gp_weight > 0:
+            return None
+        assert state.client_id == ctx.client_id, "a client received another client's discriminator"
+        round_d, round_g, adv_steps = self._adversarial_steps(ctx, state)
+        batches, noise = ctx.batches(), ctx.generator("dafkd/noise")
+
+        def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
+            x, y = next(batches)
+            b, inp = x.shape[0], {"x": x, "y": y}
+            train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
+            for flag, key in ((train_d, "fake"), (train_g, "gen")):  # client_update's order of draws
+                if flag:
+                    inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise).to(dev)
+                    labels = self._labels(b, noise, dev)
+                    if labels is not None:
+                        inp[f"labels_{key}"] = labels
+            return inp, (True, train_g, train_d)
+
+        def view(mods: nn.ModuleDict) -> DaFKDModules:
+            return DaFKDModules(model=mods["model"], generator=mods["generator"], disc=mods["disc"])
+
+        def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
+            mm = view(mods)
+            feats = mm.model.features(inp["x"])
+            ce = F.cross_entropy(mm.model.head(feats), inp["y"])
+            if not flags[2]:
+                return ce, {"ce": ce}
+            with torch.no_grad():
+                fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
+            adv, d_real, d_fake = self._disc_loss(mm, inp["x"], feats, fake)
+            return ce + adv, {"ce": ce, "adv": adv, "real_ok": (d_real.detach() > 0).sum().float(),
+                              "fake_ok": (d_fake.detach() < 0).sum().float(), "n": torch.ones_like(d_real).sum()}
+
+        def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
+            g_loss = self._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"))
+            return g_loss, {"gen": g_loss}
+
+        def finish(mods: nn.ModuleDict, sums: dict[str, float]) -> ClientResult:
+            return self._result(ctx, view(mods), payload, state, self._metrics(sums, round_d, round_g, adv_steps))
+
+        gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
+        return StepwiseTraining(
+            modules=self._module_dict(m),
+            start={"model": payload.weights, "generator": payload.generator, "disc": state.disc},
+            updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
+                            trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
+                     Update(generator_loss, {"generator": gen_spec})],
+            steps=ctx.num_local_steps(), inputs=inputs, finish=finish)
+
+    def _module_dict(self, m: DaFKDModules) -> nn.ModuleDict:
+        """The worker's modules by name, one container per worker (clients batched together share it)."""
+        cached = getattr(self, "_modules_by_name", None)
+        if cached is None or cached["model"] is not m.model:
+            cached = self._modules_by_name = nn.ModuleDict({"model": m.model, "generator": m.generator, "disc": m.disc})
+        return cached
+
     def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
         assert state.client_id == ctx.client_id, "a client received another client's discriminator"
         p, m, fed, dev = self.params, ctx.modules, ctx.fed, ctx.device
@@ -261,18 +352,12 @@ class DaFKD(Algorithm):
         gen_params = list(m.generator.parameters())
         opt_g = torch.optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
         noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
-        train_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
-        train_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
         tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
-        adv_steps = ctx.num_local_steps()  # the authors' code: adversarial steps in the first local epochs only
-        if p.gan_local_epochs is not None:
-            adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // fed.batch_size))
-        round_d, round_g = train_d, train_g
+        round_d, round_g, adv_steps = self._adversarial_steps(ctx, state)
         for x, y in ctx.batches():  # lines 19-25
             train_d = round_d and tot["steps"] < adv_steps
             train_g = round_g and tot["steps"] < adv_steps
             b = x.shape[0]
-            ones, zeros = torch.ones(b, device=dev), torch.zeros(b, device=dev)
             opt.zero_grad(set_to_none=True)
             feats = m.model.features(x)
             ce = F.cross_entropy(m.model.head(feats), y)
@@ -280,10 +365,7 @@ class DaFKD(Algorithm):
             if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
                 with torch.no_grad():
                     fake = m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev), self._labels(b, noise, dev))
-                d_real = self.disc_logits(m, x, feats)
-                with frozen_bn_stats(m.model):  # generated images never enter the running statistics
-                    d_fake = self.disc_logits(m, fake)
-                adv = F.binary_cross_entropy_with_logits(torch.cat([d_real, d_fake]), torch.cat([ones, zeros]))
+                adv, d_real, d_fake = self._disc_loss(m, x, feats, fake)
                 if p.gp_weight > 0:
                     with frozen_bn_stats(m.model):
                         adv = adv + p.gp_weight * self._gradient_penalty(m, x, fake, gp_rng)
@@ -295,13 +377,8 @@ class DaFKD(Algorithm):
             loss.backward()
             opt.step()
             if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
-                with frozen_bn_stats(m.model):
-                    z = torch.randn(b, p.noise_dim, generator=noise).to(dev)
-                    d_gen = self.disc_logits(m, m.generator(z, self._labels(b, noise, dev)))
-                if p.gen_loss == "nonsaturating":
-                    g_loss = F.binary_cross_entropy_with_logits(d_gen, ones)  # -log f(G(z))
-                else:
-                    g_loss = -F.binary_cross_entropy_with_logits(d_gen, zeros)  # log(1 - f(G(z))), Eq. 3
+                z = torch.randn(b, p.noise_dim, generator=noise).to(dev)
+                g_loss = self._gen_loss(m, z, self._labels(b, noise, dev))
                 for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
                     prm.grad = g
                 opt_g.step()
@@ -309,13 +386,24 @@ class DaFKD(Algorithm):
             tot["ce"] += float(ce.detach())
             tot["steps"] += 1
 
-        steps = max(tot["steps"], 1)
+        return self._result(ctx, m, payload, state, self._metrics(tot, round_d, round_g, adv_steps))
+
+    @staticmethod
+    def _metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_steps: int) -> dict[str, float]:
+        """``train/*`` from the local steps' sums (ce, adv, gen, real_ok, fake_ok, n; steps)."""
+        steps = max(int(tot["steps"]), 1)
         metrics = {"train/loss": tot["ce"] / steps}
-        if round_d and tot["n"]:
+        if round_d and tot.get("n"):
             metrics.update({"train/disc_loss": tot["adv"] / min(steps, adv_steps), "train/disc_acc_real": tot["real_ok"] / tot["n"],
                             "train/disc_acc_fake": tot["fake_ok"] / tot["n"]})
         if round_g and adv_steps:
             metrics["train/gen_loss"] = tot["gen"] / min(steps, adv_steps)
+        return metrics
+
+    def _result(self, ctx: ClientContext, m: DaFKDModules, payload: DaFKDPayload, state: DaFKDClientState,
+                metrics: dict[str, float]) -> ClientResult:
+        """Upload and new state from the trained modules ``m`` (Alg. 1 line 26; Appendix B's outputs)."""
+        p, dev = self.params, ctx.device
         disc_w = clone_weights(m.disc)
         upload = DaFKDUpload(weights=clone_weights(m.model), generator=clone_weights(m.generator),
                              num_samples=ctx.num_samples)

@@ -46,6 +46,59 @@ class LocalTraining:
     group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
 
 
+@dataclass(frozen=True)
+class OptimSpec:
+    """One parameter group's optimizer: ``torch.optim.SGD`` (momentum, weight decay) or ``Adam`` (L2 weight
+    decay, ``betas``, eps 1e-8)."""
+
+    kind: str  # "sgd" | "adam"
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    @classmethod
+    def of(cls, fed: Any, lr: float | None = None) -> "OptimSpec":
+        """``federation.*``'s optimizer (:func:`~fedray.algorithms.base.make_optimizer`), optionally another lr."""
+        return cls(fed.optimizer, fed.lr if lr is None else lr, fed.momentum if fed.optimizer == "sgd" else 0.0,
+                   fed.weight_decay)
+
+
+@dataclass
+class Update:
+    """One optimizer update inside a local step: ``loss(modules, inputs, flags)`` moves the parameters of the
+    modules named in ``groups`` (each with its optimizer settings); the other modules' parameters stay as they
+    are. ``trains(flags)``: the groups this step's loss reaches (default: all), so that an unused module is
+    skipped as ``torch.optim`` skips a parameter without a gradient."""
+
+    loss: Callable[[torch.nn.ModuleDict, dict[str, torch.Tensor], tuple], LossOut]
+    groups: dict[str, OptimSpec]
+    trains: Callable[[tuple], set[str]] | None = None
+
+
+@dataclass
+class StepwiseTraining:
+    """A local training of several modules whose step is a sequence of :class:`Update` s with per-step inputs
+    (DaFKD: classifier and discriminator, then generator, on the batch and seeded noise). The runtime
+    batches clients with equal ``(modules, group)`` under ``runtime.vectorize``; the method's own
+    ``client_update`` is the sequential reference.
+
+    ``inputs(step)`` is called for steps 0, 1, ... in order (it may draw from the client's generators) and
+    returns the step's tensors and its flags: ``flags[u]`` says whether update ``u`` runs; further entries are
+    the method's own (static: clients are batched by equal flags, and every loss sees them).
+    ``finish(modules, sums)`` gets the
+    per-client sums over steps of every auxiliary figure of the updates that ran, plus ``steps``.
+    """
+
+    modules: torch.nn.ModuleDict  # the worker's modules, by name; weights loaded from ``start``
+    start: dict[str, Weights]
+    updates: list[Update]
+    steps: int
+    inputs: Callable[[int], tuple[dict[str, torch.Tensor], tuple[bool, ...]]]
+    finish: Callable[[torch.nn.ModuleDict, dict[str, float]], ClientResult]
+    group: Hashable = None
+
+
 def split_loss(out: LossOut) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return out if isinstance(out, tuple) else (out, {})
 

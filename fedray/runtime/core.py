@@ -22,6 +22,7 @@ from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
 from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
+from fedray.algorithms.training import LocalTraining
 from fedray.runtime.vectorized import train_vectorized, vectorize_enabled
 from fedray.seeding import derive_seed
 
@@ -110,8 +111,9 @@ class ClientWorkerCore:
                 ctxs.append(ctx)
                 plans.append(plan)
         groups: dict[tuple, list[int]] = {}
-        for i, plan in enumerate(plans):
-            groups.setdefault((id(plan.model), plan.group), []).append(i)
+        for i, plan in enumerate(plans):  # batched together: the same modules and loss
+            modules = (plan.model,) if isinstance(plan, LocalTraining) else tuple(plan.modules.values())
+            groups.setdefault((tuple(map(id, modules)), plan.group), []).append(i)
         chunk = self.cfg.runtime.vectorize_max_clients
         for members in groups.values():
             for s in range(0, len(members), chunk):

@@ -28,167 +28,211 @@ import torch
 from torch.func import functional_call, vmap
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult
-from fedray.algorithms.training import LocalTraining, split_loss, step_means
-from fedray.config import FederationConfig
+from fedray.algorithms.training import LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss, step_means
 
-ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, which make_optimizer uses
+ADAM_EPS = 1e-8  # torch.optim.Adam's default, which make_optimizer and OptimSpec use
 
 
 class _LossModule(torch.nn.Module):
-    """``loss(model, x, y)`` as a module, so ``functional_call`` swaps the model's parameters and buffers
-    for one client's slice everywhere the loss looks: ``model(x)``, ``model.features``, ``model.parameters()``
-    (FedProx's proximal term)."""
+    """An update's ``loss(modules, inputs)`` as a module, so ``functional_call`` swaps the modules' parameters
+    and buffers for one client's slice everywhere the loss looks: ``model(x)``, ``model.features``,
+    ``model.parameters()`` (FedProx's proximal term)."""
 
-    def __init__(self, model: torch.nn.Module, loss):
+    def __init__(self, modules: torch.nn.ModuleDict, loss):
         super().__init__()
-        self.model = model
+        self.modules_ = modules
         self.loss = loss
+        self.flags: tuple = ()  # the batched group's flags, static for one vmapped call
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor):
-        return self.loss(self.model, x, y)
+    def forward(self, inputs: dict[str, torch.Tensor]):
+        return self.loss(self.modules_, inputs, self.flags)
 
 
 class StackedOptimizer:
-    """``federation.*``'s optimizer applied to stacked per-client tensors, with a per-client mask.
+    """Per-group :class:`OptimSpec` optimizers applied to stacked per-client tensors, with a per-client mask.
 
     The arithmetic is ``torch.optim.SGD``/``Adam``'s single-tensor step, element-wise, so a client's rows
-    evolve as its own optimizer would move them; masked rows (clients already done) do not move.
+    evolve as its own optimizer would move them; masked rows (clients already done, or skipping this
+    update in this step) do not move.
     """
 
-    def __init__(self, params: dict[str, torch.Tensor], fed: FederationConfig):
-        self.params, self.fed = params, fed
-        self.adam = fed.optimizer == "adam"
+    def __init__(self, params: dict[str, torch.Tensor], specs: dict[str, OptimSpec]):
+        self.params, self.specs = params, specs
         n = next(iter(params.values())).shape[0]
-        self.steps = torch.zeros(n, dtype=torch.float64)  # per client: Adam's bias correction
+        # per parameter and client, as torch.optim keeps them: steps taken (Adam's bias correction, SGD's
+        # first momentum step), momentum buffer or Adam's moments
+        self.steps = {k: torch.zeros(n, dtype=torch.float64) for k in params}
         self.state: dict[str, list[torch.Tensor | None]] = {k: [None, None] for k in params}
 
     @torch.no_grad()
-    def step(self, active: torch.Tensor | None) -> None:
-        """One step for the clients where ``active`` (bool, (K,)) is True; None: all of them."""
-        fed = self.fed
-        if active is not None:
-            self.steps += active.cpu().double()
-        else:
-            self.steps += 1
+    def step(self, active: torch.Tensor | None, per_key: dict[str, torch.Tensor] | None = None) -> None:
+        """One step for the clients where ``active`` (bool, (K,)) is True (None: all of them); ``per_key``
+        narrows it for some parameters (a module a client's loss did not use this step)."""
         for key, p in self.params.items():
-            g = p.grad
+            g, spec = p.grad, self.specs[key]
+            mask = (per_key or {}).get(key, active)
             if g is None:  # a parameter the loss never used: torch.optim skips it too
                 continue
-            if fed.weight_decay:
-                g = g.add(p, alpha=fed.weight_decay)
-            new_p, new_state = (self._adam if self.adam else self._sgd)(key, p, g, active)
-            if active is None:
+            before = self.steps[key].clone()
+            self.steps[key] += 1 if mask is None else mask.cpu().double()
+            if spec.weight_decay:
+                g = g.add(p, alpha=spec.weight_decay)
+            new_p, new_state = (self._adam if spec.kind == "adam" else self._sgd)(key, spec, p, g, before)
+            if mask is None:
                 p.copy_(new_p)
                 self.state[key] = new_state
             else:
-                mask = active.view(-1, *[1] * (p.dim() - 1))
-                p.copy_(torch.where(mask, new_p, p))
-                self.state[key] = [s_new if s_old is None else torch.where(mask, s_new, s_old)
+                rows = mask.view(-1, *[1] * (p.dim() - 1))
+                p.copy_(torch.where(rows, new_p, p))
+                # A client that has not stepped yet keeps zero state (Adam's moments start at zero; SGD's
+                # momentum buffer is started from the first gradient, see _sgd)
+                self.state[key] = [None if s_new is None else
+                                   torch.where(rows, s_new, torch.zeros_like(s_new) if s_old is None else s_old)
                                    for s_new, s_old in zip(new_state, self.state[key])]
 
-    def _sgd(self, key, p, g, active):
-        buf = self.state[key][0]
-        if self.fed.momentum:
-            buf = g.clone() if buf is None else buf.mul(self.fed.momentum).add_(g)
-            g = buf
-        return torch.add(p, g, alpha=-self.fed.lr), [buf, None]
+    @staticmethod
+    def _rows(values: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return values.to(p.device).view(-1, *[1] * (p.dim() - 1))
 
-    def _adam(self, key, p, g, active):
-        (b1, b2), lr = ADAM_BETAS, self.fed.lr
+    def _sgd(self, key, spec, p, g, before):
+        buf = self.state[key][0]
+        if spec.momentum:
+            # torch.optim.SGD starts a parameter's buffer at its first gradient
+            first = g.clone()
+            buf = first if buf is None else torch.where(self._rows(before > 0, p), buf.mul(spec.momentum).add_(g), first)
+            g = buf
+        return torch.add(p, g, alpha=-spec.lr), [buf, None]
+
+    def _adam(self, key, spec, p, g, before):
+        (b1, b2), lr = spec.betas, spec.lr
         m, v = self.state[key]
         m = torch.zeros_like(p) if m is None else m
         v = torch.zeros_like(p) if v is None else v
         m = m.lerp(g, 1 - b1)
         v = v.mul(b2).addcmul_(g, g, value=1 - b2)
-        steps = self.steps if active is None else self.steps.clamp_min(1)
+        steps = (before + 1).clamp_min(1)  # this step's count for the clients that take it
         if bool((steps == steps[0]).all()):  # the common case: torch's scalar arithmetic exactly
             t = float(steps[0])
             denom = (v.sqrt() / math.sqrt(1 - b2**t)).add_(ADAM_EPS)
             return torch.addcdiv(p, m, denom, value=-lr / (1 - b1**t)), [m, v]
-        shape = (-1, *[1] * (p.dim() - 1))
-        bc1 = (1 - b1**steps).to(p.dtype).to(p.device).view(shape)
-        bc2 = (1 - b2**steps).sqrt().to(p.dtype).to(p.device).view(shape)
+        bc1 = self._rows(1 - b1**steps, p).to(p.dtype)
+        bc2 = self._rows((1 - b2**steps).sqrt(), p).to(p.dtype)
         denom = (v.sqrt() / bc2).add_(ADAM_EPS)
         return p - (lr / bc1) * (m / denom), [m, v]
 
 
-def _lockstep_batches(ctxs: list[ClientContext]) -> Iterator[list[tuple[torch.Tensor, torch.Tensor] | None]]:
-    """Step by step, each client's next batch (None once it has taken all its steps)."""
-    gens = [ctx.batches() for ctx in ctxs]
-    for s in range(max(ctx.num_local_steps() for ctx in ctxs)):
-        yield [next(g) if s < ctx.num_local_steps() else None for g, ctx in zip(gens, ctxs)]
+def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
+    """A :class:`LocalTraining` as the one-update special case: module ``model``, ``federation.*``'s optimizer,
+    the client's batches as inputs; ``finish`` gets the figures' means over the client's steps."""
+    batches = ctx.batches()
+    steps = ctx.num_local_steps()
+
+    def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
+        x, y = next(batches)
+        return {"x": x, "y": y}, (True,)
+
+    def loss(modules: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):
+        out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"]))
+        return out, {"train/loss": out, **aux}
+
+    def finish(modules: torch.nn.ModuleDict, sums: dict[str, float]) -> ClientResult:
+        n = int(sums.pop("steps"))
+        return plan.finish(modules["model"], step_means(sums, n))
+
+    return StepwiseTraining(modules=torch.nn.ModuleDict({"model": plan.model}), start={"model": plan.start},
+                            updates=[Update(loss=loss, groups={"model": OptimSpec.of(ctx.fed)})], steps=steps,
+                            inputs=inputs, finish=finish, group=plan.group)
 
 
-def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining]) -> list[ClientResult]:
-    """Run ``plans`` (one per client, all of one ``(model, group)`` and one round) in lockstep; each client's
-    ``finish`` is called in order with the module holding that client's trained weights."""
-    model, loss = plans[0].model, plans[0].loss
-    device = ctxs[0].device
-    n = len(plans)
-    model.load_state_dict(plans[0].start)  # non-persistent buffers, if any, come from here
-    model.train()
-    state_keys = set(model.state_dict())
-    pnames = [k for k, _ in model.named_parameters()]
-    bnames = [k for k, _ in model.named_buffers()]
+def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[bool, ...]] | None]]:
+    """Step by step, each client's inputs and update flags (None once it has taken all its steps)."""
+    for s in range(max(p.steps for p in plans)):
+        yield [p.inputs(s) if s < p.steps else None for p in plans]
+
+
+def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining]) -> list[ClientResult]:
+    """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
+    ``finish`` is called in order with the modules holding that client's trained weights."""
+    plans = [as_stepwise(c, p) if isinstance(p, LocalTraining) else p for c, p in zip(ctxs, plans)]
+    modules, device, n = plans[0].modules, ctxs[0].device, len(plans)
+    for name, weights in plans[0].start.items():  # non-persistent buffers, if any, come from here
+        modules[name].load_state_dict(weights)
+    modules.train()
+    state_keys = set(modules.state_dict())
 
     def stack(key: str, current: torch.Tensor) -> torch.Tensor:
-        rows = [p.start[key] if key in p.start else current for p in plans]
-        return torch.stack([r.detach().to(device) for r in rows])
+        name, sub = key.split(".", 1)
+        return torch.stack([(p.start[name][sub] if sub in p.start[name] else current).detach().to(device)
+                            for p in plans])
 
-    own = dict(model.named_parameters())
-    params = {k: stack(k, own[k]).requires_grad_(True) for k in pnames}
-    bufs = dict(model.named_buffers())
-    buffers = {k: stack(k, bufs[k]) for k in bnames}
-    opt = StackedOptimizer(params, ctxs[0].fed)
-    wrapper = _LossModule(model, loss)
-
-    def one_client(p: dict, b: dict, x: torch.Tensor, y: torch.Tensor):
-        out = functional_call(wrapper, ({f"model.{k}": v for k, v in p.items()},
-                                        {f"model.{k}": v for k, v in b.items()}), (x, y))
-        return split_loss(out)
-
-    batched = vmap(one_client, randomness="different")
+    params = {k: stack(k, v).requires_grad_(True) for k, v in modules.named_parameters()}
+    buffers = {k: stack(k, v) for k, v in modules.named_buffers()}
+    updates = plans[0].updates
+    moved = [{k: v for k, v in params.items() if k.split(".", 1)[0] in u.groups} for u in updates]
+    opts = [StackedOptimizer(mv, {k: u.groups[k.split(".", 1)[0]] for k in mv}) for u, mv in zip(updates, moved)]
+    wrappers = [_LossModule(modules, u.loss) for u in updates]
+    calls = [vmap(_client_call(w), randomness="different") for w in wrappers]
     sums: dict[str, torch.Tensor] = {}
-    counts = torch.tensor([ctx.num_local_steps() for ctx in ctxs], dtype=torch.float64)
-    for step_batches in _lockstep_batches(ctxs):
-        for p in params.values():
-            p.grad = None
-        total = torch.zeros((), device=device)
-        groups: dict[int, list[int]] = {}
-        for i, b in enumerate(step_batches):
-            if b is not None:
-                groups.setdefault(int(b[0].shape[0]), []).append(i)
-        everyone = len(groups) == 1 and len(next(iter(groups.values()))) == n
-        for members in groups.values():
-            x = torch.stack([step_batches[i][0] for i in members])
-            y = torch.stack([step_batches[i][1] for i in members])
-            if everyone:
-                losses, aux = batched(params, buffers, x, y)
-            else:
-                idx = torch.tensor(members, device=device)
-                sub_b = {k: v[idx] for k, v in buffers.items()}
-                losses, aux = batched({k: v[idx] for k, v in params.items()}, sub_b, x, y)
-                for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
-                    buffers[k][idx] = v
-            total = total + losses.sum()
-            for key, value in {"train/loss": losses, **aux}.items():
-                acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
-                acc.index_add_(0, torch.tensor(members, device=device), value.detach().to(torch.float64))
-        total.backward()
-        active = None
-        if not everyone:
-            active = torch.zeros(n, dtype=torch.bool, device=device)
-            active[[i for m in groups.values() for i in m]] = True
-        opt.step(active)
+    for step_inputs in _lockstep(plans):
+        groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
+        for i, item in enumerate(step_inputs):
+            if item is not None:
+                inp, flags = item
+                groups.setdefault((flags, tuple((k, tuple(v.shape)) for k, v in inp.items())), []).append(i)
+        for u, (call, opt) in enumerate(zip(calls, opts)):
+            runs = [(flags, members) for (flags, _), members in groups.items() if flags[u]]
+            if not runs:
+                continue
+            for p in params.values():
+                p.grad = None
+            everyone = len(runs) == 1 and len(runs[0][1]) == n
+            total = torch.zeros((), device=device)
+            for flags, members in runs:
+                wrappers[u].flags = flags
+                inp = {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
+                if everyone:
+                    losses, aux = call(params, buffers, inp)
+                else:
+                    idx = torch.tensor(members, device=device)
+                    sub_b = {k: v[idx] for k, v in buffers.items()}
+                    losses, aux = call({k: v[idx] for k, v in params.items()}, sub_b, inp)
+                    for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
+                        buffers[k][idx] = v
+                total = total + losses.sum()
+                index = torch.tensor(members, device=device)
+                for key, value in aux.items():
+                    acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
+                    acc.index_add_(0, index, value.detach().to(torch.float64))
+            total.backward(inputs=list(moved[u].values()))
+            active = None if everyone else _mask(n, [i for _, members in runs for i in members], device)
+            per_key = None
+            if updates[u].trains is not None:  # a module some clients' losses did not reach this step
+                per_module = {name: _mask(n, [i for flags, members in runs if name in updates[u].trains(flags)
+                                              for i in members], device) for name in updates[u].groups}
+                per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
+            opt.step(active, per_key)
     sums_cpu = {k: v.cpu() for k, v in sums.items()}
     results = []
-    for i, (ctx, plan) in enumerate(zip(ctxs, plans)):
-        weights = {k: params[k][i].detach() for k in pnames if k in state_keys}
-        weights.update({k: buffers[k][i] for k in bnames if k in state_keys})
-        plan.model.load_state_dict(weights)
-        steps = int(counts[i])
-        results.append(plan.finish(plan.model, step_means({k: v[i] for k, v in sums_cpu.items()}, steps)))
+    for i, plan in enumerate(plans):
+        weights = {k: v[i].detach() for k, v in {**params, **buffers}.items() if k in state_keys}
+        plan.modules.load_state_dict(weights)
+        figures = {k: float(v[i]) for k, v in sums_cpu.items()}
+        figures["steps"] = float(plan.steps)
+        results.append(plan.finish(plan.modules, figures))
     return results
+
+
+def _mask(n: int, members: list[int], device: torch.device) -> torch.Tensor:
+    mask = torch.zeros(n, dtype=torch.bool, device=device)
+    mask[members] = True
+    return mask
+
+
+def _client_call(wrapper: _LossModule):
+    def one_client(p: dict, b: dict, inputs: dict):
+        return split_loss(functional_call(wrapper, ({f"modules_.{k}": v for k, v in p.items()},
+                                                    {f"modules_.{k}": v for k, v in b.items()}), (inputs,)))
+    return one_client
 
 
 def vectorize_enabled(setting: Any, device: torch.device, algo_cls: type) -> bool:
