@@ -320,7 +320,7 @@ class DaFKD(Algorithm):
             g_loss = self._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"))
             return g_loss, {"gen": g_loss}
 
-        def finish(mods: nn.ModuleDict, sums: dict[str, float]) -> ClientResult:
+        def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
             return self._result(ctx, view(mods), payload, state, self._metrics(sums, round_d, round_g, adv_steps))
 
         gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))

@@ -56,8 +56,11 @@ from pydantic import Field
 
 from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights, clone_weights, make_optimizer
 from fedray.algorithms.cached import CacheParams
+from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
+from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update
 from fedray.models import build_model
+from fedray.models.base import frozen_bn_stats
 from fedray.models.dafl import DAFLGenerator
 from fedray.seeding import derive_seed
 
@@ -118,7 +121,7 @@ class FedKFModules:
 
 def kl_teacher_student(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     """KL(softmax(teacher) || softmax(student)), batch mean, temperature 1 (Eq. 6)."""
-    return F.kl_div(F.log_softmax(student_logits, dim=1), F.softmax(teacher_logits, dim=1), reduction="batchmean")
+    return kd_kl(student_logits, teacher_logits)
 
 
 def generator_losses(logits: torch.Tensor, features: torch.Tensor,
@@ -202,13 +205,79 @@ class FedKF(FedAvg):
         return new
 
     def local_training(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None):
-        """Warm-up rounds are FedAvg's local training (batched under ``runtime.vectorize``); the distillation
-        rounds train the student and the generator together, one client at a time (None)."""
-        if self.distills(ctx.round):
-            return None
-        plan = super().local_training(ctx, ModelPayload(weights=payload.weights), None)
-        finish = plan.finish
-        return dataclasses.replace(plan, finish=lambda m, metrics: dataclasses.replace(finish(m, metrics), state=state))
+        """The local step as data, for the runtime to batch over clients: warm-up rounds are FedAvg's; a
+        distillation round is two updates per step, (1) the student and (2) the generator, on the batch and the
+        noise ``client_update`` draws, with the generator's Adam state carried over from the client's state."""
+        if not self.distills(ctx.round):
+            plan = super().local_training(ctx, ModelPayload(weights=payload.weights), None)
+            finish = plan.finish
+            return dataclasses.replace(plan, finish=lambda m, metrics: dataclasses.replace(finish(m, metrics), state=state))
+        p = self.params
+        mods: FedKFModules = ctx.modules
+        teacher = mods.teacher  # frozen and the same for every client of the round
+        teacher.load_state_dict(payload.teacher if payload.teacher is not None else payload.weights)
+        teacher.eval()
+        if state is None:
+            state = GeneratorState(client_id=ctx.client_id, weights=mods.generator_init)
+        if state.client_id != ctx.client_id:
+            raise RuntimeError(f"client {ctx.client_id} received the generator of client {state.client_id}")
+        batches, noise = ctx.batches(), ctx.generator("noise")
+        gen_batch = p.generator_batch_size or ctx.fed.batch_size
+
+        def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
+            x, y = next(batches)
+            return {"x": x, "y": y, "z": torch.randn(gen_batch, p.noise_dim, generator=noise).to(ctx.device)}, (True, True)
+
+        def student_loss(m: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 6-8
+            # x_hat as client_update makes it; its running statistics are updated once, by the generator's update
+            with torch.no_grad(), frozen_bn_stats(m["generator"]):
+                x_hat = m["generator"](inp["z"])
+                t_logits = teacher(x_hat)
+            student = m["model"]
+            ce = F.cross_entropy(student(inp["x"]), inp["y"])
+            kl = kl_teacher_student(student(x_hat), t_logits)
+            loss = ce + p.gamma * kl
+            return loss, {"train/loss": loss, "train/ce": ce, "train/kl": kl}
+
+        def generator_loss(m: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 2-5
+            x_hat = m["generator"](inp["z"])
+            t_feat = teacher.features(x_hat)
+            t_logits = teacher.head(t_feat)
+            l_ie, l_oh, l_a = generator_losses(t_logits, t_feat, p.activation_norm)
+            loss = l_ie + p.lambda1 * l_oh + p.lambda2 * l_a
+            if p.adversarial_kl:
+                loss = loss - p.gamma * kl_teacher_student(m["model"](x_hat), t_logits.detach())
+            return loss, {"train/gen_loss": loss, "train/l_ie": l_ie, "train/l_oh": l_oh, "train/l_a": l_a}
+
+        def finish(m: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
+            steps = max(int(sums.pop("steps")), 1)
+            new = GeneratorState(client_id=state.client_id, weights=clone_weights(m["generator"]),
+                                 rounds=state.rounds + 1)
+            if p.persist_generator_optimizer:
+                for key, st in optimizer_state.items():
+                    if key.startswith("generator."):
+                        name = key.split(".", 1)[1]
+                        new.adam_step = int(st["step"])
+                        new.adam_exp_avg[name] = st["exp_avg"].to("cpu", copy=True)
+                        new.adam_exp_avg_sq[name] = st["exp_avg_sq"].to("cpu", copy=True)
+            return ClientResult(self.make_upload(ctx, m["model"]), new, {k: v / steps for k, v in sums.items()})
+
+        kept = {}
+        if p.persist_generator_optimizer and state.adam_step > 0:
+            kept = {f"generator.{name}": {"step": state.adam_step, "exp_avg": state.adam_exp_avg[name],
+                                          "exp_avg_sq": state.adam_exp_avg_sq[name]} for name in state.adam_exp_avg}
+        return StepwiseTraining(
+            modules=self._module_dict(mods), start={"model": payload.weights, "generator": state.weights},
+            updates=[Update(student_loss, {"model": OptimSpec.of(ctx.fed)}),
+                     Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)})],
+            steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept)
+
+    def _module_dict(self, m: FedKFModules) -> torch.nn.ModuleDict:
+        """The worker's trained modules by name, one container per worker (clients batched together share it)."""
+        cached = getattr(self, "_modules_by_name", None)
+        if cached is None or cached["model"] is not m.model:
+            cached = self._modules_by_name = torch.nn.ModuleDict({"model": m.model, "generator": m.generator})
+        return cached
 
     def client_update(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
         if not self.distills(ctx.round):  # warm-up: plain local training, the generator is left as it is

@@ -25,7 +25,7 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -86,8 +86,13 @@ class StepwiseTraining:
     ``inputs(step)`` is called for steps 0, 1, ... in order (it may draw from the client's generators) and
     returns the step's tensors and its flags: ``flags[u]`` says whether update ``u`` runs; further entries are
     the method's own (static: clients are batched by equal flags, and every loss sees them).
-    ``finish(modules, sums)`` gets the
-    per-client sums over steps of every auxiliary figure of the updates that ran, plus ``steps``.
+    ``finish(modules, sums, optimizer_state)`` gets the
+    per-client sums over steps of every auxiliary figure of the updates that ran, plus ``steps``, and the
+    optimizer state the training ended with, in the form of ``optimizer_state`` (below).
+
+    ``optimizer_state`` continues an optimizer of an earlier round (FedKF's generator keeps its Adam moments):
+    by parameter name (``"<module>.<parameter>"``), ``{"step": n, "exp_avg": m, "exp_avg_sq": v}`` (Adam) or
+    ``{"step": n, "momentum_buffer": b}`` (SGD); absent parameters start fresh, as a new ``torch.optim`` would.
     """
 
     modules: torch.nn.ModuleDict  # the worker's modules, by name; weights loaded from ``start``
@@ -95,8 +100,9 @@ class StepwiseTraining:
     updates: list[Update]
     steps: int
     inputs: Callable[[int], tuple[dict[str, torch.Tensor], tuple[bool, ...]]]
-    finish: Callable[[torch.nn.ModuleDict, dict[str, float]], ClientResult]
+    finish: Callable[[torch.nn.ModuleDict, dict[str, float], dict[str, dict[str, Any]]], ClientResult]
     group: Hashable = None
+    optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def split_loss(out: LossOut) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

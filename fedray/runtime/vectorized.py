@@ -90,6 +90,29 @@ class StackedOptimizer:
                                    torch.where(rows, s_new, torch.zeros_like(s_new) if s_old is None else s_old)
                                    for s_new, s_old in zip(new_state, self.state[key])]
 
+    _NAMES = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer", None)}
+
+    def load(self, clients: list[dict[str, dict[str, Any]]]) -> None:
+        """Continue each client's optimizer state of an earlier round (see ``StepwiseTraining.optimizer_state``)."""
+        for key, p in self.params.items():
+            if not any(key in c for c in clients):
+                continue
+            names = self._NAMES[self.specs[key].kind]
+            self.steps[key] = torch.tensor([float(c.get(key, {}).get("step", 0)) for c in clients], dtype=torch.float64)
+            self.state[key] = [None if name is None else torch.stack(
+                [c[key][name].to(p.device, p.dtype) if key in c and name in c[key] else torch.zeros_like(p[0])
+                 for c in clients]) for name in names]
+
+    def client_state(self, i: int) -> dict[str, dict[str, Any]]:
+        """Client ``i``'s optimizer state now, by parameter (parameters it never stepped are left out)."""
+        out = {}
+        for key in self.params:
+            if self.steps[key][i] > 0:
+                names = self._NAMES[self.specs[key].kind]
+                out[key] = {"step": int(self.steps[key][i]), **{name: value[i].detach() for name, value in
+                                                                zip(names, self.state[key]) if name and value is not None}}
+        return out
+
     @staticmethod
     def _rows(values: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return values.to(p.device).view(-1, *[1] * (p.dim() - 1))
@@ -135,7 +158,7 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
         out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"]))
         return out, {"train/loss": out, **aux}
 
-    def finish(modules: torch.nn.ModuleDict, sums: dict[str, float]) -> ClientResult:
+    def finish(modules: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
         n = int(sums.pop("steps"))
         return plan.finish(modules["model"], step_means(sums, n))
 
@@ -170,6 +193,8 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     updates = plans[0].updates
     moved = [{k: v for k, v in params.items() if k.split(".", 1)[0] in u.groups} for u in updates]
     opts = [StackedOptimizer(mv, {k: u.groups[k.split(".", 1)[0]] for k in mv}) for u, mv in zip(updates, moved)]
+    for opt in opts:
+        opt.load([p.optimizer_state for p in plans])
     wrappers = [_LossModule(modules, u.loss) for u in updates]
     calls = [vmap(_client_call(w), randomness="different") for w in wrappers]
     sums: dict[str, torch.Tensor] = {}
@@ -218,7 +243,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
         plan.modules.load_state_dict(weights)
         figures = {k: float(v[i]) for k, v in sums_cpu.items()}
         figures["steps"] = float(plan.steps)
-        results.append(plan.finish(plan.modules, figures))
+        results.append(plan.finish(plan.modules, figures, {k: v for opt in opts for k, v in opt.client_state(i).items()}))
     return results
 
 
