@@ -176,8 +176,7 @@ class ClientWorkerCore:
         if self._evaluator is None:
             self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
         if self._eval_model is None:  # the global architecture, apart from the modules clients train in
-            spec = self.algo.spec
-            self._eval_model = build_model(self.cfg.model.name, spec.input_shape, spec.num_classes).to(self.device)
+            self._eval_model = eval_model(self.cfg, self.algo, self.device)
         ranges = self._evaluator.chunks()[part::parts]
         out = {}
         for suffix, weights in models.items():
@@ -228,9 +227,8 @@ class ServerCore:
     def evaluator(self) -> Evaluator:
         assert not self.algo.personalised, "personalised methods are evaluated where the clients' models are"
         if self._evaluator is None:
-            spec = self.algo.spec
-            eval_model = build_model(self.cfg.model.name, spec.input_shape, spec.num_classes).to(self.device)
-            self._evaluator = Evaluator(self.data, eval_model, self.device, self.cfg.federation.eval_batch_size)
+            model = eval_model(self.cfg, self.algo, self.device)
+            self._evaluator = Evaluator(self.data, model, self.device, self.cfg.federation.eval_batch_size)
         return self._evaluator
 
     def eval_models(self) -> tuple[dict[str, Weights], dict[str, str]]:
@@ -243,6 +241,13 @@ class ServerCore:
 
     def global_weights(self) -> Weights | None:
         return self.algo.global_weights(self.state)
+
+
+def eval_model(cfg: ExperimentConfig, algo: Algorithm, device: torch.device) -> torch.nn.Module:
+    """A module of the global architecture to load weights into for evaluation. Built on first use, so
+    under ``fork_rng``: when it is built never moves the global RNG (its initial weights are overwritten)."""
+    with torch.random.fork_rng(devices=[]):
+        return build_model(cfg.model.name, algo.spec.input_shape, algo.spec.num_classes).to(device)
 
 
 def eval_models(algo: Algorithm, state: Any) -> tuple[dict[str, Weights], dict[str, str]]:
