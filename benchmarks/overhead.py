@@ -12,6 +12,14 @@ all with one torch thread per worker. Per-round time is the mean over rounds 2..
 initialisation in every process, and the model is evaluated once, after the last round. Targets on a 2-core machine: b/a <= 1.05,
 c/a <= 1.15, c/d >= 1.6, and the final accuracy of (a) and (b) within 0.5 points.
 
+Issue 13 adds, on the same workload:
+
+- time before round 1: a fresh process (as ``fedray run`` with tracking off) from its launch to the start of
+  round 1, in-process vs Ray with 2 workers, data cache warm (target: Ray <= in-process + 4 s);
+- Ray 2 workers vs the ideal, the in-process round time / 2 (target d / (b / 2) <= 1.15);
+- one evaluation of the global model (global test set + every client's test split), in-process and on Ray
+  with 2 workers, against one training round (recorded, no target).
+
     .venv/bin/python benchmarks/overhead.py [--rounds 10] [--out benchmarks/results]
 """
 
@@ -21,6 +29,8 @@ import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -78,6 +88,53 @@ def plain_loop(cfg, data) -> tuple[list[float], float]:
     return times, float((pred.numpy() == data.test_y).mean())
 
 
+# A fresh process doing what `fedray run` does (imports, config, run_experiment), reporting how long after its
+# launch (FEDRAY_BENCH_T0, the parent's clock just before starting it) round 1 began.
+_STARTUP_CHILD = """
+import json, os, sys, time
+from fedray.algorithms import load_experiment
+from fedray.simulation import run_experiment
+
+class Hook:
+    def on_start(self, cfg, data): self.t = time.time()
+    def on_round(self, row): pass
+    def on_end(self, result): pass
+    def on_error(self, exc): pass
+
+hook = Hook()
+run_experiment(load_experiment("quickstart", sys.argv[1:]), progress=False, hooks=[hook])
+print(json.dumps({"before_round1_s": hook.t - float(os.environ["FEDRAY_BENCH_T0"])}))
+"""
+
+
+def time_before_round1(overrides: list[str], repeats: int) -> list[float]:
+    """Seconds from a fresh process's launch to round 1, ``repeats`` times (one round each run)."""
+    out = []
+    for _ in range(repeats):
+        env = {**os.environ, "FEDRAY_BENCH_T0": repr(time.time()), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, "-c", _STARTUP_CHILD, *overrides, "federation.rounds=1",
+                               "tracking.enabled=false"], env=env, capture_output=True, text=True, check=True)
+        out.append(json.loads(proc.stdout.strip().splitlines()[-1])["before_round1_s"])
+    return out
+
+
+def eval_seconds(cfg, data, repeats: int = 3) -> tuple[float, float]:
+    """(one evaluation, one training round) in seconds, best of ``repeats``, after one round of training."""
+    from fedray.runtime import make_runtime
+
+    evals, rounds = [], []
+    with make_runtime(cfg, data) as rt:
+        for r in range(1, repeats + 2):
+            t0 = time.perf_counter()
+            rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
+            t1 = time.perf_counter()
+            rt.evaluate()
+            if r > 1:  # round 1 pays the one-off start of every process
+                rounds.append(t1 - t0)
+                evals.append(time.perf_counter() - t1)
+    return min(evals), min(rounds)
+
+
 def fedray_run(cfg, data) -> tuple[list[float], float, str]:
     result = run_experiment(cfg, progress=False, data=data)
     return [row["time/round_s"] for row in result.history], result.summary["eval/accuracy"], result.summary["runtime"]
@@ -88,7 +145,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--startup-repeats", type=int, default=3, help="fresh processes per start-up figure")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     base = WORKLOAD + [f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}"]
     if args.data_dir:
@@ -115,24 +174,58 @@ def main() -> None:
         run["first_round_s"] = run["round_times"][0]
 
     a, b, c, d = (runs[k]["round_s"] for k in ("a_plain_pytorch", "b_local", "c_ray_1_worker", "d_ray_2_workers"))
-    ratios = {"b/a": b / a, "c/a": c / a, "c/d": c / d,
+
+    ray2 = ["runtime.backend=ray", "runtime.num_workers=2"]
+    cli = [o for o in base if not o.startswith(("federation.rounds=", "federation.eval_every="))]
+    time_before_round1(cli, 1)  # fills the decoded-data cache (and the OS's file cache) for both
+    startup = {"local": time_before_round1(cli, args.startup_repeats),
+               "ray_2_workers": time_before_round1(cli + ray2, args.startup_repeats)}
+    before = {k: float(np.median(v)) for k, v in startup.items()}
+    evaluation = {}
+    for name, extra in (("local", []), ("ray_2_workers", ray2)):
+        ev, tr = eval_seconds(load_config("quickstart", base + extra), data)
+        evaluation[name] = {"eval_s": ev, "train_round_s": tr, "eval_over_round": ev / tr}
+
+    ratios = {"b/a": b / a, "c/a": c / a, "c/d": c / d, "d/(b/2)": d / (b / 2),
+              "before_round1_ray_minus_local_s": before["ray_2_workers"] - before["local"],
               "accuracy_b_minus_a_points": 100 * (runs["b_local"]["accuracy"] - runs["a_plain_pytorch"]["accuracy"])}
     targets = {"b/a": ratios["b/a"] <= 1.05, "c/a": ratios["c/a"] <= 1.15, "c/d": ratios["c/d"] >= 1.6,
+               "d/(b/2)": ratios["d/(b/2)"] <= 1.15, "before_round1": ratios["before_round1_ray_minus_local_s"] <= 4.0,
                "accuracy": abs(ratios["accuracy_b_minus_a_points"]) <= 0.5}
     record = {
         "benchmark": "overhead", "date": time.strftime("%Y-%m-%d %H:%M"), "rounds": args.rounds,
         "workload": base, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                      "torch": torch.__version__, "device": "cpu"},
-        "runs": runs, "ratios": ratios, "targets_met": targets,
+                                      "cpu": _cpu_name(), "torch": torch.__version__, "device": "cpu",
+                                      "load_avg_1_5_15_before": load_before, "load_avg_1_5_15_after": os.getloadavg()},
+        "runs": runs, "before_round1_s": {"median": before, "all": startup}, "evaluation": evaluation,
+        "ratios": ratios, "targets_met": targets,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(f"{'run':<18} {'s/round':>8} {'accuracy':>9}  runtime")
+    lines = [f"{'run':<18} {'s/round':>8} {'accuracy':>9}  runtime"]
     for name, run in runs.items():
-        print(f"{name:<18} {run['round_s']:>8.3f} {run['accuracy']:>9.4f}  {run['runtime']}")
-    print("ratios:", {k: round(v, 3) for k, v in ratios.items()})
-    print("targets met:", targets)
+        lines.append(f"{name:<18} {run['round_s']:>8.3f} {run['accuracy']:>9.4f}  {run['runtime']}")
+    lines.append(f"before round 1 (s, median of {args.startup_repeats} fresh processes): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in before.items()))
+    lines.append("one evaluation vs one training round (s): " + "; ".join(
+        f"{k} {v['eval_s']:.3f} vs {v['train_round_s']:.3f}" for k, v in evaluation.items()))
+    lines.append("ratios: " + str({k: round(v, 3) for k, v in ratios.items()}))
+    lines.append("targets met: " + str(targets))
+    lines.append(f"machine: {record['machine']['cpu']}, {os.cpu_count()} CPUs, {platform.platform()}; load average "
+                 f"before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    (out / "overhead.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
