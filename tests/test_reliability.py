@@ -276,7 +276,9 @@ def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
     clean, _ = _run_rounds(cfg, 3)
     with caplog.at_level(logging.WARNING, logger="fedray"):
         faulted, pool = _run_rounds(cfg, 3, during=kill)
-    assert "lost its worker" in caplog.text and "rerunning it" in caplog.text and "dropped" not in caplog.text
+    # A worker's clients of the round are one task: they are rerun together (one client: "lost its worker")
+    assert "lost their worker" in caplog.text or "lost its worker" in caplog.text
+    assert "rerunning" in caplog.text and "dropped" not in caplog.text
     assert faulted == clean  # same losses, same aggregate, same evaluation
     assert pool == 2  # the killed workers restarted in place
     if kill is _lose_the_data_then_kill_a_worker:
