@@ -139,8 +139,9 @@ class ServerActor:
     def broadcast(self, round_: int):
         return self.core.broadcast(round_)
 
-    def receive(self, client_id: int, upload: Any) -> None:
-        self.inbox[client_id] = upload  # resolving the argument pulled the upload to this node
+    def receive(self, client_ids: list[int], *uploads: Any) -> None:
+        # Uploads arrive as top-level arguments: resolving them pulled them to this node.
+        self.inbox.update(zip(client_ids, uploads))
 
     def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
         uploads = [self.inbox.pop(c) for c in client_ids]
@@ -397,12 +398,20 @@ class RayRuntime(Runtime):
                     self.suspect.add(job.worker)
                 continue
             job = by_ref[ready[0]]
-            del jobs[job.client_id]
+            # The clients of its task finished with it (one task, one outcome): handled together
+            task = [j for j in jobs.values() if j is job or (job.batch and j.batch == job.batch
+                                                              and j.attempt == job.attempt and j.worker == job.worker)]
+            for j in task:
+                del jobs[j.client_id]
             try:
-                info = ray.get(job.info)
-                # Hand the upload to the server now: it fetches it from the worker's node at once.
-                done[job.client_id] = (job, info, self.server.receive.remote(job.client_id, job.upload))
+                infos = ray.get([j.info for j in task])
+                # Hand the uploads to the server now, in one call: it fetches them from the worker's node at once.
+                received = self.server.receive.remote([j.client_id for j in task], *[j.upload for j in task])
+                done.update((j.client_id, (j, info, received)) for j, info in zip(task, infos))
             except WORKER_ERRORS as e:
+                for j in task:  # back, for _retry_or_drop to rerun the task's clients together
+                    if j is not job:
+                        jobs[j.client_id] = j
                 self._retry_or_drop(job, round_, payload_ref, e, jobs)
         kept = []
         for cid in client_ids:
