@@ -1,17 +1,19 @@
 """Vectorised clients: a worker trains its clients of a round in lockstep, as one batched computation.
 
 Each client's update is a :class:`~fedray.algorithms.training.LocalTraining` (start weights, a loss,
-``ctx.batches()``); clients that share a module and a loss are trained together:
+``ctx.batches()``) or a :class:`~fedray.algorithms.training.StepwiseTraining` (several updates on several
+modules per step: DaFKD, FedKF); clients that share modules and losses are trained together:
 
-- parameters, buffers and optimizer state are stacked along a leading client axis; one step is
-  ``vmap(functional_call(model, ...))`` over the clients' batches, one ``backward`` of the summed losses
-  (the clients' losses are independent, so each client's rows of the stacked gradient are its own
+- parameters, buffers and optimizer state are stacked along a leading client axis; each update of a step
+  is ``vmap(functional_call(modules, ...))`` over the clients' inputs, one ``backward`` of the summed
+  losses (the clients' losses are independent, so each client's rows of the stacked gradient are its own
   gradient), and an element-wise optimizer step on the stacked tensors that follows ``torch.optim``'s
-  SGD (momentum, weight decay) and Adam (L2 weight decay) step for step;
+  SGD (momentum, weight decay) and Adam (L2 weight decay, betas) step for step;
 - BatchNorm running statistics are buffers of the stack: every client keeps its own;
 - a client with fewer steps (``local_epochs`` over less data) is masked once done: its parameters,
   buffers and optimizer state stay as they were, it is never padded with extra updates; clients whose
-  batch of a step is shorter (a pass ending on a short batch) run as their own vmap group in that step.
+  batch of a step is shorter (a pass ending on a short batch), or whose step runs other updates, run as
+  their own vmap group in that step; a module a client's loss did not reach is not stepped for it.
 
 So the numbers are those of the sequential runner up to float rounding. On a GPU one batched kernel
 replaces K small ones (kernel launches, not arithmetic, set the pace of small models); on a CPU it does
