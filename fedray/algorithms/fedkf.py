@@ -210,8 +210,9 @@ class FedKF(FedAvg):
         noise ``client_update`` draws, with the generator's Adam state carried over from the client's state."""
         if not self.distills(ctx.round):
             plan = super().local_training(ctx, ModelPayload(weights=payload.weights), None)
-            finish = plan.finish
-            return dataclasses.replace(plan, finish=lambda m, metrics: dataclasses.replace(finish(m, metrics), state=state))
+            fedavg_finish = plan.finish  # FedAvg's result, with the generator state left as it is
+            return dataclasses.replace(plan, finish=lambda m, metrics: dataclasses.replace(fedavg_finish(m, metrics),
+                                                                                         state=state))
         p = self.params
         mods: FedKFModules = ctx.modules
         teacher = mods.teacher  # frozen and the same for every client of the round

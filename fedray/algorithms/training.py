@@ -5,8 +5,8 @@ of this loss on the client's batches, then build the upload from the trained mod
 so through :meth:`Algorithm.local_training` lets the runtime choose how to run it: one client at a time
 (:func:`run_local_training`, exactly ``train_local``), or all of a worker's clients of the round in
 lockstep as one batched computation (``fedray.runtime.vectorized``, ``runtime.vectorize``). The method
-does not change between the two; this is the step function of DESIGN.md's "local training as a step
-function", and like FedJAX's ``for_each_client`` backends the choice belongs to the runtime.
+does not change between the two: its local training is a step function, and like FedJAX's
+``for_each_client`` backends, how clients run is the runtime's choice.
 
 The contract a :class:`LocalTraining` keeps so that batching it is exact:
 

@@ -1,0 +1,145 @@
+"""The Ray actors of the Ray runtime, and how Ray is started.
+
+``ClientWorker`` wraps :class:`~fedray.runtime.core.ClientWorkerCore` and ``ServerActor`` wraps
+:class:`~fedray.runtime.core.ServerCore`: the same code the in-process runtime calls directly. Both are built
+from small arguments and given the dataset afterwards by ``attach`` (see :mod:`fedray.runtime.ray_runtime`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+import torch
+
+from fedray.config import ExperimentConfig
+from fedray.data.federated import FederatedData
+from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+
+
+class WorkerNotAttached(RuntimeError):
+    """A client worker that restarted has not been given the dataset again (see ``ClientWorker.attach``)."""
+
+
+# Failures of the machinery, not of the method: the client's task is rerun. An exception raised by the
+# method's own code (RayTaskError) is a bug and propagates.
+SYSTEM_ERRORS = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+                 ray.exceptions.ObjectLostError, ray.exceptions.OutOfMemoryError)
+# ... and of a client worker's task: also a restarted worker that has no dataset yet (attached next round).
+WORKER_ERRORS = (*SYSTEM_ERRORS, WorkerNotAttached)
+EVAL_CHUNK = 16  # clients per personalised-evaluation task
+READY_TIMEOUT_S = 60.0  # a restarting worker imports torch and maps the dataset: seconds, more on a busy node
+
+
+def _actor_device() -> torch.device:
+    # A CPU-only actor still sees every GPU of its node; only the GPUs Ray assigned are ours.
+    return torch.device("cuda") if ray.get_gpu_ids() else torch.device("cpu")
+
+
+@ray.remote
+class ClientWorker:
+    """Trains and evaluates clients. Built from small arguments only and given the dataset afterwards by
+    ``attach``: a restartable actor whose constructor arguments live in the object store cannot restart
+    once that object is lost (ray-project/ray#53727), so after a restart the driver attaches it again,
+    re-putting the dataset if its object is gone."""
+
+    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
+        torch.set_num_threads(torch_threads(cfg))
+        self.cfg, self.algo_cls = cfg, algo_cls
+        self.core: ClientWorkerCore | None = None
+        # Paid now, while the driver loads the data: the first optimizer imports torch's compiler stack
+        # (~1.7 s of CPU; see fedray.runtime.core._build).
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+
+    def ready(self) -> tuple[int, str, bool]:
+        return os.getpid(), ray.get_runtime_context().get_node_id(), self.core is not None
+
+    def attach(self, data: FederatedData) -> tuple[int, str, bool]:
+        if self.core is None:
+            self.core = ClientWorkerCore(self.cfg, data, _actor_device(), self.algo_cls)
+        return self.ready()
+
+    def _core(self) -> ClientWorkerCore:
+        if self.core is None:
+            raise WorkerNotAttached("restarted without its dataset")
+        return self.core
+
+    def train(self, round_: int, client_id: int, payload: Any, state: Any):
+        return self._core().train(round_, client_id, payload, state)
+
+    def train_many(self, round_: int, client_ids: list[int], payload: Any, *states: Any) -> list:
+        """Several clients in one task (vectorised on the worker): uploads, then states, then infos, flat, so
+        each is its own object reference and the rest of the round handles them client by client."""
+        done = self._core().train_many(round_, client_ids, payload, list(states))
+        return [part[i] for i in range(3) for part in done]
+
+    def evaluate_clients(self, client_ids: list[int], *states: Any):
+        # States arrive as top-level arguments so Ray resolves their references before the call.
+        return self._core().evaluate_clients(client_ids, list(states))
+
+    def evaluate_global(self, models: dict, part: int, parts: int):
+        return self._core().evaluate_global(models, part, parts)
+
+
+@ray.remote
+class ServerActor:
+    """Started from small arguments, like the workers, and given the dataset by ``attach``."""
+
+    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
+        torch.set_num_threads(torch_threads(cfg))
+        self.cfg, self.algo_cls = cfg, algo_cls
+        self.core: ServerCore | None = None
+        self.inbox: dict[int, Any] = {}
+
+    def attach(self, data: FederatedData) -> tuple[int, str]:
+        if self.core is None:
+            self.core = ServerCore(self.cfg, data, _actor_device(), self.algo_cls)
+        return self.ready()
+
+    def ready(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def broadcast(self, round_: int):
+        return self.core.broadcast(round_)
+
+    def receive(self, client_ids: list[int], *uploads: Any) -> None:
+        # Uploads arrive as top-level arguments: resolving them pulled them to this node.
+        self.inbox.update(zip(client_ids, uploads))
+
+    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+        uploads = [self.inbox.pop(c) for c in client_ids]
+        self.inbox.clear()  # uploads of clients dropped this round
+        return self.core.aggregate(round_, uploads, client_ids)
+
+    def evaluate(self) -> dict[str, float]:
+        return self.core.evaluate()
+
+    def eval_models(self):
+        return self.core.eval_models()
+
+    def global_weights(self):
+        return self.core.global_weights()
+
+    def get_state(self):
+        return self.core.state
+
+    def set_state(self, state) -> None:
+        self.core.state = state
+
+
+def start_ray(cfg: ExperimentConfig) -> bool:
+    """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray;
+    True if this call started it."""
+    if ray.is_initialized():
+        return False
+    address = cfg.runtime.address or os.environ.get("RAY_ADDRESS") or None
+    kwargs: dict[str, Any] = {"logging_level": "ERROR", "configure_logging": True}
+    if address is None:
+        # A new local cluster of our own ("local": never silently join a `ray start` cluster of this
+        # machine), with no dashboard: nothing listens beyond what Ray itself needs.
+        address = "local"
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        kwargs.update(include_dashboard=False, num_cpus=os.cpu_count())
+    ray.init(address=address, **kwargs)
+    return True
