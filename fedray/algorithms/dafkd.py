@@ -59,7 +59,7 @@ from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, Clie
                                     ServerContext, ServerState, Upload, Weights, clone_weights)
 from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
-from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update
+from fedray.algorithms.dafkd_client import batched_local_step
 from fedray.models import FedModel, build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
@@ -279,65 +279,9 @@ class DaFKD(Algorithm):
         return round_d, round_g, adv_steps
 
     def local_training(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState):
-        """Lines 19-25 as two updates per local step, for the runtime to batch over clients: (classifier +
-        discriminator, Eq. 9) then (generator, Eq. 3), on the batch and noise drawn as ``client_update`` draws
-        them. None with the gradient penalty (a gradient inside the loss, which ``vmap`` cannot batch here)."""
-        p, m, fed, dev = self.params, ctx.modules, ctx.fed, ctx.device
-        if p.gp_weight > 0:
-            return None
-        assert state.client_id == ctx.client_id, "a client received another client's discriminator"
-        round_d, round_g, adv_steps = self._adversarial_steps(ctx, state)
-        batches, noise = ctx.batches(), ctx.generator("dafkd/noise")
-
-        def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
-            x, y = next(batches)
-            b, inp = x.shape[0], {"x": x, "y": y}
-            train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
-            for flag, key in ((train_d, "fake"), (train_g, "gen")):  # client_update's order of draws
-                if flag:
-                    inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise).to(dev)
-                    labels = self._labels(b, noise, dev)
-                    if labels is not None:
-                        inp[f"labels_{key}"] = labels
-            return inp, (True, train_g, train_d)
-
-        def view(mods: nn.ModuleDict) -> DaFKDModules:
-            return DaFKDModules(model=mods["model"], generator=mods["generator"], disc=mods["disc"])
-
-        def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
-            mm = view(mods)
-            feats = mm.model.features(inp["x"])
-            ce = F.cross_entropy(mm.model.head(feats), inp["y"])
-            if not flags[2]:
-                return ce, {"ce": ce}
-            with torch.no_grad():
-                fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
-            adv, d_real, d_fake = self._disc_loss(mm, inp["x"], feats, fake)
-            return ce + adv, {"ce": ce, "adv": adv, "real_ok": (d_real.detach() > 0).sum().float(),
-                              "fake_ok": (d_fake.detach() < 0).sum().float(), "n": torch.ones_like(d_real).sum()}
-
-        def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
-            g_loss = self._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"))
-            return g_loss, {"gen": g_loss}
-
-        def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
-            return self._result(ctx, view(mods), payload, state, self._metrics(sums, round_d, round_g, adv_steps))
-
-        gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
-        return StepwiseTraining(
-            modules=self._module_dict(m),
-            start={"model": payload.weights, "generator": payload.generator, "disc": state.disc},
-            updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
-                            trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
-                     Update(generator_loss, {"generator": gen_spec})],
-            steps=ctx.num_local_steps(), inputs=inputs, finish=finish)
-
-    def _module_dict(self, m: DaFKDModules) -> nn.ModuleDict:
-        """The worker's modules by name, one container per worker (clients batched together share it)."""
-        cached = getattr(self, "_modules_by_name", None)
-        if cached is None or cached["model"] is not m.model:
-            cached = self._modules_by_name = nn.ModuleDict({"model": m.model, "generator": m.generator, "disc": m.disc})
-        return cached
+        """Lines 19-25 as data, for the runtime to batch over clients (:mod:`fedray.algorithms.dafkd_client`);
+        None with the gradient penalty. ``client_update`` below is the sequential reference."""
+        return batched_local_step(self, ctx, payload, state)
 
     def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
         assert state.client_id == ctx.client_id, "a client received another client's discriminator"

@@ -1,0 +1,85 @@
+"""DaFKD's local step (Alg. 1 lines 19-25) as data, so the runtime can batch it over clients
+(``runtime.vectorize``): per local step two updates, (1) classifier and discriminator on Eq. 9, then
+(2) the generator on Eq. 3 against the just-updated discriminator, on the batch and the noise drawn in
+the order ``DaFKD.client_update`` draws them. ``client_update`` is the sequential reference; the losses are
+its own pieces (``DaFKD._disc_loss``, ``DaFKD._gen_loss``), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedray.algorithms.base import ClientContext, ClientResult
+from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update
+
+if TYPE_CHECKING:
+    from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDModules, DaFKDPayload
+
+
+def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload",
+                       state: "DaFKDClientState") -> StepwiseTraining | None:
+    """This client's local training as a :class:`StepwiseTraining`; None with the gradient penalty (a gradient
+    inside the loss, which ``vmap`` cannot batch here): that runs sequentially."""
+    from fedray.algorithms.dafkd import DaFKDModules  # dafkd imports this module
+
+    p, m, fed, dev = algo.params, ctx.modules, ctx.fed, ctx.device
+    if p.gp_weight > 0:
+        return None
+    assert state.client_id == ctx.client_id, "a client received another client's discriminator"
+    round_d, round_g, adv_steps = algo._adversarial_steps(ctx, state)
+    batches, noise = ctx.batches(), ctx.generator("dafkd/noise")
+
+    def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
+        x, y = next(batches)
+        b, inp = x.shape[0], {"x": x, "y": y}
+        train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
+        for flag, key in ((train_d, "fake"), (train_g, "gen")):  # client_update's order of draws
+            if flag:
+                inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise).to(dev)
+                labels = algo._labels(b, noise, dev)
+                if labels is not None:
+                    inp[f"labels_{key}"] = labels
+        return inp, (True, train_g, train_d)
+
+    def view(mods: nn.ModuleDict) -> DaFKDModules:
+        return DaFKDModules(model=mods["model"], generator=mods["generator"], disc=mods["disc"])
+
+    def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
+        mm = view(mods)
+        feats = mm.model.features(inp["x"])
+        ce = F.cross_entropy(mm.model.head(feats), inp["y"])
+        if not flags[2]:
+            return ce, {"ce": ce}
+        with torch.no_grad():
+            fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
+        adv, d_real, d_fake = algo._disc_loss(mm, inp["x"], feats, fake)
+        return ce + adv, {"ce": ce, "adv": adv, "real_ok": (d_real.detach() > 0).sum().float(),
+                          "fake_ok": (d_fake.detach() < 0).sum().float(), "n": torch.ones_like(d_real).sum()}
+
+    def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
+        g_loss = algo._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"))
+        return g_loss, {"gen": g_loss}
+
+    def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
+        return algo._result(ctx, view(mods), payload, state, algo._metrics(sums, round_d, round_g, adv_steps))
+
+    gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
+    return StepwiseTraining(
+        modules=_module_dict(algo, m),
+        start={"model": payload.weights, "generator": payload.generator, "disc": state.disc},
+        updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
+                        trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
+                 Update(generator_loss, {"generator": gen_spec})],
+        steps=ctx.num_local_steps(), inputs=inputs, finish=finish)
+
+
+def _module_dict(algo: "DaFKD", m: "DaFKDModules") -> nn.ModuleDict:
+    """The worker's modules by name, one container per worker (clients batched together share it)."""
+    cached = getattr(algo, "_modules_by_name", None)
+    if cached is None or cached["model"] is not m.model:
+        cached = algo._modules_by_name = nn.ModuleDict({"model": m.model, "generator": m.generator, "disc": m.disc})
+    return cached
