@@ -359,27 +359,6 @@ class PersonalisedAlgorithm(Algorithm):
 # helpers shared by methods
 
 
-def make_optimizer(params, fed: FederationConfig) -> torch.optim.Optimizer:
-    """The local optimizer of ``federation.*``: SGD (momentum, weight decay) or Adam (weight decay)."""
-    if fed.optimizer == "adam":
-        return torch.optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
-    return torch.optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
-
-
-def train_local(ctx: ClientContext, model: torch.nn.Module, loss_fn, opt: torch.optim.Optimizer) -> float:
-    """``ctx.batches()`` steps of ``loss_fn(model, x, y)`` with ``opt``; returns the mean loss."""
-    model.train()
-    total, steps = torch.zeros((), device=ctx.device), 0
-    for x, y in ctx.batches():
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        total += loss.detach()
-        steps += 1
-    return float(total) / max(steps, 1)
-
-
 def clone_weights(module: torch.nn.Module) -> Weights:
     """A detached CPU copy of a module's state dict (what travels between processes)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}

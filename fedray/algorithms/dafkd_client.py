@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedray.algorithms.base import ClientContext, ClientResult
-from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update
+from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, module_dict
 
 if TYPE_CHECKING:
-    from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDModules, DaFKDPayload
+    from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDPayload
 
 
 def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload",
@@ -69,17 +69,9 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
 
     gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
     return StepwiseTraining(
-        modules=_module_dict(algo, m),
+        modules=module_dict(algo, model=m.model, generator=m.generator, disc=m.disc),
         start={"model": payload.weights, "generator": payload.generator, "disc": state.disc},
         updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
                         trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
                  Update(generator_loss, {"generator": gen_spec})],
         steps=ctx.num_local_steps(), inputs=inputs, finish=finish)
-
-
-def _module_dict(algo: "DaFKD", m: "DaFKDModules") -> nn.ModuleDict:
-    """The worker's modules by name, one container per worker (clients batched together share it)."""
-    cached = getattr(algo, "_modules_by_name", None)
-    if cached is None or cached["model"] is not m.model:
-        cached = algo._modules_by_name = nn.ModuleDict({"model": m.model, "generator": m.generator, "disc": m.disc})
-    return cached

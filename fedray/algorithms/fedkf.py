@@ -54,11 +54,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights, clone_weights, make_optimizer
+from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights, clone_weights
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
-from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update
+from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, make_optimizer, module_dict
 from fedray.models import build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dafl import DAFLGenerator
@@ -268,17 +268,11 @@ class FedKF(FedAvg):
             kept = {f"generator.{name}": {"step": state.adam_step, "exp_avg": state.adam_exp_avg[name],
                                           "exp_avg_sq": state.adam_exp_avg_sq[name]} for name in state.adam_exp_avg}
         return StepwiseTraining(
-            modules=self._module_dict(mods), start={"model": payload.weights, "generator": state.weights},
+            modules=module_dict(self, model=mods.model, generator=mods.generator),
+            start={"model": payload.weights, "generator": state.weights},
             updates=[Update(student_loss, {"model": OptimSpec.of(ctx.fed)}),
                      Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)})],
             steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept)
-
-    def _module_dict(self, m: FedKFModules) -> torch.nn.ModuleDict:
-        """The worker's trained modules by name, one container per worker (clients batched together share it)."""
-        cached = getattr(self, "_modules_by_name", None)
-        if cached is None or cached["model"] is not m.model:
-            cached = self._modules_by_name = torch.nn.ModuleDict({"model": m.model, "generator": m.generator})
-        return cached
 
     def client_update(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
         if not self.distills(ctx.round):  # warm-up: plain local training, the generator is left as it is

@@ -3,7 +3,7 @@
 Most methods' local update is "start from these weights, take ``ctx.num_local_steps()`` optimizer steps
 of this loss on the client's batches, then build the upload from the trained model". A method that says
 so through :meth:`Algorithm.local_training` lets the runtime choose how to run it: one client at a time
-(:func:`run_local_training`, exactly ``train_local``), or all of a worker's clients of the round in
+(:func:`run_local_training`), or all of a worker's clients of the round in
 lockstep as one batched computation (``fedray.runtime.vectorized``, ``runtime.vectorize``). The method
 does not change between the two: its local training is a step function, and like FedJAX's
 ``for_each_client`` backends, how clients run is the runtime's choice.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from fedray.algorithms.base import ClientContext, ClientResult, Weights, make_optimizer
+from fedray.algorithms.base import ClientContext, ClientResult, Weights
 
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -59,7 +59,7 @@ class OptimSpec:
 
     @classmethod
     def of(cls, fed: Any, lr: float | None = None) -> "OptimSpec":
-        """``federation.*``'s optimizer (:func:`~fedray.algorithms.base.make_optimizer`), optionally another lr."""
+        """``federation.*``'s optimizer (:func:`make_optimizer`), optionally another lr."""
         return cls(fed.optimizer, fed.lr if lr is None else lr, fed.momentum if fed.optimizer == "sgd" else 0.0,
                    fed.weight_decay)
 
@@ -105,13 +105,30 @@ class StepwiseTraining:
     optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def make_optimizer(params, fed: Any) -> torch.optim.Optimizer:
+    """The local optimizer of ``federation.*``: SGD (momentum, weight decay) or Adam (weight decay)."""
+    if fed.optimizer == "adam":
+        return torch.optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
+    return torch.optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
+
+
+def module_dict(owner: Any, **modules: torch.nn.Module) -> torch.nn.ModuleDict:
+    """``modules`` by name in one container, kept on ``owner`` (a method's instance in a worker): the runtime
+    batches clients whose :class:`StepwiseTraining` share the container's modules, so every client of the
+    worker must get the same one, rebuilt only when the worker's modules change."""
+    cached = getattr(owner, "_modules_by_name", None)
+    if cached is None or any(name not in cached or cached[name] is not m for name, m in modules.items()):
+        cached = owner._modules_by_name = torch.nn.ModuleDict(modules)
+    return cached
+
+
 def split_loss(out: LossOut) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return out if isinstance(out, tuple) else (out, {})
 
 
 def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
     """The sequential runner: ``ctx.batches()`` steps of ``plan.loss`` with ``federation.*``'s optimizer
-    (as :func:`~fedray.algorithms.base.train_local`), then ``plan.finish``. ``train/loss`` is the mean loss."""
+    then ``plan.finish``. ``train/loss`` is the mean loss."""
     model = plan.model
     model.load_state_dict(plan.start)
     model.train()
