@@ -1,6 +1,8 @@
 """Which fedray modules may import which: checked on the source, so function-local imports count too."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,13 @@ def test_the_helper_sees_local_imports():
 ])
 def test_module_does_not_import(module, forbidden):
     assert not _imports_any(module, forbidden), f"fedray.{module} imports {forbidden}"
+
+
+def test_start_up_imports_stay_light():
+    """What every Ray actor and the driver import before round 1 (all methods, the runtime, the round loop)
+    leaves out scipy.optimize (~0.25 s, FedCD's server only), torch's compiler stack (~1 s) and MLflow:
+    every process pays for these on a start-up that is CPU-bound on a small machine."""
+    code = ("import sys, fedray.runtime.actors, fedray.simulation; "
+            "print(','.join(m for m in ('scipy.optimize', 'torch._dynamo', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -240,11 +240,9 @@ class RayRuntime(Runtime):
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
         self._check_pool()
-        try:
-            payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
-            payload_bytes = ray.get(bytes_ref)
-        except SYSTEM_ERRORS as e:
-            raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+        # The clients' tasks are submitted with the payload's reference before its size is known: they start
+        # as soon as the broadcast ends, not a driver round trip later.
+        payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
         start, queued = time.monotonic(), [0] * len(self.workers)
         jobs: dict[int, _Job] = {}
         if self.batch_clients:
@@ -258,6 +256,10 @@ class RayRuntime(Runtime):
             for cid, w in self._deal(client_ids):
                 jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
                 queued[w] += 1
+        try:
+            payload_bytes = ray.get(bytes_ref)
+        except SYSTEM_ERRORS as e:
+            raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
         done: dict[int, tuple[_Job, dict, Any]] = {}
         while jobs:
             by_ref = {job.info: job for job in jobs.values()}
