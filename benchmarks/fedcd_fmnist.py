@@ -21,7 +21,8 @@ architecture's accuracy under FedCD against the same user trained alone, from th
 III's shape: MB sent up and down until each run's best accuracy, and in all.
 
 Writes ``OUT/fedcd_fmnist.json`` and ``OUT/fedcd_fmnist.md``; runs (with ``clients.json``: each user's
-accuracies at the last evaluation) in ``--runs-dir``. Resumable: finished runs are skipped.
+accuracies at the last evaluation) in ``--runs-dir``. Resumable: finished runs are skipped, a stopped one
+goes on from its checkpoint.
 
     .venv/bin/python benchmarks/fedcd_fmnist.py --jobs 2                                  # CPU
     python benchmarks/fedcd_fmnist.py --device cuda --jobs 8                              # one GPU, 8 processes
@@ -43,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grid import LAST_N, grid_args, mean_std, run_grid  # noqa: E402
+from grid import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
 
 HOMOGENEOUS = "resnet20"
 METHODS: dict[str, dict[str, Any]] = {
@@ -98,7 +99,7 @@ def run_one(job: dict) -> str:
     cfg = make_config(job["method"], job["setting"], job["seed"], job["rounds"], job["device"], job["data_dir"],
                       job["eval_every"])
     t0 = time.perf_counter()
-    result = run_experiment(cfg, out, progress=False)
+    result = run_experiment(cfg, out, progress=False, resume_from=resume_point(out))
     if not job["keep_models"]:
         (out / MODEL_FILE).unlink(missing_ok=True)
     return (f"done {out.name}: acc {result.summary['eval/accuracy']:.4f} in {time.perf_counter() - t0:.0f} s "
@@ -133,13 +134,14 @@ def collect(root: Path, seeds: list[int], settings: list[str]) -> dict:
                     "mb_to_best": (bytes_to_round(hist, best["round"]) or 0) / 1e6 if best else None,
                     "mb_total": (summary["comm/bytes_up"] + summary["comm/bytes_down"]) / 1e6,
                     "mb_setup": summary.get("comm/bytes_setup", 0.0) / 1e6, "round_s": summary["time/round_s"],
+                    "runtime": summary.get("runtime", "?"),
                     "clients": json.loads((out / CLIENTS_FILE).read_text()) if (out / CLIENTS_FILE).is_file() else [],
                     "diagnostics": diag})
     return {f"{m}|{s}": v for (m, s), v in runs.items()}
 
 
 def tables(res: dict, settings: list[str], meta: dict) -> str:
-    lines = [f"# FedCD on Fashion-MNIST (FedCD Tables I-III in shape)\n", meta["note"] + "\n"]
+    lines = ["# FedCD on Fashion-MNIST (FedCD Tables I-III in shape)\n", meta["note"] + "\n"]
     lines += ["## Table II's shape: average user accuracy (%)\n",
               "Mean over users of their own model's top-1 accuracy on the global test set (FedAvg: the global "
               f"model), mean ± std over seeds; last evaluation / mean of the last {LAST_N} evaluations; AMP on the "
@@ -193,6 +195,15 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
             lines.append(f"| {method} | {setting} | {d('server/gamma_entropy'):.3f} | {d('server/gamma_max'):.3f} | "
                          f"{d('server/teacher_ce'):.3f} | {d('server/uniform_ce'):.3f} | {d('server/teacher_acc'):.3f} | "
                          f"{d('server/uniform_acc'):.3f} | {np.mean([r['round_s'] for r in rs]):.2f} |")
+    lines += ["\n## Where each run ran\n",
+              "Runs of one table may come from different devices (float rounding differs, the method does not); "
+              "s/round is comparable only between runs of one device and one sharing of it.\n",
+              "| runtime | runs |", "| --- | --- |"]
+    where: dict[str, list[str]] = {}
+    for key, rs in sorted(res.items()):
+        for r in rs:
+            where.setdefault(r.get("runtime", "?"), []).append(f"{key.replace('|', ' ')} s{r['seed']}")
+    lines += [f"| {rt} | {', '.join(names)} |" for rt, names in sorted(where.items())]
     return "\n".join(lines) + "\n"
 
 

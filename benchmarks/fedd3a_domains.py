@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grid import LAST_N, grid_args, mean_std, run_grid  # noqa: E402
+from grid import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
 
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
@@ -88,7 +88,7 @@ def run_one(job: dict) -> str:
         return f"skip {out.name}"
     t0 = time.perf_counter()
     result = run_experiment(make_config(job["method"], job["setting"], job["seed"], job["rounds"], job["device"]),
-                            out, progress=False)
+                            out, progress=False, resume_from=resume_point(out))
     (out / MODEL_FILE).unlink(missing_ok=True)
     return f"done {out.name}: acc {result.summary['eval/accuracy']:.4f} in {time.perf_counter() - t0:.0f} s"
 

@@ -12,8 +12,9 @@ nvidia-smi -L
 python3 -c 'import torch, pydantic; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 # Runs live outside $OUT: only a few files come back from a device call, so the runs' small files
 # (summary, history, clients, config) come back as one archive, written even when the time limit stops
-# the benchmark; tabulate them here with: tar xzf runs.tgz && fedcd_fmnist.py --report-only --runs-dir runs
-RUNS=${RUNS:-/tmp/fedcd_runs}
+# the benchmark. The default runs folder is the repository's, so the runs already recorded there are
+# skipped; back here: tar xzf runs.tgz -C benchmarks/results && fedcd_fmnist.py --report-only
+RUNS=${RUNS:-$PWD/benchmarks/results/fedcd_fmnist_runs}
 timeout "${LIMIT_S:-520}" python3 benchmarks/fedcd_fmnist.py --device cuda --jobs "${JOBS:-15}" --out "$OUT" \
   --runs-dir "$RUNS" "$@" || echo "benchmark stopped (exit $?): the finished runs are in the archive"
 tar czf "$OUT/runs.tgz" --exclude='*.pt' --exclude='*.png' -C "$(dirname "$RUNS")" "$(basename "$RUNS")"

@@ -7,6 +7,7 @@ import argparse
 import math
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -37,6 +38,14 @@ def grid_args(ap: argparse.ArgumentParser, methods: Sequence[str], settings: Seq
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--runs-dir", default=runs_dir)
     ap.add_argument("--report-only", action="store_true", help="only tabulate the finished runs")
+
+
+def resume_point(out: Path) -> Path | None:
+    """``out`` when it holds a checkpoint of an unfinished run: a stopped benchmark goes on from there, with
+    the figures of an uninterrupted run (``run_experiment(..., resume_from=...)``)."""
+    from fedray.checkpoint import FILENAME
+
+    return out if (out / FILENAME).is_file() else None
 
 
 def run_grid(run_one: Callable[[dict], str], jobs: list[dict], workers: int) -> None:
