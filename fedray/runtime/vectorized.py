@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 from torch.func import functional_call, vmap
+from torch.optim.adam import adam as adam_functional
+from torch.optim.sgd import sgd as sgd_functional
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult
 from fedray.algorithms.training import LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss, step_means
@@ -53,9 +55,13 @@ class _LossModule(torch.nn.Module):
 class StackedOptimizer:
     """Per-group :class:`OptimSpec` optimizers applied to stacked per-client tensors, with a per-client mask.
 
-    The arithmetic is ``torch.optim.SGD``/``Adam``'s single-tensor step, element-wise, so a client's rows
-    evolve as its own optimizer would move them; masked rows (clients already done, or skipping this
-    update in this step) do not move.
+    The arithmetic is ``torch.optim.SGD``/``Adam``'s step, element-wise, so a client's rows evolve as its own
+    optimizer would move them; masked rows (clients already done, or skipping this update in this step) do
+    not move. When every client takes a step and all of them have taken equally many before (the usual
+    step), the parameters of one setting are stepped by torch.optim's own functional SGD/Adam with
+    ``foreach=True``: a few multi-tensor kernels for the whole model instead of several per parameter
+    (kernel launches set the pace of a batched step on a GPU). Otherwise each parameter is stepped on its
+    own, masked rows kept with ``torch.where``. Masks stay on the host: no step waits for the GPU.
     """
 
     def __init__(self, params: dict[str, torch.Tensor], specs: dict[str, OptimSpec]):
@@ -65,32 +71,68 @@ class StackedOptimizer:
         # first momentum step), momentum buffer or Adam's moments
         self.steps = {k: torch.zeros(n, dtype=torch.float64) for k in params}
         self.state: dict[str, list[torch.Tensor | None]] = {k: [None, None] for k in params}
+        self.multi_tensor_steps = 0  # steps of a parameter group taken by the foreach path (for tests)
 
     @torch.no_grad()
-    def step(self, active: torch.Tensor | None, per_key: dict[str, torch.Tensor] | None = None) -> None:
-        """One step for the clients where ``active`` (bool, (K,)) is True (None: all of them); ``per_key``
-        narrows it for some parameters (a module a client's loss did not use this step)."""
+    def step(self, active: torch.Tensor | None, per_key: dict[str, torch.Tensor | None] | None = None) -> None:
+        """One step for the clients where ``active`` (bool CPU tensor, (K,)) is True (None: all of them);
+        ``per_key`` narrows it for some parameters (a module a client's loss did not use this step)."""
+        together: dict[OptimSpec, list[str]] = {}
+        on_device: dict[int, torch.Tensor] = {}
         for key, p in self.params.items():
-            g, spec = p.grad, self.specs[key]
-            mask = (per_key or {}).get(key, active)
-            if g is None:  # a parameter the loss never used: torch.optim skips it too
+            if p.grad is None:  # a parameter the loss never used: torch.optim skips it too
                 continue
-            before = self.steps[key].clone()
-            self.steps[key] += 1 if mask is None else mask.cpu().double()
-            if spec.weight_decay:
-                g = g.add(p, alpha=spec.weight_decay)
-            new_p, new_state = (self._adam if spec.kind == "adam" else self._sgd)(key, spec, p, g, before)
-            if mask is None:
-                p.copy_(new_p)
-                self.state[key] = new_state
-            else:
-                rows = mask.view(-1, *[1] * (p.dim() - 1))
-                p.copy_(torch.where(rows, new_p, p))
-                # A client that has not stepped yet keeps zero state (Adam's moments start at zero; SGD's
-                # momentum buffer is started from the first gradient, see _sgd)
-                self.state[key] = [None if s_new is None else
-                                   torch.where(rows, s_new, torch.zeros_like(s_new) if s_old is None else s_old)
-                                   for s_new, s_old in zip(new_state, self.state[key])]
+            mask = (per_key or {}).get(key, active)
+            done = self.steps[key]
+            if mask is None and bool((done == done[0]).all()):
+                together.setdefault(self.specs[key], []).append(key)
+                continue
+            if mask is not None and id(mask) not in on_device:
+                on_device[id(mask)] = mask.to(p.device)
+            self._step_one(key, p, None if mask is None else on_device[id(mask)], mask)
+        for spec, keys in together.items():
+            self._step_together(spec, keys)
+
+    def _step_together(self, spec: OptimSpec, keys: list[str]) -> None:
+        """torch.optim's multi-tensor step for ``keys`` (every client active, all at the same step count)."""
+        params = [self.params[k] for k in keys]
+        grads = [p.grad for p in params]
+        if spec.kind == "adam":
+            moments = [[torch.zeros_like(p) if s is None else s for s in self.state[k]] for k, p in zip(keys, params)]
+            counts = [torch.tensor(float(self.steps[k][0]), dtype=torch.float32) for k in keys]
+            adam_functional(params, grads, [m for m, _ in moments], [v for _, v in moments], [], counts, foreach=True,
+                            amsgrad=False, beta1=spec.betas[0], beta2=spec.betas[1], lr=spec.lr,
+                            weight_decay=spec.weight_decay, eps=ADAM_EPS, maximize=False)
+            new_state = [list(mv) for mv in moments]
+        else:
+            bufs = [self.state[k][0] for k in keys]
+            sgd_functional(params, grads, bufs, foreach=True, weight_decay=spec.weight_decay, momentum=spec.momentum,
+                           lr=spec.lr, dampening=0.0, nesterov=False, maximize=False)
+            new_state = [[b, None] for b in bufs]
+        for k, st in zip(keys, new_state):
+            self.steps[k] += 1
+            self.state[k] = st
+        self.multi_tensor_steps += 1
+
+    def _step_one(self, key: str, p: torch.Tensor, mask: torch.Tensor | None, host_mask: torch.Tensor | None) -> None:
+        """``key``'s step alone: the clients where ``mask`` is True move, the others keep their rows."""
+        g, spec = p.grad, self.specs[key]
+        before = self.steps[key].clone()
+        self.steps[key] += 1 if host_mask is None else host_mask.double()
+        if spec.weight_decay:
+            g = g.add(p, alpha=spec.weight_decay)
+        new_p, new_state = (self._adam if spec.kind == "adam" else self._sgd)(key, spec, p, g, before)
+        if mask is None:
+            p.copy_(new_p)
+            self.state[key] = new_state
+        else:
+            rows = mask.view(-1, *[1] * (p.dim() - 1))
+            p.copy_(torch.where(rows, new_p, p))
+            # A client that has not stepped yet keeps zero state (Adam's moments start at zero; SGD's
+            # momentum buffer is started from the first gradient, see _sgd)
+            self.state[key] = [None if s_new is None else
+                               torch.where(rows, s_new, torch.zeros_like(s_new) if s_old is None else s_old)
+                               for s_new, s_old in zip(new_state, self.state[key])]
 
     _NAMES = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer", None)}
 
@@ -231,11 +273,11 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                     acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
                     acc.index_add_(0, index, value.detach().to(torch.float64))
             total.backward(inputs=list(moved[u].values()))
-            active = None if everyone else _mask(n, [i for _, members in runs for i in members], device)
+            active = None if everyone else _mask(n, [i for _, members in runs for i in members])
             per_key = None
             if updates[u].trains is not None:  # a module some clients' losses did not reach this step
                 per_module = {name: _mask(n, [i for flags, members in runs if name in updates[u].trains(flags)
-                                              for i in members], device) for name in updates[u].groups}
+                                              for i in members]) for name in updates[u].groups}
                 per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
             opt.step(active, per_key)
     sums_cpu = {k: v.cpu() for k, v in sums.items()}
@@ -249,8 +291,11 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     return results
 
 
-def _mask(n: int, members: list[int], device: torch.device) -> torch.Tensor:
-    mask = torch.zeros(n, dtype=torch.bool, device=device)
+def _mask(n: int, members: list[int]) -> torch.Tensor | None:
+    """The clients ``members`` of ``n`` as a bool mask on the host; None when that is all of them."""
+    if len(set(members)) == n:
+        return None
+    mask = torch.zeros(n, dtype=torch.bool)
     mask[members] = True
     return mask
 

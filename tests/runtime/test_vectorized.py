@@ -57,6 +57,38 @@ def test_stacked_optimizer_follows_torch_optim_per_client_and_masked_clients_sta
         torch.testing.assert_close(stacked.detach()[k], w.detach(), rtol=1e-6, atol=1e-7)
 
 
+
+@pytest.mark.parametrize("opt", [dict(optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=1e-2),
+                                 dict(optimizer="sgd", lr=0.1),
+                                 dict(optimizer="adam", lr=1e-2, weight_decay=1e-2)])
+def test_a_step_of_every_client_is_torch_optims_multi_tensor_step_per_client(opt):
+    """Every client active at the same step count (the usual step): the whole parameter group takes
+    torch.optim's foreach step, and each client's rows still move as its own optimizer moves it."""
+    spec = OptimSpec.of(_fed(**opt))
+    torch.manual_seed(2)
+    w0 = {"a": torch.randn(3, 4, 5), "b": torch.randn(3, 7)}
+    grads = [{k: torch.randn_like(v) for k, v in w0.items()} for _ in range(4)]
+    stacked = {k: v.clone().requires_grad_(True) for k, v in w0.items()}
+    sopt = StackedOptimizer(stacked, {k: spec for k in stacked})
+    for g in grads:
+        for k, v in stacked.items():
+            v.grad = g[k].clone()
+        sopt.step(None)
+    assert sopt.multi_tensor_steps == len(grads)
+    for c in range(3):
+        w = [w0[k][c].clone().requires_grad_(True) for k in w0]
+        topt = (torch.optim.Adam(w, lr=spec.lr, weight_decay=spec.weight_decay) if spec.kind == "adam" else
+                torch.optim.SGD(w, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay))
+        for g in grads:
+            for wk, k in zip(w, w0):
+                wk.grad = g[k][c].clone()
+            topt.step()
+        for wk, k in zip(w, w0):
+            torch.testing.assert_close(stacked[k].detach()[c], wk.detach(), rtol=1e-6, atol=1e-7)
+        if spec.kind == "adam":
+            assert sopt.client_state(c)["a"]["step"] == len(grads)
+            torch.testing.assert_close(sopt.client_state(c)["a"]["exp_avg_sq"], topt.state[w[0]]["exp_avg_sq"])
+
 def _one_round(vectorize, **kw):
     cfg = validate_experiment(tiny_config(runtime__vectorize=vectorize, **kw))
     data = build_federated_data(cfg.data, cfg.seed)
