@@ -71,6 +71,7 @@ class StackedOptimizer:
         # first momentum step), momentum buffer or Adam's moments
         self.steps = {k: torch.zeros(n, dtype=torch.float64) for k in params}
         self.state: dict[str, list[torch.Tensor | None]] = {k: [None, None] for k in params}
+        self.even = {k: True for k in params}  # whether every client has taken as many steps of k
         self.multi_tensor_steps = 0  # steps of a parameter group taken by the foreach path (for tests)
 
     @torch.no_grad()
@@ -83,8 +84,7 @@ class StackedOptimizer:
             if p.grad is None:  # a parameter the loss never used: torch.optim skips it too
                 continue
             mask = (per_key or {}).get(key, active)
-            done = self.steps[key]
-            if mask is None and bool((done == done[0]).all()):
+            if mask is None and self.even[key]:
                 together.setdefault(self.specs[key], []).append(key)
                 continue
             if mask is not None and id(mask) not in on_device:
@@ -109,8 +109,8 @@ class StackedOptimizer:
             sgd_functional(params, grads, bufs, foreach=True, weight_decay=spec.weight_decay, momentum=spec.momentum,
                            lr=spec.lr, dampening=0.0, nesterov=False, maximize=False)
             new_state = [[b, None] for b in bufs]
+        torch._foreach_add_([self.steps[k] for k in keys], 1.0)  # host tensors: one op, as torch.optim counts
         for k, st in zip(keys, new_state):
-            self.steps[k] += 1
             self.state[k] = st
         self.multi_tensor_steps += 1
 
@@ -119,6 +119,7 @@ class StackedOptimizer:
         g, spec = p.grad, self.specs[key]
         before = self.steps[key].clone()
         self.steps[key] += 1 if host_mask is None else host_mask.double()
+        self.even[key] = bool((self.steps[key] == self.steps[key][0]).all())
         if spec.weight_decay:
             g = g.add(p, alpha=spec.weight_decay)
         new_p, new_state = (self._adam if spec.kind == "adam" else self._sgd)(key, spec, p, g, before)
@@ -143,6 +144,7 @@ class StackedOptimizer:
                 continue
             names = self._NAMES[self.specs[key].kind]
             self.steps[key] = torch.tensor([float(c.get(key, {}).get("step", 0)) for c in clients], dtype=torch.float64)
+            self.even[key] = bool((self.steps[key] == self.steps[key][0]).all())
             self.state[key] = [None if name is None else torch.stack(
                 [c[key][name].to(p.device, p.dtype) if key in c and name in c[key] else torch.zeros_like(p[0])
                  for c in clients]) for name in names]
