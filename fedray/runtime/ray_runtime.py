@@ -240,8 +240,7 @@ class RayRuntime(Runtime):
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
         self._check_pool()
-        # The clients' tasks are submitted with the payload's reference before its size is known: they start
-        # as soon as the broadcast ends, not a driver round trip later.
+        # Clients' tasks go out before the payload's size is known: they start when the broadcast ends.
         payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
         start, queued = time.monotonic(), [0] * len(self.workers)
         jobs: dict[int, _Job] = {}
