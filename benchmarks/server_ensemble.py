@@ -26,8 +26,8 @@ import time
 import torch
 
 from fedray.algorithms import ensemble
-from fedray.algorithms.base import clone_weights
 from fedray.algorithms.ensemble import loop_outputs, stacked_outputs
+from fedray.algorithms.weights import clone_weights
 from fedray.models import build_model
 
 

@@ -16,20 +16,17 @@ instead of a global one.
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Iterator, TypeVar
 
-import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from fedray.algorithms.weights import Weights, clone_weights
 from fedray.config import ExperimentConfig, FederationConfig
 from fedray.data.federated import to_float
 from fedray.errors import ConfigError
-
-Weights = dict[str, torch.Tensor]
 
 
 # --- what crosses the client/server boundary: each method subclasses these with its own dataclasses ---
@@ -353,58 +350,3 @@ class PersonalisedAlgorithm(Algorithm):
     def keep(ctx: ClientContext, state: PersonalModel, model: torch.nn.Module) -> PersonalModel:
         """The client's new state: the weights ``model`` now holds."""
         return PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers shared by methods
-
-
-def clone_weights(module: torch.nn.Module) -> Weights:
-    """A detached CPU copy of a module's state dict (what travels between processes)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-
-def weighted_average(weights: list[Weights], coefs: list[float]) -> Weights:
-    """sum_k coef_k * w_k, accumulated in the given (client-id) order so every runtime gets the same bits.
-
-    Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: the first client's is kept.
-    """
-    total = float(sum(coefs))
-    out: Weights = {}
-    for key, ref in weights[0].items():
-        if not torch.is_floating_point(ref):
-            out[key] = ref.clone()
-            continue
-        acc = torch.zeros_like(ref, dtype=torch.float64)
-        for w, c in zip(weights, coefs):
-            acc += w[key].to(torch.float64) * (c / total)
-        out[key] = acc.to(ref.dtype)
-    return out
-
-
-def leaves(obj: Any) -> Iterator[Any]:
-    """Tensors, arrays and scalars inside a payload/upload (dataclasses, dicts, lists), depth first."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from leaves(getattr(obj, f.name))
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from leaves(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from leaves(v)
-    else:
-        yield obj
-
-
-def _leaf_bytes(x: Any) -> int:
-    if isinstance(x, torch.Tensor):
-        return x.numel() * x.element_size()
-    if isinstance(x, np.ndarray):
-        return int(x.nbytes)
-    return 8 if isinstance(x, (int, float, bool, np.number)) else 0
-
-
-def nbytes(obj: Any) -> int:
-    """Bytes of the tensors and arrays in a payload/upload (dataclasses, dicts, lists); scalars count 8."""
-    return sum(_leaf_bytes(x) for x in leaves(obj))

@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.algorithms.base import Weights
+from fedray.algorithms.weights import Weights, weighted_average
 
 
 class CacheParams(BaseModel):
@@ -99,8 +99,6 @@ def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights
     Returns a new cache: the previous one is left untouched (its slot dict and size vector are copied,
     the weight tensors themselves are shared, never modified).
     """
-    from fedray.algorithms.base import weighted_average
-
     slots = dict(cache.slots)
     new_sizes = cache.sizes.clone()
     for cid, w, n in zip(client_ids, weights, sizes):

@@ -56,10 +56,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, ClientState, DiagnosticProbe, Payload,
-                                    ServerContext, ServerState, Upload, Weights, clone_weights)
+                                    ServerContext, ServerState, Upload, Weights)
 from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.algorithms.dafkd_client import batched_local_step
+from fedray.algorithms.weights import clone_weights
 from fedray.models import FedModel, build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fedray.algorithms.base import ServerContext, Weights, clone_weights, weighted_average
+from fedray.algorithms.base import ServerContext, Weights
 from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targets
 from fedray.algorithms.ensemble import stacked_outputs
+from fedray.algorithms.weights import clone_weights, weighted_average
 from fedray.seeding import derive_seed
 
 if TYPE_CHECKING:

@@ -27,11 +27,10 @@ from fedray.algorithms.base import (
     ServerState,
     Upload,
     Weights,
-    clone_weights,
-    weighted_average,
 )
 from fedray.algorithms.cached import CacheParams, ModelCache, init_cache, update_cache
 from fedray.algorithms.training import LocalTraining, run_local_training
+from fedray.algorithms.weights import clone_weights, weighted_average
 from fedray.models import build_model
 
 

@@ -48,14 +48,13 @@ from fedray.algorithms.base import (
     ServerState,
     Upload,
     Weights,
-    clone_weights,
-    weighted_average,
 )
 from fedray.algorithms.distill import kd_kl, normalised_entropy, soft_targets
 from fedray.algorithms.feddf import require_server_data
 from fedray.algorithms.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
 from fedray.algorithms.subspace import projection_cosine, projector, subspace_weights
 from fedray.algorithms.training import LocalTraining, run_local_training
+from fedray.algorithms.weights import clone_weights, weighted_average
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
 from fedray.models import FedModel, build_model

@@ -16,10 +16,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.algorithms.base import ServerContext, weighted_average
+from fedray.algorithms.base import ServerContext
 from fedray.algorithms.distill import soft_targets
 from fedray.algorithms.fedavg import FedAvg, ModelState, ModelUpload
 from fedray.algorithms.proxy_distill import DistillSettings, distil, teacher_logits
+from fedray.algorithms.weights import weighted_average
 from fedray.config import ExperimentConfig
 from fedray.errors import ConfigError
 from fedray.seeding import derive_seed

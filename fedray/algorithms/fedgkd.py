@@ -25,10 +25,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import Payload, ServerContext, Weights, weighted_average
+from fedray.algorithms.base import Payload, ServerContext, Weights
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelState, ModelUpload
+from fedray.algorithms.weights import weighted_average
 from fedray.models import build_model
 
 

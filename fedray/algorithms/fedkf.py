@@ -54,11 +54,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights, clone_weights
+from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
 from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, make_optimizer, module_dict
+from fedray.algorithms.weights import clone_weights
 from fedray.models import build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dafl import DAFLGenerator

@@ -18,9 +18,10 @@ from typing import Iterable
 
 import torch
 
-from fedray.algorithms.base import Weights, clone_weights
+from fedray.algorithms.base import Weights
 from fedray.algorithms.distill import kd_kl_probs
 from fedray.algorithms.ensemble import stacked_outputs
+from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_float
 
 

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.algorithms.base import (ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights,
-                                    clone_weights)
+from fedray.algorithms.base import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
 from fedray.algorithms.fedavg import FedAvg, ModelPayload, ModelState
 from fedray.algorithms.training import LocalTraining
+from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_float
 
 EPS = 1e-10  # the reference code's offset of F_k

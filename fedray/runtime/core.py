@@ -15,14 +15,15 @@ import numpy as np
 import torch
 
 from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
-from fedray.algorithms.base import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload, Weights, leaves,
-                                    nbytes)
+from fedray.algorithms.base import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload,
+                                    Weights)
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
 from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
 from fedray.algorithms.training import LocalTraining
+from fedray.algorithms.weights import leaves, nbytes
 from fedray.runtime.vectorized import train_vectorized, vectorize_enabled
 from fedray.seeding import derive_seed
 

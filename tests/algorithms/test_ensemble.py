@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from fedray.algorithms import ensemble
-from fedray.algorithms.base import DataSpec, clone_weights
+from fedray.algorithms.base import DataSpec
 from fedray.algorithms.ensemble import loop_outputs, stacked_outputs
+from fedray.algorithms.weights import clone_weights
 from fedray.models import build_model
 
 

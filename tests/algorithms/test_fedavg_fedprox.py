@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from fedray.algorithms import ALGORITHMS, get_algorithm
-from fedray.algorithms.base import ServerContext, nbytes, weighted_average
+from fedray.algorithms.base import ServerContext
 from fedray.algorithms.fedavg import FedAvg, ModelState, ModelUpload
 from fedray.algorithms.fedprox import FedProx
+from fedray.algorithms.weights import nbytes, weighted_average
 from fedray.data import build_federated_data
 from fedray.runtime.core import ClientWorkerCore, ServerCore
 from fedray.simulation import run_experiment
