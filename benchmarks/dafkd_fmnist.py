@@ -76,7 +76,8 @@ def run_dir(root: Path, method: str, alpha: float, seed: int) -> Path:
 
 def make_config(method: str, alpha: float, seed: int, rounds: int, track: bool, data_dir: str | None,
                 eval_average: bool, preset: str = "dafkd_fmnist", budget: dict | None = None, device: str = "cpu"):
-    from fedray.config import apply_overrides, load_config, validate_config
+    from fedray.config import load_config, validate_config
+    from fedray.overrides import apply_overrides
 
     raw = load_config(preset).model_dump(mode="json")
     if method.startswith("dafkd"):

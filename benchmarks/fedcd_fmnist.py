@@ -70,7 +70,8 @@ def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str, data_dir: str | None,
                 eval_every: int = 2):
     from fedray.algorithms import validate_experiment
-    from fedray.config import apply_overrides, load_config, validate_config
+    from fedray.config import load_config, validate_config
+    from fedray.overrides import apply_overrides
 
     raw = load_config("fedcd_fmnist").model_dump(mode="json")
     spec = dict(METHODS[method])

@@ -65,7 +65,8 @@ def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
     from fedray.algorithms import validate_experiment
-    from fedray.config import apply_overrides, load_config, validate_config
+    from fedray.config import load_config, validate_config
+    from fedray.overrides import apply_overrides
 
     raw = load_config("fedd3a_fmnist_domains").model_dump(mode="json")
     spec = dict(METHODS[method])

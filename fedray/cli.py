@@ -120,7 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _resume_target(args: argparse.Namespace):
     from fedray.checkpoint import CheckpointError, load_checkpoint
     from fedray.algorithms import validate_experiment
-    from fedray.config import apply_overrides, validate_config
+    from fedray.config import validate_config
+    from fedray.overrides import apply_overrides
     from fedray.results import SUMMARY_FILE, is_finished
 
     out = Path(args.resume)

@@ -7,7 +7,6 @@ starts. Algorithm-specific keys (``algorithm.mu``) are validated by the algorith
 
 from __future__ import annotations
 
-import copy
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedray.errors import ConfigError
+from fedray.overrides import apply_overrides, flatten
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -278,18 +278,6 @@ class ExperimentConfig(_Strict):
 # loading
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """Nested sections -> dotted keys (``{"data": {"alpha": 1}}`` -> ``{"data.alpha": 1}``)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
@@ -317,48 +305,6 @@ def read_yaml_mapping(path: Path, key: str) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(key, f"{path} must hold a mapping of keys, got {type(raw).__name__}")
     return raw
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise ConfigError(text, "an override must look like key=value, e.g. data.alpha=0.5")
-    key, _, value = text.partition("=")
-    key = key.strip()
-    if not key or any(not part for part in key.split(".")):
-        raise ConfigError(text, "an override must look like key=value, e.g. data.alpha=0.5")
-    try:
-        parsed = yaml.safe_load(value) if value.strip() else None
-    except yaml.YAMLError:
-        parsed = value
-    return key, parsed
-
-
-def apply_overrides(raw: dict, overrides: list[str] | dict[str, Any]) -> dict:
-    """Set dotted keys in a nested dict (a copy). Values given as text are parsed as YAML scalars.
-
-    Overriding ``algorithm.name`` with another method starts a fresh ``algorithm`` section: the options
-    the base config gave belong to its own method (``fedcd_fmnist algorithm.name=local`` must not carry
-    FedCD's ``lambda_kd``). It is applied before the other overrides, so ``algorithm.*`` overrides given
-    with it, in any order, are kept.
-    """
-    out = copy.deepcopy(raw)
-    items = list(overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides))
-    items.sort(key=lambda kv: kv[0] != "algorithm.name")  # stable: only moves algorithm.name first
-    for key, value in items:
-        section = out.get("algorithm")
-        if key == "algorithm.name" and isinstance(section, dict) and section.get("name", value) != value:
-            out["algorithm"] = {}
-        node = out
-        parts = key.split(".")
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif not isinstance(child, dict):
-                raise ConfigError(".".join(parts[: i + 1]), "is a value, not a section; cannot set " + key)
-            node = child
-        node[parts[-1]] = value
-    return out
 
 
 def _describe(err: dict) -> tuple[str, str]:

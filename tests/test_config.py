@@ -1,8 +1,9 @@
 from fedray.algorithms import algorithm_params, validate_experiment
 import pytest
 
-from fedray.config import ExperimentConfig, apply_overrides, load_config, parse_override, preset_names
+from fedray.config import ExperimentConfig, load_config, preset_names
 from fedray.errors import ConfigError
+from fedray.overrides import apply_overrides, parse_override
 
 
 def test_presets_load_and_quickstart_matches_the_issue():

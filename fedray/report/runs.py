@@ -17,8 +17,8 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from fedray.config import flatten
 from fedray.errors import UserError
+from fedray.overrides import flatten
 from fedray.results import (
     CONFIG_FILE,
     EVAL_KEYS,
