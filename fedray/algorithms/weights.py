@@ -1,6 +1,6 @@
 """What travels between client and server, as plain tensors: a model's weights (a detached CPU state
-dict), their weighted average (FedAvg's aggregation, Eq. 1 of McMahan et al. 2017, and every method that
-averages), and the byte count of a payload or upload that the communication metrics report."""
+dict), their weighted average (FedAvg's server step in Algorithm 1 of McMahan et al. 2017, and every
+method that averages), and the byte count of a payload or upload that the communication metrics report."""
 
 from __future__ import annotations
 
