@@ -185,8 +185,8 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
                          f"{mean_std([r['best'] for r in rs])} | {np.mean([r['mb_total'] for r in rs]):,.3f} | "
                          f"{np.mean([r['mb_setup'] for r in rs]):,.2f} | {paper if paper is not None else '—'} |")
     lines += ["\n## FedCD's mechanism (means over rounds and seeds)\n",
-              "| method | setting | gamma entropy (1 = uniform) | gamma max | teacher CE | uniform-average CE | teacher acc | uniform acc | s/round |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| method | setting | gamma entropy (1 = uniform) | gamma max | teacher CE | uniform-average CE | teacher acc | uniform acc |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for setting in settings:
         for method in ("fedcd", "fedcd_basic"):
             rs = res.get(f"{method}|{setting}", [])
@@ -195,15 +195,16 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
             d = lambda k: np.mean([r["diagnostics"].get(k, np.nan) for r in rs])  # noqa: E731
             lines.append(f"| {method} | {setting} | {d('server/gamma_entropy'):.3f} | {d('server/gamma_max'):.3f} | "
                          f"{d('server/teacher_ce'):.3f} | {d('server/uniform_ce'):.3f} | {d('server/teacher_acc'):.3f} | "
-                         f"{d('server/uniform_acc'):.3f} | {np.mean([r['round_s'] for r in rs]):.2f} |")
+                         f"{d('server/uniform_acc'):.3f} |")
     lines += ["\n## Where each run ran\n",
               "Runs of one table may come from different devices (float rounding differs, the method does not); "
-              "s/round is comparable only between runs of one device and one sharing of it.\n",
-              "| runtime | runs |", "| --- | --- |"]
+              "a run's s/round (in brackets) is comparable only with runs of one device and one sharing of it.\n",
+              "| runtime | runs (s/round) |", "| --- | --- |"]
     where: dict[str, list[str]] = {}
     for key, rs in sorted(res.items()):
         for r in rs:
-            where.setdefault(r.get("runtime", "?"), []).append(f"{key.replace('|', ' ')} s{r['seed']}")
+            run = f"{key.replace('|', ' ')} s{r['seed']} ({r['round_s']:.1f})"
+            where.setdefault(r.get("runtime", "?"), []).append(run)
     lines += [f"| {rt} | {', '.join(names)} |" for rt, names in sorted(where.items())]
     return "\n".join(lines) + "\n"
 
