@@ -238,10 +238,17 @@ class DaFKD(Algorithm):
         """(||grad_x f(x_mix)||_2 - 1)^2 on random real/fake mixes, as the authors' code (on the sigmoid
         output; the norm here is per sample over all pixels, theirs over channels only)."""
         eps = torch.rand(real.shape[0], 1, 1, 1, generator=rng).to(real.device)
-        mix = (eps * real + (1 - eps) * fake).requires_grad_(True)
+        mix = (eps * real + (1 - eps) * fake[: real.shape[0]]).requires_grad_(True)
         out = torch.sigmoid(self.disc_logits(m, mix))
         (grad,) = torch.autograd.grad(out.sum(), mix, create_graph=True)
         return ((grad.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
+
+    @staticmethod
+    def fake_count(b: int) -> int:
+        """Generated samples n_hat drawn against a real batch of ``b`` (Eq. 2): as many, but at least 2. The
+        generator's BatchNorm runs on batch statistics, which one sample cannot give (a pass over a client's
+        data may end on a one-sample batch)."""
+        return max(b, 2)
 
     def _labels(self, n: int, rng: torch.Generator, device: torch.device) -> torch.Tensor | None:
         """Classes for the conditional generator, uniform (class-balanced); None for the DCGAN, which draws
@@ -258,7 +265,7 @@ class DaFKD(Algorithm):
         d_real = self.disc_logits(m, x, feats)
         with frozen_bn_stats(m.model):  # generated images never enter the running statistics
             d_fake = self.disc_logits(m, fake)
-        target = torch.cat([torch.ones(b, device=x.device), torch.zeros(b, device=x.device)])
+        target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
         return F.binary_cross_entropy_with_logits(torch.cat([d_real, d_fake]), target), d_real, d_fake
 
     def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
@@ -309,7 +316,8 @@ class DaFKD(Algorithm):
             loss = ce
             if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
                 with torch.no_grad():
-                    fake = m.generator(torch.randn(b, p.noise_dim, generator=noise).to(dev), self._labels(b, noise, dev))
+                    nf = self.fake_count(b)
+                    fake = m.generator(torch.randn(nf, p.noise_dim, generator=noise).to(dev), self._labels(nf, noise, dev))
                 adv, d_real, d_fake = self._disc_loss(m, x, feats, fake)
                 if p.gp_weight > 0:
                     with frozen_bn_stats(m.model):
@@ -322,8 +330,9 @@ class DaFKD(Algorithm):
             loss.backward()
             opt.step()
             if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
-                z = torch.randn(b, p.noise_dim, generator=noise).to(dev)
-                g_loss = self._gen_loss(m, z, self._labels(b, noise, dev))
+                nf = self.fake_count(b)
+                z = torch.randn(nf, p.noise_dim, generator=noise).to(dev)
+                g_loss = self._gen_loss(m, z, self._labels(nf, noise, dev))
                 for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
                     prm.grad = g
                 opt_g.step()

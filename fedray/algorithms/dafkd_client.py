@@ -35,7 +35,7 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
 
     def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
         x, y = next(batches)
-        b, inp = x.shape[0], {"x": x, "y": y}
+        b, inp = algo.fake_count(x.shape[0]), {"x": x, "y": y}
         train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
         for flag, key in ((train_d, "fake"), (train_g, "gen")):  # client_update's order of draws
             if flag:

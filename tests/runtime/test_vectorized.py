@@ -138,6 +138,9 @@ COVERED = {
                                       federation__optimizer="adam", federation__lr=1e-3, federation__weight_decay=1e-4),
     "dafkd_unequal_gan_epochs": dict(**DAFKD, federation__local_epochs=2, federation__batch_size=48,
                                      algorithm__gan_local_epochs=1),  # D/G stop at different steps per client
+    # client 3's 35 samples end a pass on a one-sample batch: the conditional generator's BatchNorm1d still gets
+    # two generated samples (DaFKD.fake_count)
+    "dafkd_one_sample_batch": dict(DAFKD, algorithm__generator="conditional", federation__batch_size=17),
 }
 
 
