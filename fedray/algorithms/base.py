@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedray.algorithms.weights import Weights, clone_weights
 from fedray.config import ExperimentConfig, FederationConfig
-from fedray.data.federated import to_float
+from fedray.data.federated import to_device, to_float
 from fedray.errors import ConfigError
 
 
@@ -161,11 +161,11 @@ class ClientContext:
         """
         g = self.generator()
         n, bs = self.num_samples, self.fed.batch_size
-        perm, pos = torch.randperm(n, generator=g), 0
+        perm, pos = to_device(torch.randperm(n, generator=g), self.device), 0  # one copy a pass, not a step
         for _ in range(self.num_local_steps()):
             if pos >= n:
-                perm, pos = torch.randperm(n, generator=g), 0
-            idx = perm[pos : pos + bs].to(self.device)
+                perm, pos = to_device(torch.randperm(n, generator=g), self.device), 0
+            idx = perm[pos : pos + bs]
             pos += bs
             yield to_float(self.x[idx], self.spec.mean, self.spec.std), self.y[idx]
 

@@ -61,6 +61,7 @@ from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.algorithms.dafkd_client import batched_local_step
 from fedray.algorithms.weights import clone_weights
+from fedray.data.federated import to_device
 from fedray.models import FedModel, build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
@@ -255,7 +256,7 @@ class DaFKD(Algorithm):
         nothing more from ``rng``."""
         if self.params.generator != "conditional":
             return None
-        return torch.randint(self.spec.num_classes, (n,), generator=rng).to(device)
+        return to_device(torch.randint(self.spec.num_classes, (n,), generator=rng), device)
 
     def _disc_loss(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor,
                    fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -317,7 +318,8 @@ class DaFKD(Algorithm):
             if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
                 with torch.no_grad():
                     nf = self.fake_count(b)
-                    fake = m.generator(torch.randn(nf, p.noise_dim, generator=noise).to(dev), self._labels(nf, noise, dev))
+                    fake = m.generator(to_device(torch.randn(nf, p.noise_dim, generator=noise), dev),
+                                       self._labels(nf, noise, dev))
                 adv, d_real, d_fake = self._disc_loss(m, x, feats, fake)
                 if p.gp_weight > 0:
                     with frozen_bn_stats(m.model):
@@ -331,7 +333,7 @@ class DaFKD(Algorithm):
             opt.step()
             if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
                 nf = self.fake_count(b)
-                z = torch.randn(nf, p.noise_dim, generator=noise).to(dev)
+                z = to_device(torch.randn(nf, p.noise_dim, generator=noise), dev)
                 g_loss = self._gen_loss(m, z, self._labels(nf, noise, dev))
                 for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
                     prm.grad = g

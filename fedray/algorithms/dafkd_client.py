@@ -15,6 +15,7 @@ from torch import nn
 
 from fedray.algorithms.base import ClientContext, ClientResult
 from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, module_dict
+from fedray.data.federated import to_device
 
 if TYPE_CHECKING:
     from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDPayload
@@ -39,7 +40,7 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
         train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
         for flag, key in ((train_d, "fake"), (train_g, "gen")):  # client_update's order of draws
             if flag:
-                inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise).to(dev)
+                inp[f"z_{key}"] = to_device(torch.randn(b, p.noise_dim, generator=noise), dev)
                 labels = algo._labels(b, noise, dev)
                 if labels is not None:
                     inp[f"labels_{key}"] = labels

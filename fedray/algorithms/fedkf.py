@@ -60,6 +60,7 @@ from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
 from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, make_optimizer, module_dict
 from fedray.algorithms.weights import clone_weights
+from fedray.data.federated import to_device
 from fedray.models import build_model
 from fedray.models.base import frozen_bn_stats
 from fedray.models.dafl import DAFLGenerator
@@ -228,7 +229,8 @@ class FedKF(FedAvg):
 
         def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
             x, y = next(batches)
-            return {"x": x, "y": y, "z": torch.randn(gen_batch, p.noise_dim, generator=noise).to(ctx.device)}, (True, True)
+            z = to_device(torch.randn(gen_batch, p.noise_dim, generator=noise), ctx.device)
+            return {"x": x, "y": y, "z": z}, (True, True)
 
         def student_loss(m: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 6-8
             # x_hat as client_update makes it; its running statistics are updated once, by the generator's update
@@ -293,7 +295,7 @@ class FedKF(FedAvg):
         sums = torch.zeros(7, dtype=torch.float64, device=ctx.device)  # on the device: no sync per step
         steps = 0
         for x, y in ctx.batches():
-            z = torch.randn(gen_batch, p.noise_dim, generator=noise).to(ctx.device)
+            z = to_device(torch.randn(gen_batch, p.noise_dim, generator=noise), ctx.device)
             x_hat = gen(z)
             t_feat = teacher.features(x_hat)
             t_logits = teacher.head(t_feat)

@@ -23,6 +23,7 @@ domains' images.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -244,6 +245,25 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
 def to_float(x_uint8: torch.Tensor, mean, std) -> torch.Tensor:
     """``(x / 255 - mean[c]) / std[c]`` as float32, on ``x``'s device; ``x`` is (B, C, H, W) or (C, H, W)."""
     x = x_uint8.to(torch.float32, copy=True).div_(255.0)  # copy: never modify a float input in place
-    m = torch.as_tensor(mean, dtype=torch.float32, device=x.device).view(-1, 1, 1)
-    s = torch.as_tensor(std, dtype=torch.float32, device=x.device).view(-1, 1, 1)
+    m, s = _channel_stats(tuple(np.ravel(mean).tolist()), tuple(np.ravel(std).tolist()), x.device)
     return x.sub_(m).div_(s)
+
+
+@functools.lru_cache(maxsize=64)
+def _channel_stats(mean: tuple, std: tuple, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mean`` and ``std`` as (C, 1, 1) float32 tensors on ``device``, made once: every batch of every client
+    is normalised with them, and a fresh copy to a GPU each time would wait for the GPU (see ``to_device``).
+    Read only: never modified in place."""
+    return (torch.tensor(mean, dtype=torch.float32, device=device).view(-1, 1, 1),
+            torch.tensor(std, dtype=torch.float32, device=device).view(-1, 1, 1))
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t``, a host tensor made for this use (batch indices, noise drawn from a seeded CPU generator), on
+    ``device`` without waiting for the GPU. CUDA starts a copy from pageable host memory only once the stream's
+    queued kernels are done, so a copy per local step would make the host wait for the GPU at every step, and
+    no kernels would be queued ahead; from pinned memory the copy is asynchronous (torch's pinned-memory cache
+    keeps the block until the copy has run). Elsewhere a plain ``.to``."""
+    if torch.device(device).type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

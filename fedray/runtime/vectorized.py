@@ -33,6 +33,7 @@ from torch.optim.sgd import sgd as sgd_functional
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult
 from fedray.algorithms.training import LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss, step_means
+from fedray.data.federated import to_device
 
 ADAM_EPS = 1e-8  # torch.optim.Adam's default, which make_optimizer and OptimSpec use
 
@@ -88,7 +89,7 @@ class StackedOptimizer:
                 together.setdefault(self.specs[key], []).append(key)
                 continue
             if mask is not None and id(mask) not in on_device:
-                on_device[id(mask)] = mask.to(p.device)
+                on_device[id(mask)] = to_device(mask, p.device)
             self._step_one(key, p, None if mask is None else on_device[id(mask)], mask)
         for spec, keys in together.items():
             self._step_together(spec, keys)
@@ -244,12 +245,14 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     wrappers = [_LossModule(modules, u.loss) for u in updates]
     calls = [vmap(_client_call(w), randomness="different") for w in wrappers]
     sums: dict[str, torch.Tensor] = {}
+    group_count = step_count = 0
     for step_inputs in _lockstep(plans):
         groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
         for i, item in enumerate(step_inputs):
             if item is not None:
                 inp, flags = item
                 groups.setdefault((flags, tuple((k, tuple(v.shape)) for k, v in inp.items())), []).append(i)
+        group_count, step_count = group_count + len(groups), step_count + 1
         for u, (call, opt) in enumerate(zip(calls, opts)):
             runs = [(flags, members) for (flags, _), members in groups.items() if flags[u]]
             if not runs:
@@ -264,13 +267,13 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                 if everyone:
                     losses, aux = call(params, buffers, inp)
                 else:
-                    idx = torch.tensor(members, device=device)
+                    idx = to_device(torch.tensor(members), device)
                     sub_b = {k: v[idx] for k, v in buffers.items()}
                     losses, aux = call({k: v[idx] for k, v in params.items()}, sub_b, inp)
                     for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
                         buffers[k][idx] = v
                 total = total + losses.sum()
-                index = torch.tensor(members, device=device)
+                index = to_device(torch.tensor(members), device)
                 for key, value in aux.items():
                     acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
                     acc.index_add_(0, index, value.detach().to(torch.float64))
@@ -290,6 +293,9 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
         figures = {k: float(v[i]) for k, v in sums_cpu.items()}
         figures["steps"] = float(plan.steps)
         results.append(plan.finish(plan.modules, figures, {k: v for opt in opts for k, v in opt.client_state(i).items()}))
+        # how well the lockstep batched: 1 when every step was one vmapped call per update; each short batch
+        # or differing flag splits a step into one more call (benchmarks/gpu.py reports it)
+        results[-1].metrics["vec/groups_per_step"] = group_count / max(step_count, 1)
     return results
 
 

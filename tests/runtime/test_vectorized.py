@@ -154,6 +154,16 @@ def test_one_vectorised_round_equals_the_sequential_one(name):
         assert v["train/loss"] == pytest.approx(s["train/loss"], rel=1e-4)
 
 
+def test_each_client_reports_how_many_vmapped_calls_a_lockstep_step_took():
+    # clients 3, 4, 5 hold 35, 114 and 70 samples: in 4 steps of 16 only client 3's third batch is short (3
+    # samples), so that step runs as two calls and the others as one: 5 calls over 4 steps
+    _, infos = _one_round(True)
+    assert [i["client"] for i in infos] == [3, 4, 5]
+    assert [i["vec/groups_per_step"] for i in infos] == [1.25, 1.25, 1.25]
+    _, infos = _one_round(True, federation__batch_size=5)  # 35, 114, 70: 4 full batches of 5 each
+    assert [i["vec/groups_per_step"] for i in infos] == [1.0, 1.0, 1.0]
+
+
 def test_stacked_optimizer_continues_a_saved_state_as_torch_optim_does():
     """FedKF's generator keeps its Adam moments across rounds: one client continues a saved state (3 steps
     taken), another starts fresh; each then moves as a torch.optim.Adam loaded with that state."""
