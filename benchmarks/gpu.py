@@ -1,16 +1,20 @@
 """Throughput on a GPU: per-round time and GPU busy fraction, sequential against vectorised clients.
 
-Rows (synthetic 1x28x28 data, Dirichlet alpha=0.1, 20 local SGD steps of batch 32, ``--rounds`` rounds,
-the mean over rounds 2..R: round 1 pays one-off start-up): FedAvg with LeNet-5 and with ResNet-8, and DaFKD
-with ResNet-11 (its classifier/discriminator and generator updates batched), each in-process and on Ray with
-fractional GPUs (4 workers x 0.2 GPU, server 0.2), with ``runtime.vectorize`` false and true. The GPU's busy
-fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms while the rounds run (round 1 excluded).
+Rows (synthetic 1x28x28 data, Dirichlet alpha=0.1, 20 local SGD steps of batch 32, ``--rounds`` rounds, the
+mean over rounds 2..R-1: round 1 pays one-off start-up, round R the evaluation): FedAvg with LeNet-5 and with
+ResNet-8, and DaFKD with ResNet-11 (its classifier/discriminator and generator updates batched), each
+in-process and on Ray with fractional GPUs (4 workers x 0.2 GPU, server 0.2), with ``runtime.vectorize``
+false and true. The GPU's busy fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms from the end
+of round 1. "vmap calls/step" (vectorised rows) is the runs' ``vec/groups_per_step``: vmapped calls per
+lockstep step, 1 when all of a worker's clients ran as one.
 Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 80 % busy.
 
-    python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--no-ray]
+    python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray]
     .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g   # a dry run here
 
-Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named), and prints each row as it ends.
+Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named) after every row, so a run cut off by
+a time limit still leaves the rows it finished (the table's title says "partial" until the last row); a row
+that fails records its error and the next one runs.
 Ray rows need Ray on the machine (``../shared/GPU.md``: the bundle script); without it they are skipped and
 the table says so.
 """
@@ -32,7 +36,10 @@ import torch
 from fedray.config import load_config
 from fedray.simulation import run_experiment
 
-BASE = ["data.dataset=synthetic", "data.synthetic_image_size=28", "data.alpha=0.1", "federation.local_steps=20",
+# Fashion-MNIST's 60,000 training images (the synthetic default, 100 per client, gives most clients short
+# batches every few steps: each splits a lockstep step into one more vmapped call, see ``vec/groups_per_step``)
+BASE = ["data.dataset=synthetic", "data.synthetic_image_size=28", "data.synthetic_train_samples=60000",
+        "data.alpha=0.1", "federation.local_steps=20",
         "federation.batch_size=32", "tracking.enabled=false"]
 WORKLOADS = {
     "fedavg_lenet5": ["algorithm.name=fedavg", "model.name=lenet5"],
@@ -94,10 +101,16 @@ def run_row(name: str, overrides: list[str]) -> dict:
     t0 = time.perf_counter()
     try:
         result = run_experiment(cfg, progress=False, hooks=[RecordAfterRound1(sampler)])
+    except Exception as exc:  # one broken row must not cost the rows after it (device time is scarce)
+        return {"row": name, "overrides": overrides, "round_s": None, "busy_pct": None, "accuracy": None,
+                "error": f"{type(exc).__name__}: {exc}"[:500], "wall_s": time.perf_counter() - t0}
     finally:
         sampler.stop()
     times = [row["time/round_s"] for row in result.history]
-    return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:] or times)),
+    groups = [row["vec/groups_per_step"] for row in result.history[1:-1] or result.history
+              if row.get("vec/groups_per_step") is not None]
+    return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:-1] or times)),
+            "groups_per_step": float(np.mean(groups)) if groups else None,
             "busy_pct": float(np.mean(sampler.samples)) if sampler.samples and sampler.available else None,
             "accuracy": result.summary.get("eval/accuracy"), "runtime": result.summary.get("runtime"),
             "wall_s": time.perf_counter() - t0}
@@ -110,6 +123,8 @@ def main() -> None:
     ap.add_argument("--per-round", type=int, nargs="+", default=[8, 32], help="clients per round (of 2.5x as many)")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--ray-per-round", type=int, nargs="+", default=None,
+                    help="clients-per-round values that also get Ray rows (default: all of --per-round)")
     ap.add_argument("--no-ray", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -119,44 +134,62 @@ def main() -> None:
     except ImportError:
         has_ray = False
     device = torch.cuda.get_device_name(0) if args.device == "cuda" and torch.cuda.is_available() else "cpu"
-    rows = []
-    for k in args.per_round:
+    record = {"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M"), "device": device,
+              "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
+              "ray_rows": has_ray, "rows": []}
+    rows = record["rows"]
+    ray_ks = set(args.per_round if args.ray_per_round is None else args.ray_per_round)
+    # in-process rows first (the targets are theirs), Ray rows after: a run cut short loses the Ray rows
+    with_ray = has_ray and args.device == "cuda"
+    plan = [("in-process", [], k) for k in args.per_round] + [("ray", RAY, k) for k in args.per_round
+                                                                 if with_ray and k in ray_ks]
+    for where, extra, k in plan:
         common = BASE + [f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
                          f"data.num_clients={int(2.5 * k)}", f"federation.clients_per_round={k}",
                          f"runtime.device={args.device}"]
         for wl in args.workloads:
-            placements = [("in-process", [])] + ([("ray", RAY)] if has_ray and args.device == "cuda" else [])
-            for where, extra in placements:
-                for vec in (False, True):
-                    name = f"{wl} k={k} {where} {'vectorised' if vec else 'sequential'}"
-                    row = run_row(name, common + WORKLOADS[wl] + extra + [f"runtime.vectorize={str(vec).lower()}"])
-                    row.update({"workload": wl, "clients_per_round": k, "where": where, "vectorize": vec})
-                    rows.append(row)
-                    print(json.dumps({key: row[key] for key in ("row", "round_s", "busy_pct", "accuracy")}), flush=True)
+            for vec in (False, True):
+                name = f"{wl} k={k} {where} {'vectorised' if vec else 'sequential'}"
+                row = run_row(name, common + WORKLOADS[wl] + extra + [f"runtime.vectorize={str(vec).lower()}"])
+                row.update({"workload": wl, "clients_per_round": k, "where": where, "vectorize": vec})
+                rows.append(row)
+                shown = ("row", "round_s", "busy_pct", "groups_per_step", "accuracy", "error")
+                print(json.dumps({key: row.get(key) for key in shown}), flush=True)
+                write(record, Path(args.out), done=False)
+    write(record, Path(args.out), done=True)
+    print((Path(args.out) / "gpu.md").read_text())
+
+
+def write(record: dict, out: Path, done: bool) -> None:
+    """``gpu.json`` and ``gpu.md`` from the rows so far; ``done`` false marks both as partial."""
+    rows = record["rows"]
     for row in rows:
-        if row["vectorize"]:
-            seq = next(r for r in rows if r["workload"] == row["workload"] and r["clients_per_round"] ==
-                       row["clients_per_round"] and r["where"] == row["where"] and not r["vectorize"])
+        seq = next((r for r in rows if r["workload"] == row["workload"] and r["clients_per_round"] ==
+                    row["clients_per_round"] and r["where"] == row["where"] and not r["vectorize"]), None)
+        if row["vectorize"] and seq and seq["round_s"] and row["round_s"]:
             row["speedup_vs_sequential"] = seq["round_s"] / row["round_s"]
-    record = {"benchmark": "gpu", "date": time.strftime("%Y-%m-%d %H:%M"), "device": device,
-              "torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
-              "ray_rows": has_ray, "rows": rows}
-    out = Path(args.out)
+    record["complete"] = done
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu.json").write_text(json.dumps(record, indent=2) + "\n")
-    lines = [f"# GPU throughput ({device}, torch {torch.__version__}, {record['date']})", "",
-             "| workload | clients/round | where | clients | s/round | busy % | speed-up | accuracy |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+    title = f"GPU throughput ({record['device']}, torch {record['torch']}, {record['date']})"
+    lines = [f"# {title}" + ("" if done else " - partial: the run did not finish"), "",
+             "| workload | clients/round | where | clients | s/round | busy % | speed-up | vmap calls/step "
+             "| accuracy |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         busy = "-" if r["busy_pct"] is None else f"{r['busy_pct']:.0f}"
         up = f"{r['speedup_vs_sequential']:.2f}x" if "speedup_vs_sequential" in r else ""
-        lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | "
-                     f"{'vectorised' if r['vectorize'] else 'sequential'} | {r['round_s']:.3f} | {busy} | {up} | "
-                     f"{r['accuracy']:.4f} |")
-    if not has_ray:
+        clients = "vectorised" if r["vectorize"] else "sequential"
+        calls = "" if r.get("groups_per_step") is None else f"{r['groups_per_step']:.2f}"
+        if r.get("error"):
+            lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | {clients} | failed: "
+                         f"{r['error'][:120].replace('|', '/')} | | | | |")
+            continue
+        lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | {clients} | {r['round_s']:.3f} "
+                     f"| {busy} | {up} | {calls} | {r['accuracy']:.4f} |")
+    if not record["ray_rows"]:
         lines += ["", "Ray rows skipped (Ray not installed here, `--no-ray`, or a CPU run)."]
     (out / "gpu.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
