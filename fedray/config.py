@@ -170,6 +170,9 @@ class RuntimeConfig(_Strict):
     )
     vectorize_max_clients: int = Field(default=64, ge=1, description="at most this many clients batched at once "
                                        "(memory grows with it)")
+    vectorize_min_clients: int = Field(
+        default=4, ge=1, description="auto only: a worker with fewer clients in a round trains them one by one "
+        "(on an H200, 2 clients batched were slower than sequential, 8 faster; benchmarks/README.md)")
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"

@@ -84,6 +84,8 @@ class ClientWorkerCore:
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device)
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device, type(self.algo))
+        # under auto, too few clients to batch are trained one by one (measured slower batched); true forces it
+        self.vectorize_min = cfg.runtime.vectorize_min_clients if cfg.runtime.vectorize == "auto" else 1
         self._evaluator: Evaluator | None = None
         self._eval_model: torch.nn.Module | None = None
         self.server_x = None  # only methods whose clients hold the server data's images get them
@@ -100,7 +102,7 @@ class ClientWorkerCore:
         """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on and a method
         that describes its update as :class:`LocalTraining`, clients sharing a module and a loss are trained
         in lockstep as one batched computation (:mod:`fedray.runtime.vectorized`); otherwise one by one."""
-        if not self.vectorize:
+        if not self.vectorize or len(client_ids) < self.vectorize_min:
             return [self.train(round_, c, payload, s) for c, s in zip(client_ids, states)]
         ctxs, plans, results = [], [], {}
         for cid, state in zip(client_ids, states):

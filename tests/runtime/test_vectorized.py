@@ -15,7 +15,7 @@ from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.algorithms.training import OptimSpec
-from fedray.runtime.vectorized import StackedOptimizer, vectorize_enabled
+from fedray.runtime.vectorized import StackedOptimizer, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
@@ -250,6 +250,21 @@ def test_auto_vectorises_on_cuda_only_and_only_methods_whose_update_is_their_loc
 
     assert not vectorize_enabled(True, cpu, Altered)
     assert tiny_config(runtime__vectorize="true").runtime.vectorize is True
+
+
+@pytest.mark.parametrize("setting, min_clients, batched", [("auto", 4, False), ("auto", 3, True), (True, 4, True)])
+def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_clients, batched):
+    import fedray.runtime.core as core
+
+    calls = []
+    monkeypatch.setattr(core, "train_vectorized", lambda ctxs, plans: calls.append(len(ctxs)) or
+                        train_vectorized(ctxs, plans))
+    cfg = validate_experiment(tiny_config(runtime__vectorize=setting, runtime__vectorize_min_clients=min_clients))
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        rt.worker.vectorize = True  # as on a CUDA device, where auto turns it on
+        rt.run_round(1, sample_clients(cfg.seed, 1, data.num_clients, cfg.federation.clients_per_round))
+    assert calls == ([3] if batched else [])  # the round's 3 clients, batched or one by one
 
 
 @pytest.mark.ray
