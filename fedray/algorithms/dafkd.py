@@ -238,7 +238,7 @@ class DaFKD(Algorithm):
                           rng: torch.Generator) -> torch.Tensor:
         """(||grad_x f(x_mix)||_2 - 1)^2 on random real/fake mixes, as the authors' code (on the sigmoid
         output; the norm here is per sample over all pixels, theirs over channels only)."""
-        eps = torch.rand(real.shape[0], 1, 1, 1, generator=rng).to(real.device)
+        eps = to_device(torch.rand(real.shape[0], 1, 1, 1, generator=rng), real.device)
         mix = (eps * real + (1 - eps) * fake[: real.shape[0]]).requires_grad_(True)
         out = torch.sigmoid(self.disc_logits(m, mix))
         (grad,) = torch.autograd.grad(out.sum(), mix, create_graph=True)

@@ -264,16 +264,15 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
             for flags, members in runs:
                 wrappers[u].flags = flags
                 inp = {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
+                index = to_device(torch.tensor(members), device)
                 if everyone:
                     losses, aux = call(params, buffers, inp)
                 else:
-                    idx = to_device(torch.tensor(members), device)
-                    sub_b = {k: v[idx] for k, v in buffers.items()}
-                    losses, aux = call({k: v[idx] for k, v in params.items()}, sub_b, inp)
+                    sub_b = {k: v[index] for k, v in buffers.items()}
+                    losses, aux = call({k: v[index] for k, v in params.items()}, sub_b, inp)
                     for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
-                        buffers[k][idx] = v
+                        buffers[k][index] = v
                 total = total + losses.sum()
-                index = to_device(torch.tensor(members), device)
                 for key, value in aux.items():
                     acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
                     acc.index_add_(0, index, value.detach().to(torch.float64))
