@@ -24,7 +24,7 @@ from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
-from fedray.runtime.vectorized import train_vectorized, vectorize_enabled
+from fedray.runtime.vectorized import train_vectorized, vectorize_enabled, vectorize_min_clients
 from fedray.seeding import derive_seed
 
 
@@ -84,8 +84,7 @@ class ClientWorkerCore:
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device)
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device, type(self.algo))
-        # under auto, too few clients to batch are trained one by one (measured slower batched); true forces it
-        self.vectorize_min = cfg.runtime.vectorize_min_clients if cfg.runtime.vectorize == "auto" else 1
+        self.vectorize_min = vectorize_min_clients(cfg.runtime)
         self._evaluator: Evaluator | None = None
         self._eval_model: torch.nn.Module | None = None
         self.server_x = None  # only methods whose clients hold the server data's images get them

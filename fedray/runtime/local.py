@@ -12,6 +12,7 @@ from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, personal_evaluation, personal_models,
                                  torch_threads)
+from fedray.runtime.vectorized import describe_vectorised
 
 
 class LocalRuntime(Runtime):
@@ -64,7 +65,7 @@ class LocalRuntime(Runtime):
         self.client_states = dict(client_states)
 
     def describe(self) -> str:
-        vec = ", vectorised clients" if self.worker.vectorize else ""
+        vec = describe_vectorised(self.worker.vectorize, self.worker.vectorize_min)
         return f"local: in-process on {self.device}, {self.threads} torch thread(s){vec}"
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ from fedray.runtime.actors import (EVAL_CHUNK, READY_TIMEOUT_S, SYSTEM_ERRORS, W
                                    ServerActor, start_ray)
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
-from fedray.runtime.vectorized import vectorize_enabled
+from fedray.runtime.vectorized import describe_vectorised, vectorize_enabled, vectorize_min_clients
 
 
 log = logging.getLogger("fedray")
@@ -398,7 +398,7 @@ class RayRuntime(Runtime):
         rt = self.cfg.runtime
         return (f"ray: {self.pool_size} client worker(s) x {rt.num_cpus_per_worker:g} CPU / "
                 f"{rt.num_gpus_per_worker:g} GPU, server {rt.server_num_cpus:g} CPU / {rt.server_num_gpus:g} GPU"
-                + (", vectorised clients" if self.vectorised else ""))
+                + describe_vectorised(self.vectorised, vectorize_min_clients(rt)))
 
     def close(self) -> None:
         for actor in [*self.workers, self.server]:

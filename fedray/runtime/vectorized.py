@@ -328,3 +328,16 @@ def vectorize_enabled(setting: Any, device: torch.device, algo_cls: type) -> boo
 
     planned, update = owner("local_training"), owner("client_update")
     return planned is not Algorithm and issubclass(planned, update)
+
+
+def vectorize_min_clients(runtime_cfg: Any) -> int:
+    """The fewest clients a worker batches in a round: ``runtime.vectorize_min_clients`` under ``auto`` (fewer
+    measured slower batched than one by one, see benchmarks/README.md), 1 when ``vectorize`` is forced."""
+    return runtime_cfg.vectorize_min_clients if runtime_cfg.vectorize == "auto" else 1
+
+
+def describe_vectorised(enabled: bool, min_clients: int) -> str:
+    """The runtimes' description of it: empty when off."""
+    if not enabled:
+        return ""
+    return ", vectorised clients" + (f" (from {min_clients} per worker)" if min_clients > 1 else "")

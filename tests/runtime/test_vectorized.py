@@ -252,8 +252,11 @@ def test_auto_vectorises_on_cuda_only_and_only_methods_whose_update_is_their_loc
     assert tiny_config(runtime__vectorize="true").runtime.vectorize is True
 
 
-@pytest.mark.parametrize("setting, min_clients, batched", [("auto", 4, False), ("auto", 3, True), (True, 4, True)])
-def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_clients, batched):
+@pytest.mark.parametrize("setting, min_clients, batched, said", [
+    ("auto", 4, False, ", vectorised clients (from 4 per worker)"),
+    ("auto", 3, True, ", vectorised clients (from 3 per worker)"),
+    (True, 4, True, ", vectorised clients")])
+def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_clients, batched, said):
     import fedray.runtime.core as core
 
     calls = []
@@ -263,6 +266,7 @@ def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_client
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
         rt.worker.vectorize = True  # as on a CUDA device, where auto turns it on
+        assert rt.describe().endswith(said)
         rt.run_round(1, sample_clients(cfg.seed, 1, data.num_clients, cfg.federation.clients_per_round))
     assert calls == ([3] if batched else [])  # the round's 3 clients, batched or one by one
 
