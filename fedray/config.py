@@ -173,6 +173,9 @@ class RuntimeConfig(_Strict):
     vectorize_min_clients: int = Field(
         default=4, ge=1, description="auto only: a worker with fewer clients in a round trains them one by one "
         "(on an H200, 2 clients batched were slower than sequential, 8 faster; benchmarks/README.md)")
+    vectorize_pad: bool = Field(
+        default=True, description="batched clients: pad a short batch (a pass ending early) with ignored rows into "
+        "the step's one call, for cross-entropy losses and models without BatchNorm; else it is a call of its own")
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"

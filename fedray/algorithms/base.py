@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedray.algorithms.weights import Weights, clone_weights
 from fedray.config import ExperimentConfig, FederationConfig
-from fedray.data.federated import to_device, to_float
+from fedray.data.federated import ClientBatches
 from fedray.errors import ConfigError
 
 
@@ -155,19 +155,21 @@ class ClientContext:
         return local_step_count(self.fed, self.num_samples)
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``num_local_steps()`` mini-batches, reshuffling after each pass (a pass may end on a short batch).
+        """``num_local_steps()`` mini-batches, reshuffling after each pass (a pass may end on a short batch)."""
+        return iter(self.batch_plan())
 
-        The permutation is drawn on the CPU from this client's seed, so it is the same on every device.
-        """
+    def batch_plan(self) -> ClientBatches:
+        """The batches of :meth:`batches` as rows of this client's data, drawn up front. The permutations are
+        drawn on the CPU from this client's seed, so they are the same on every device."""
         g = self.generator()
         n, bs = self.num_samples, self.fed.batch_size
-        perm, pos = to_device(torch.randperm(n, generator=g), self.device), 0  # one copy a pass, not a step
+        perm, pos, index = torch.randperm(n, generator=g), 0, []
         for _ in range(self.num_local_steps()):
             if pos >= n:
-                perm, pos = to_device(torch.randperm(n, generator=g), self.device), 0
-            idx = perm[pos : pos + bs]
+                perm, pos = torch.randperm(n, generator=g), 0
+            index.append(perm[pos : pos + bs])
             pos += bs
-            yield to_float(self.x[idx], self.spec.mean, self.spec.std), self.y[idx]
+        return ClientBatches(self.x, self.y, index, self.spec.mean, self.spec.std)
 
 
 def local_step_count(fed: FederationConfig, num_samples: int) -> int:
@@ -337,13 +339,13 @@ class PersonalisedAlgorithm(Algorithm):
         model.load_state_dict(state.weights)
         return model
 
-    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish) -> Any:
+    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish, paddable: bool = False) -> Any:
         """A :class:`~fedray.algorithms.training.LocalTraining` of the client's own model from its state;
         ``finish(model, metrics, new_state)`` builds the result."""
         from fedray.algorithms.training import LocalTraining
 
         model = self.load_own_model(ctx, state)
-        return LocalTraining(model=model, start=state.weights, loss=loss,
+        return LocalTraining(model=model, start=state.weights, loss=loss, paddable=paddable,
                              finish=lambda m, metrics: finish(m, metrics, self.keep(ctx, state, m)))
 
     @staticmethod

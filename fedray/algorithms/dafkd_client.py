@@ -15,7 +15,6 @@ from torch import nn
 
 from fedray.algorithms.base import ClientContext, ClientResult
 from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, module_dict
-from fedray.data.federated import to_device
 
 if TYPE_CHECKING:
     from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDPayload
@@ -27,21 +26,22 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
     inside the loss, which ``vmap`` cannot batch here): that runs sequentially."""
     from fedray.algorithms.dafkd import DaFKDModules  # dafkd imports this module
 
-    p, m, fed, dev = algo.params, ctx.modules, ctx.fed, ctx.device
+    p, m, fed = algo.params, ctx.modules, ctx.fed
     if p.gp_weight > 0:
         return None
     assert state.client_id == ctx.client_id, "a client received another client's discriminator"
     round_d, round_g, adv_steps = algo._adversarial_steps(ctx, state)
-    batches, noise = ctx.batches(), ctx.generator("dafkd/noise")
+    batches, noise = ctx.batch_plan(), ctx.generator("dafkd/noise")
 
     def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
-        x, y = next(batches)
-        b, inp = algo.fake_count(x.shape[0]), {"x": x, "y": y}
+        # x and y are the step's batch (``batches``, gathered by the runtime); the noise is drawn here on the host,
+        # in client_update's order of draws, and the runtime stacks it over clients before one copy to the device
+        b, inp = algo.fake_count(len(batches.index[step])), {}
         train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
-        for flag, key in ((train_d, "fake"), (train_g, "gen")):  # client_update's order of draws
+        for flag, key in ((train_d, "fake"), (train_g, "gen")):
             if flag:
-                inp[f"z_{key}"] = to_device(torch.randn(b, p.noise_dim, generator=noise), dev)
-                labels = algo._labels(b, noise, dev)
+                inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise)
+                labels = algo._labels(b, noise, torch.device("cpu"))
                 if labels is not None:
                     inp[f"labels_{key}"] = labels
         return inp, (True, train_g, train_d)
@@ -75,4 +75,4 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
         updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
                         trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
                  Update(generator_loss, {"generator": gen_spec})],
-        steps=ctx.num_local_steps(), inputs=inputs, finish=finish)
+        steps=ctx.num_local_steps(), inputs=inputs, finish=finish, batches=batches)

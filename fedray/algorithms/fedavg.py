@@ -101,9 +101,18 @@ class FedAvg(Algorithm):
         return {"aca": state.weights, "oca": state.cache.oca}
 
     # --- client -------------------------------------------------------------------------------------
+    # Beside each local_loss: whether it reads the batch only through F.cross_entropy's row mean (LocalTraining.
+    # paddable). Honoured only from the class that defines the local_loss in use, so a subclass that overrides
+    # local_loss (FedGKD's distillation term) is not padded unless it says so itself.
+    local_loss_paddable = True
+
     def local_loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, anchor: Any) -> torch.Tensor:
         """The client's training objective; subclasses add terms (FedProx's proximal term)."""
         return F.cross_entropy(model(x), y)
+
+    def _local_loss_paddable(self) -> bool:
+        owner = next(c for c in type(self).__mro__ if "local_loss" in vars(c))
+        return bool(vars(owner).get("local_loss_paddable", False))
 
     def make_anchor(self, model: torch.nn.Module, ctx: ClientContext | None = None, payload: Any = None) -> Any:
         """What the local loss may compare against (the received global model, a teacher); None for FedAvg."""
@@ -120,7 +129,8 @@ class FedAvg(Algorithm):
         model.train()
         anchor = self.make_anchor(model, ctx, payload)  # from the payload alone: the same for every client
         return LocalTraining(model=model, start=payload.weights, loss=lambda m, x, y: self.local_loss(m, x, y, anchor),
-                             finish=lambda m, metrics: ClientResult(self.make_upload(ctx, m), None, metrics))
+                             finish=lambda m, metrics: ClientResult(self.make_upload(ctx, m), None, metrics),
+                             paddable=self._local_loss_paddable())
 
     def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
         return run_local_training(ctx, self.local_training(ctx, payload, state))

@@ -186,7 +186,8 @@ class FedCD(PersonalisedAlgorithm):
             return ClientResult(upload=FedCDUpload(client_id=ctx.client_id, logits=logits), state=new,
                                 metrics=metrics)
 
-        return self.own_training(ctx, state, loss_fn, finish)
+        # the distillation term reads the shared batch, not the private one: padded private rows stay out of it
+        return self.own_training(ctx, state, loss_fn, finish, paddable=True)
 
     def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> ClientResult:
         return run_local_training(ctx, self.local_training(ctx, payload, state))

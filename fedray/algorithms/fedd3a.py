@@ -167,7 +167,7 @@ class FedD3A(Algorithm):
                 return ClientResult(upload=upload, state=None, metrics=metrics)
 
             return LocalTraining(model=glob, start=payload.weights, loss=lambda m, x, y: F.cross_entropy(m(x), y),
-                                 finish=finish)
+                                 finish=finish, paddable=True)
         assert isinstance(state, PersonalModel) and state.client_id == ctx.client_id
         glob.eval()  # the received global model is the teacher of every client this round
         w = self.params.hetero_kd_weight

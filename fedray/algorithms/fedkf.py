@@ -224,13 +224,13 @@ class FedKF(FedAvg):
             state = GeneratorState(client_id=ctx.client_id, weights=mods.generator_init)
         if state.client_id != ctx.client_id:
             raise RuntimeError(f"client {ctx.client_id} received the generator of client {state.client_id}")
-        batches, noise = ctx.batches(), ctx.generator("noise")
+        noise = ctx.generator("noise")
         gen_batch = p.generator_batch_size or ctx.fed.batch_size
 
         def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
-            x, y = next(batches)
-            z = to_device(torch.randn(gen_batch, p.noise_dim, generator=noise), ctx.device)
-            return {"x": x, "y": y, "z": z}, (True, True)
+            # x and y: the step's batch (``batches`` below); the noise stays on the host until the runtime has
+            # stacked every client's
+            return {"z": torch.randn(gen_batch, p.noise_dim, generator=noise)}, (True, True)
 
         def student_loss(m: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 6-8
             # x_hat as client_update makes it; its running statistics are updated once, by the generator's update
@@ -275,7 +275,8 @@ class FedKF(FedAvg):
             start={"model": payload.weights, "generator": state.weights},
             updates=[Update(student_loss, {"model": OptimSpec.of(ctx.fed)}),
                      Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)})],
-            steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept)
+            steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept,
+            batches=ctx.batch_plan())
 
     def client_update(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
         if not self.distills(ctx.round):  # warm-up: plain local training, the generator is left as it is

@@ -25,6 +25,8 @@ class FedProx(FedAvg):
     def make_anchor(self, model: torch.nn.Module, ctx=None, payload=None) -> list[torch.Tensor]:
         return [p.detach().clone() for p in model.parameters()]
 
+    local_loss_paddable = True  # the proximal term reads the weights, not the batch
+
     def local_loss(self, model, x, y, anchor: list[torch.Tensor]) -> torch.Tensor:
         prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
         return F.cross_entropy(model(x), y) + 0.5 * self.params.mu * prox

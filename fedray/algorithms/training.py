@@ -17,6 +17,10 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
 - ``loss`` is traceable by ``torch.func.vmap``: no ``.item()``/``float()``/``bool()`` of a tensor, no
   data-dependent shapes (mask, don't index). It returns the loss, or ``(loss, {"train/name": tensor})``
   for further per-step figures, averaged over the client's steps into its metrics.
+- ``paddable``: the loss reads the batch only through ``F.cross_entropy(model(x), y)`` with its default
+  mean over the rows not labelled :data:`IGNORE_LABEL` (other terms may read the model, not the batch).
+  Then, for models whose rows do not interact (no BatchNorm in training), the runtime may pad a short
+  batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full ones: exact up to rounding.
 - ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
   it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
   logits on the shared batch).
@@ -31,7 +35,9 @@ from typing import Any
 import torch
 
 from fedray.algorithms.base import ClientContext, ClientResult, Weights
+from fedray.data.federated import ClientBatches
 
+IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index: a padded row's label
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
@@ -44,6 +50,7 @@ class LocalTraining:
     loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], LossOut]
     finish: Callable[[torch.nn.Module, dict[str, float]], ClientResult]
     group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
+    paddable: bool = False  # the loss ignores rows labelled IGNORE_LABEL and reads the batch nowhere else
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,11 @@ class StepwiseTraining:
     per-client sums over steps of every auxiliary figure of the updates that ran, plus ``steps``, and the
     optimizer state the training ended with, in the form of ``optimizer_state`` (below).
 
+    ``batches``: when set, the ``x`` and ``y`` inputs of step ``s`` are the client's ``s``-th batch, which the
+    runtime gathers for all clients of the step at once; ``inputs(step)`` then gives the other inputs only.
+    ``paddable``: as :class:`LocalTraining`'s, for losses that read ``x``/``y`` only through a row-mean
+    cross-entropy.
+
     ``optimizer_state`` continues an optimizer of an earlier round (FedKF's generator keeps its Adam moments):
     by parameter name (``"<module>.<parameter>"``), ``{"step": n, "exp_avg": m, "exp_avg_sq": v}`` (Adam) or
     ``{"step": n, "momentum_buffer": b}`` (SGD); absent parameters start fresh, as a new ``torch.optim`` would.
@@ -103,6 +115,8 @@ class StepwiseTraining:
     finish: Callable[[torch.nn.ModuleDict, dict[str, float], dict[str, dict[str, Any]]], ClientResult]
     group: Hashable = None
     optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batches: ClientBatches | None = None
+    paddable: bool = False
 
 
 def make_optimizer(params, fed: Any) -> torch.optim.Optimizer:

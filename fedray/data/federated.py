@@ -242,6 +242,27 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
     )
 
 
+@dataclass
+class ClientBatches:
+    """A client's local mini-batches of a round as rows of its data: step ``s`` trains on ``to_float(x[index[s]])``
+    and ``y[index[s]]``. Iterating yields those batches; the vectorised runner instead gathers every client's
+    rows of a step in one indexing op (``fedray.runtime.vectorized``), so both see the same batches."""
+
+    x: torch.Tensor  # uint8 (N, C, H, W), on the training device
+    y: torch.Tensor  # int64 (N,)
+    index: list[torch.Tensor]  # per step, int64 rows into x / y, on the host
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __iter__(self):
+        if not self.index:
+            return
+        # every step's rows go to the device in one copy a round, not one a step (see to_device)
+        rows = to_device(torch.cat(self.index), self.x.device).split([len(i) for i in self.index])
+        for idx in rows:
+            yield to_float(self.x[idx], self.mean, self.std), self.y[idx]
+
+
 def to_float(x_uint8: torch.Tensor, mean, std) -> torch.Tensor:
     """``(x / 255 - mean[c]) / std[c]`` as float32, on ``x``'s device; ``x`` is (B, C, H, W) or (C, H, W)."""
     x = x_uint8.to(torch.float32, copy=True).div_(255.0)  # copy: never modify a float input in place

@@ -10,7 +10,9 @@ Rules every subclass keeps, because models are copied between processes, average
 client: no dropout or other randomness in ``forward`` (the same weights and input give the same output
 in every worker), no in-place activations or residual adds (they break ``torch.func`` transforms and
 autograd on shared tensors), no state outside parameters and buffers (so ``state_dict`` round-trips
-exactly and the module pickles and deep-copies).
+exactly and the module pickles and deep-copies), and the rows of a batch do not interact in ``forward``
+except through BatchNorm (vectorised clients pad short batches of models without BatchNorm, see
+``fedray.runtime.vectorized``).
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ class ClientWorkerCore:
         for members in groups.values():
             for s in range(0, len(members), chunk):
                 part = members[s : s + chunk]
-                trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part])
+                trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part],
+                                           pad=self.cfg.runtime.vectorize_pad)
                 for i, result in zip(part, trained):
                     results[ctxs[i].client_id] = self._outcome(ctxs[i], result)
         return [results[c] for c in client_ids]

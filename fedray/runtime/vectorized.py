@@ -11,9 +11,12 @@ modules per step: DaFKD, FedKF); clients that share modules and losses are train
   SGD (momentum, weight decay) and Adam (L2 weight decay, betas) step for step;
 - BatchNorm running statistics are buffers of the stack: every client keeps its own;
 - a client with fewer steps (``local_epochs`` over less data) is masked once done: its parameters,
-  buffers and optimizer state stay as they were, it is never padded with extra updates; clients whose
-  batch of a step is shorter (a pass ending on a short batch), or whose step runs other updates, run as
-  their own vmap group in that step; a module a client's loss did not reach is not stepped for it.
+  buffers and optimizer state stay as they were, it is never padded with extra updates; a module a
+  client's loss did not reach is not stepped for it;
+- a step's batches of all clients are one gather from the clients' data, concatenated once a round
+  (:class:`_RoundBatches`); a client whose batch of a step is shorter (a pass ending on a short batch) has it
+  padded with rows its loss ignores when the loss allows it and the model's rows do not interact (no
+  BatchNorm), else it runs as its own vmap group in that step, as does a client whose step runs other updates.
 
 So the numbers are those of the sequential runner up to float rounding. On a GPU one batched kernel
 replaces K small ones (kernel launches, not arithmetic, set the pace of small models); on a CPU it does
@@ -26,14 +29,16 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch.func import functional_call, vmap
 from torch.optim.adam import adam as adam_functional
 from torch.optim.sgd import sgd as sgd_functional
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult
-from fedray.algorithms.training import LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss, step_means
-from fedray.data.federated import to_device
+from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss,
+                                       step_means)
+from fedray.data.federated import to_device, to_float
 
 ADAM_EPS = 1e-8  # torch.optim.Adam's default, which make_optimizer and OptimSpec use
 
@@ -154,10 +159,11 @@ class StackedOptimizer:
         """Client ``i``'s optimizer state now, by parameter (parameters it never stepped are left out)."""
         out = {}
         for key in self.params:
-            if self.steps[key][i] > 0:
+            steps = int(self.steps[key][i].item())  # one host read, not a tensor comparison, a parameter and client
+            if steps > 0:
                 names = self._NAMES[self.specs[key].kind]
-                out[key] = {"step": int(self.steps[key][i]), **{name: value[i].detach() for name, value in
-                                                                zip(names, self.state[key]) if name and value is not None}}
+                out[key] = {"step": steps, **{name: value[i].detach() for name, value in
+                                              zip(names, self.state[key]) if name and value is not None}}
         return out
 
     @staticmethod
@@ -194,12 +200,6 @@ class StackedOptimizer:
 def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
     """A :class:`LocalTraining` as the one-update special case: module ``model``, ``federation.*``'s optimizer,
     the client's batches as inputs; ``finish`` gets the figures' means over the client's steps."""
-    batches = ctx.batches()
-    steps = ctx.num_local_steps()
-
-    def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
-        x, y = next(batches)
-        return {"x": x, "y": y}, (True,)
 
     def loss(modules: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):
         out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"]))
@@ -210,8 +210,70 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
         return plan.finish(modules["model"], step_means(sums, n))
 
     return StepwiseTraining(modules=torch.nn.ModuleDict({"model": plan.model}), start={"model": plan.start},
-                            updates=[Update(loss=loss, groups={"model": OptimSpec.of(ctx.fed)})], steps=steps,
-                            inputs=inputs, finish=finish, group=plan.group)
+                            updates=[Update(loss=loss, groups={"model": OptimSpec.of(ctx.fed)})],
+                            steps=ctx.num_local_steps(), inputs=lambda step: ({}, (True,)), finish=finish,
+                            group=plan.group, batches=ctx.batch_plan(), paddable=plan.paddable)
+
+
+class _RoundBatches:
+    """The lockstep's batches (``StepwiseTraining.batches``), a group of clients' batches of a step in one gather.
+
+    The clients' data are concatenated once a round, and every step's (clients, rows) index is built on the host
+    up front and sent to the device in one copy, so a step's batches cost one gather and ``to_float`` instead of
+    several ops per client (on a GPU each is a kernel launch the host has to issue). A step's clients are grouped
+    by batch length; with ``pad``, the short batches of a step are filled up to its longest with rows labelled
+    :data:`IGNORE_LABEL`, which the losses (``paddable``) leave out, so the whole step is one group.
+    """
+
+    def __init__(self, plans: list[StepwiseTraining], device: torch.device, pad: bool):
+        data = [p.batches for p in plans]
+        sizes = [len(d.y) for d in data]
+        self.mean, self.std = data[0].mean, data[0].std
+        self.x = torch.cat([d.x.to(device) for d in data])
+        self.y = torch.cat([d.y.to(device) for d in data] + [to_device(torch.tensor([IGNORE_LABEL]), device)])
+        # Built with numpy, a few calls per client and step group: host work, cheap next to one op per client
+        # and step. Per step and client, the rows of its batch padded to ``width``: padded x rows repeat the
+        # step's first row, padded y rows point at the IGNORE_LABEL appended to y.
+        steps = np.array([p.steps for p in plans])
+        width = max((len(ix) for d, p in zip(data, plans) for ix in d.index[:p.steps]), default=0)
+        x_rows = np.zeros((steps.max(initial=0), len(plans), width), dtype=np.int64)
+        y_rows = np.full_like(x_rows, len(self.y) - 1)
+        lengths = np.zeros(x_rows.shape[:2], dtype=np.int64)
+        for i, (d, k, offset) in enumerate(zip(data, steps, np.cumsum([0, *sizes[:-1]]))):
+            if k == 0:
+                continue
+            lens = np.array([len(ix) for ix in d.index[:k]])
+            src = np.append(torch.cat(d.index[:k]).numpy() + offset, offset)
+            starts = np.cumsum(lens) - lens
+            valid = np.arange(width) < lens[:, None]
+            rows = src[np.where(valid, starts[:, None] + np.arange(width), starts[:, None])]
+            x_rows[:k, i], y_rows[:k, i], lengths[:k, i] = rows, np.where(valid, rows, y_rows[:k, i]), lens
+        self.groups: list[dict[int, tuple[int, list[int]]]] = []  # per step: client -> (group, its members)
+        blocks: list[np.ndarray] = []
+        for s in range(x_rows.shape[0]):
+            active = np.flatnonzero(s < steps)
+            keys = np.zeros_like(active) if pad else lengths[s, active]
+            step: dict[int, tuple[int, list[int]]] = {}
+            for key in np.unique(keys):
+                members = active[keys == key]
+                w = int(lengths[s, members].max())
+                step.update((int(i), (len(blocks), members.tolist())) for i in members)
+                blocks.append(np.stack([x_rows[s, members, :w], y_rows[s, members, :w]]))
+            self.groups.append(step)
+        # every step's index in one copy to the device, then a view per group
+        flat = to_device(torch.from_numpy(np.concatenate([b.ravel() for b in blocks])), device) if blocks else None
+        self.index = [v.view(b.shape) for v, b in zip(flat.split([b.size for b in blocks]), blocks)] if blocks else []
+
+    def group_of(self, step: int, client: int) -> int:
+        return self.groups[step][client][0]
+
+    def inputs(self, step: int, members: list[int]) -> dict[str, torch.Tensor]:
+        """``x`` (normalised) and ``y`` of ``members``' batches of ``step`` (all in one group of it), stacked."""
+        group, everyone = self.groups[step][members[0]]
+        index = self.index[group]
+        if members != everyone:  # the group split further by the step's flags: its rows of the index
+            index = index[:, to_device(torch.tensor([everyone.index(i) for i in members]), index.device)]
+        return {"x": to_float(self.x[index[0]], self.mean, self.std), "y": self.y[index[1]]}
 
 
 def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[bool, ...]] | None]]:
@@ -220,9 +282,11 @@ def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[
         yield [p.inputs(s) if s < p.steps else None for p in plans]
 
 
-def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining]) -> list[ClientResult]:
+def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining],
+                     pad: bool = True) -> list[ClientResult]:
     """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
-    ``finish`` is called in order with the modules holding that client's trained weights."""
+    ``finish`` is called in order with the modules holding that client's trained weights. ``pad``: short batches
+    of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``)."""
     plans = [as_stepwise(c, p) if isinstance(p, LocalTraining) else p for c, p in zip(ctxs, plans)]
     modules, device, n = plans[0].modules, ctxs[0].device, len(plans)
     for name, weights in plans[0].start.items():  # non-persistent buffers, if any, come from here
@@ -246,36 +310,47 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     calls = [vmap(_client_call(w), randomness="different") for w in wrappers]
     sums: dict[str, torch.Tensor] = {}
     group_count = step_count = 0
-    for step_inputs in _lockstep(plans):
+    assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
+    batched = _RoundBatches(plans, device, pad and plans[0].paddable and not _couples_rows(modules)) \
+        if plans[0].batches is not None else None
+    for s, step_inputs in enumerate(_lockstep(plans)):
         groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
         for i, item in enumerate(step_inputs):
             if item is not None:
                 inp, flags = item
-                groups.setdefault((flags, tuple((k, tuple(v.shape)) for k, v in inp.items())), []).append(i)
+                shapes = tuple((k, tuple(v.shape)) for k, v in inp.items())
+                groups.setdefault((flags, shapes, batched.group_of(s, i) if batched else None), []).append(i)
         group_count, step_count = group_count + len(groups), step_count + 1
         for u, (call, opt) in enumerate(zip(calls, opts)):
-            runs = [(flags, members) for (flags, _), members in groups.items() if flags[u]]
+            runs = [(flags, members) for (flags, _, _), members in groups.items() if flags[u]]
             if not runs:
                 continue
             for p in params.values():
                 p.grad = None
             everyone = len(runs) == 1 and len(runs[0][1]) == n
-            total = torch.zeros((), device=device)
+            losses_of_runs = []
             for flags, members in runs:
                 wrappers[u].flags = flags
-                inp = {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
-                index = to_device(torch.tensor(members), device)
-                if everyone:
+                # inputs drawn on the host (seeded noise) are stacked there: one copy to the device, not one a client
+                inp = {k: to_device(torch.stack([step_inputs[i][0][k] for i in members]), device)
+                       for k in step_inputs[members[0]][0]}
+                if batched is not None:
+                    inp.update(batched.inputs(s, members))
+                if everyone:  # the usual step: no client index needed anywhere
                     losses, aux = call(params, buffers, inp)
+                    for key, value in aux.items():
+                        sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device)).add_(value.detach())
                 else:
+                    index = to_device(torch.tensor(members), device)
                     sub_b = {k: v[index] for k, v in buffers.items()}
                     losses, aux = call({k: v[index] for k, v in params.items()}, sub_b, inp)
                     for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
                         buffers[k][index] = v
-                total = total + losses.sum()
-                for key, value in aux.items():
-                    acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
-                    acc.index_add_(0, index, value.detach().to(torch.float64))
+                    for key, value in aux.items():
+                        acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
+                        acc.index_add_(0, index, value.detach().to(torch.float64))
+                losses_of_runs.append(losses.sum())
+            total = losses_of_runs[0] if len(losses_of_runs) == 1 else torch.stack(losses_of_runs).sum()
             total.backward(inputs=list(moved[u].values()))
             active = None if everyone else _mask(n, [i for _, members in runs for i in members])
             per_key = None
@@ -296,6 +371,12 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
         # or differing flag splits a step into one more call (benchmarks/gpu.py reports it)
         results[-1].metrics["vec/groups_per_step"] = group_count / max(step_count, 1)
     return results
+
+
+def _couples_rows(modules: torch.nn.Module) -> bool:
+    """Whether a batch's rows interact in ``modules``' training forward (BatchNorm's batch statistics): then a
+    padded row would change the others', and short batches are not padded."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules.modules())
 
 
 def _mask(n: int, members: list[int]) -> torch.Tensor | None:

@@ -15,7 +15,8 @@ from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.algorithms.training import OptimSpec
-from fedray.runtime.vectorized import StackedOptimizer, train_vectorized, vectorize_enabled
+from fedray.algorithms.training import IGNORE_LABEL
+from fedray.runtime.vectorized import StackedOptimizer, _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
@@ -154,14 +155,51 @@ def test_one_vectorised_round_equals_the_sequential_one(name):
         assert v["train/loss"] == pytest.approx(s["train/loss"], rel=1e-4)
 
 
-def test_each_client_reports_how_many_vmapped_calls_a_lockstep_step_took():
+@pytest.mark.parametrize("kw, per_step", [
     # clients 3, 4, 5 hold 35, 114 and 70 samples: in 4 steps of 16 only client 3's third batch is short (3
-    # samples), so that step runs as two calls and the others as one: 5 calls over 4 steps
-    _, infos = _one_round(True)
+    # samples). LeNet-5 and cross-entropy: padded with ignored rows into the step's one call
+    (dict(), 1.0),
+    # not padded, the short batch is a call of its own: 5 calls over 4 steps
+    (dict(runtime__vectorize_pad=False), 1.25),
+    (dict(model__name="resnet8_bn"), 1.25),  # BatchNorm: a padded row would change the batch statistics
+    (dict(algorithm__name="fedgkd"), 1.25),  # its distillation term averages over every row
+    (dict(federation__batch_size=5), 1.0),  # 35, 114, 70: 4 full batches of 5 each
+])
+def test_each_client_reports_how_many_vmapped_calls_a_lockstep_step_took(kw, per_step):
+    _, infos = _one_round(True, **kw)
     assert [i["client"] for i in infos] == [3, 4, 5]
-    assert [i["vec/groups_per_step"] for i in infos] == [1.25, 1.25, 1.25]
-    _, infos = _one_round(True, federation__batch_size=5)  # 35, 114, 70: 4 full batches of 5 each
-    assert [i["vec/groups_per_step"] for i in infos] == [1.0, 1.0, 1.0]
+    assert [i["vec/groups_per_step"] for i in infos] == [per_step] * 3
+
+
+def test_batched_inputs_are_each_clients_batches_and_padded_rows_are_ignored():
+    """The lockstep gathers a step's batches of all clients at once; client by client they are the batches the
+    sequential runner iterates, and a short batch padded to the step's longest has its extra rows labelled
+    IGNORE_LABEL (images: rows of the same client)."""
+    cfg = validate_experiment(tiny_config(federation__local_epochs=2, federation__batch_size=16))
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        ctxs = [rt.worker._context(1, c, None)[0] for c in (3, 5)]  # 35 and 70 samples: 6 and 10 steps
+    plans = [as_stepwise(c, rt.worker.algo.local_training(c, rt.worker.algo.broadcast(rt.server.state, 1), None))
+             for c in ctxs]
+    for pad in (False, True):
+        rows = _RoundBatches(plans, torch.device("cpu"), pad)
+        for i, (ctx, plan) in enumerate(zip(ctxs, plans)):
+            seen = []
+            for s, (x, y) in enumerate(ctx.batches()):
+                group, members = rows.groups[s][i]
+                got = rows.inputs(s, members)
+                row = members.index(i)
+                n = len(y)
+                torch.testing.assert_close(got["x"][row, :n], x, rtol=0, atol=0)
+                assert torch.equal(got["y"][row, :n], y)
+                assert (got["y"][row, n:] == IGNORE_LABEL).all()
+                assert pad or len(got["y"][row]) == n
+                seen.append(plan.batches.index[s])
+            # each pass over the client's data is a permutation of its rows
+            per_pass = -(-ctx.num_samples // 16)
+            for p in range(2):
+                assert sorted(torch.cat(seen[p * per_pass:(p + 1) * per_pass]).tolist()) == list(range(ctx.num_samples))
+        assert len(rows.groups) == 10 and all(len(step) == (2 if s < 6 else 1) for s, step in enumerate(rows.groups))
 
 
 def test_stacked_optimizer_continues_a_saved_state_as_torch_optim_does():
@@ -260,8 +298,8 @@ def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_client
     import fedray.runtime.core as core
 
     calls = []
-    monkeypatch.setattr(core, "train_vectorized", lambda ctxs, plans: calls.append(len(ctxs)) or
-                        train_vectorized(ctxs, plans))
+    monkeypatch.setattr(core, "train_vectorized", lambda ctxs, plans, pad: calls.append(len(ctxs)) or
+                        train_vectorized(ctxs, plans, pad))
     cfg = validate_experiment(tiny_config(runtime__vectorize=setting, runtime__vectorize_min_clients=min_clients))
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
