@@ -14,10 +14,11 @@ steps of 32, 2.5K clients, K per round); round 1 warms up, round 2 is counted. "
 costs outside its steps (building the schedule, stacking weights, the uploads). "vmap calls/step" is
 ``vec/groups_per_step``. DaFKD's server distillation is cut to one short step (it is not a client step).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_ops.py [--rows lenet5:8 lenet5:32 resnet8:8 dafkd:8]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_ops.py [--rows lenet5:8 lenet5:32 resnet8:8]
         [--variants sequential vectorised "vectorised, unpadded"]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_ops.py --rows dafkd:8 --name host_ops_dafkd   # ~30 min
 
-Writes ``benchmarks/results/host_ops.{json,md}`` (``--out`` elsewhere).
+Writes ``benchmarks/results/host_ops.{json,md}`` (``--out``, ``--name`` elsewhere).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -96,10 +98,11 @@ def count(overrides: list[str], k: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", nargs="+", default=["lenet5:8", "lenet5:32", "resnet8:8", "dafkd:8"],
+    ap.add_argument("--rows", nargs="+", default=["lenet5:8", "lenet5:32", "resnet8:8"],
                     help="workload:clients-per-round, workloads " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--name", default="host_ops", help="file name of the results (OUT/NAME.json, OUT/NAME.md)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     # mark the steps: the sequential runner's batches, or the lockstep's steps (one level only: a client's batches
@@ -126,16 +129,19 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} thread, torch {torch.__version__}"
-    (out / "host_ops.json").write_text(json.dumps({"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M"),
-                                                   "rows": rows}, indent=1))
-    lines = [f"# Host ops per local step of a round's clients ({machine}, {time.strftime('%Y-%m-%d %H:%M')})", "",
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    (out / f"{args.name}.json").write_text(json.dumps({"machine": machine, "commit": commit,
+                                                   "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, indent=1))
+    lines = [f"# Host ops per local step of a round's clients ({machine}, commit {commit}, "
+             f"{time.strftime('%Y-%m-%d %H:%M')})", "",
              "| workload | K | variant | ops per step of K clients | vmap calls/step | ops per round outside steps |",
              "| --- | ---: | --- | ---: | ---: | ---: |"]
     for r in rows:
         g = "" if r["groups_per_step"] is None else f"{r['groups_per_step']:.2f}"
         lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['variant']} | {r['ops_per_step']:.0f} | {g} "
                      f"| {r['ops_per_round_outside_steps']} |")
-    (out / "host_ops.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
