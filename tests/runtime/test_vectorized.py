@@ -16,7 +16,8 @@ from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.algorithms.training import OptimSpec
 from fedray.algorithms.training import IGNORE_LABEL
-from fedray.runtime.vectorized import StackedOptimizer, _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
+from fedray.runtime.stacked_optimizer import StackedOptimizer
+from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
