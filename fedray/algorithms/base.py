@@ -172,6 +172,11 @@ class ClientContext:
         return ClientBatches(self.x, self.y, index, self.spec.mean, self.spec.std)
 
 
+def defining_class(cls: type, name: str) -> type:
+    """The class in ``cls``'s MRO whose own body defines ``name`` (what a method's override reaches)."""
+    return next(c for c in cls.__mro__ if name in vars(c))
+
+
 def local_step_count(fed: FederationConfig, num_samples: int) -> int:
     """A client's optimizer steps per round: ``local_steps``, or ``local_epochs`` passes over its data."""
     if fed.local_epochs is not None:

@@ -27,6 +27,7 @@ from fedray.algorithms.base import (
     ServerState,
     Upload,
     Weights,
+    defining_class,
 )
 from fedray.algorithms.cached import CacheParams, ModelCache, init_cache, update_cache
 from fedray.algorithms.training import LocalTraining, run_local_training
@@ -111,8 +112,7 @@ class FedAvg(Algorithm):
         return F.cross_entropy(model(x), y)
 
     def _local_loss_paddable(self) -> bool:
-        owner = next(c for c in type(self).__mro__ if "local_loss" in vars(c))
-        return bool(vars(owner).get("local_loss_paddable", False))
+        return bool(vars(defining_class(type(self), "local_loss")).get("local_loss_paddable", False))
 
     def make_anchor(self, model: torch.nn.Module, ctx: ClientContext | None = None, payload: Any = None) -> Any:
         """What the local loss may compare against (the received global model, a teacher); None for FedAvg."""

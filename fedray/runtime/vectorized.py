@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, vmap
 
-from fedray.algorithms.base import Algorithm, ClientContext, ClientResult
+from fedray.algorithms.base import Algorithm, ClientContext, ClientResult, defining_class
 from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss,
                                        step_means)
 from fedray.data.federated import to_device, to_float
@@ -262,10 +262,7 @@ def vectorize_enabled(setting: Any, device: torch.device, algo_cls: type) -> boo
     if not (device.type == "cuda" if setting == "auto" else bool(setting)):
         return False
 
-    def owner(name: str) -> type:
-        return next(c for c in algo_cls.__mro__ if name in vars(c))
-
-    planned, update = owner("local_training"), owner("client_update")
+    planned, update = defining_class(algo_cls, "local_training"), defining_class(algo_cls, "client_update")
     return planned is not Algorithm and issubclass(planned, update)
 
 
