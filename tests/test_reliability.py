@@ -384,3 +384,16 @@ def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog):
         cluster.shutdown()
     assert result.summary["rounds"] == 5 and result.summary["eval/accuracy"] > 0.1
     assert "the pool shrinks to 1" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_is_finite_finds_a_single_bad_value_in_any_float_tensor_of_an_upload(dtype, bad):
+    from fedray.algorithms.fedavg import ModelUpload
+    from fedray.runtime.core import is_finite
+
+    weights = {"a": torch.ones(3, 4, dtype=dtype), "b": torch.zeros(7, dtype=dtype), "n": torch.tensor(2)}
+    assert is_finite(ModelUpload(weights=weights, num_samples=5))
+    weights["b"][5] = bad
+    assert not is_finite(ModelUpload(weights=weights, num_samples=5))
+    assert not is_finite([{"x": torch.ones(2, requires_grad=True) * bad}])

@@ -347,11 +347,14 @@ class PersonalisedAlgorithm(Algorithm):
     def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish, paddable: bool = False) -> Any:
         """A :class:`~fedray.algorithms.training.LocalTraining` of the client's own model from its state;
         ``finish(model, metrics, new_state)`` builds the result."""
-        from fedray.algorithms.training import LocalTraining
+        from fedray.algorithms.training import LocalTraining, is_weights_only, weights_only
+
+        def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+            return finish(m, metrics, self.keep(ctx, state, m))
 
         model = self.load_own_model(ctx, state)
         return LocalTraining(model=model, start=state.weights, loss=loss, paddable=paddable,
-                             finish=lambda m, metrics: finish(m, metrics, self.keep(ctx, state, m)))
+                             finish=weights_only(own_finish) if is_weights_only(finish) else own_finish)
 
     @staticmethod
     def keep(ctx: ClientContext, state: PersonalModel, model: torch.nn.Module) -> PersonalModel:

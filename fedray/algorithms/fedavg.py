@@ -30,7 +30,7 @@ from fedray.algorithms.base import (
     defining_class,
 )
 from fedray.algorithms.cached import CacheParams, ModelCache, init_cache, update_cache
-from fedray.algorithms.training import LocalTraining, run_local_training
+from fedray.algorithms.training import LocalTraining, run_local_training, weights_only
 from fedray.algorithms.weights import clone_weights, weighted_average
 from fedray.models import build_model
 
@@ -128,9 +128,14 @@ class FedAvg(Algorithm):
         model.load_state_dict(payload.weights)
         model.train()
         anchor = self.make_anchor(model, ctx, payload)  # from the payload alone: the same for every client
+
+        def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+            return ClientResult(self.make_upload(ctx, m), None, metrics)
+
+        if defining_class(type(self), "make_upload") is FedAvg:  # clone_weights(model): nothing else read
+            weights_only(finish)
         return LocalTraining(model=model, start=payload.weights, loss=lambda m, x, y: self.local_loss(m, x, y, anchor),
-                             finish=lambda m, metrics: ClientResult(self.make_upload(ctx, m), None, metrics),
-                             paddable=self._local_loss_paddable())
+                             finish=finish, paddable=self._local_loss_paddable())
 
     def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
         return run_local_training(ctx, self.local_training(ctx, payload, state))

@@ -53,7 +53,7 @@ from fedray.algorithms.distill import kd_kl, normalised_entropy, soft_targets
 from fedray.algorithms.feddf import require_server_data
 from fedray.algorithms.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
 from fedray.algorithms.subspace import projection_cosine, projector, subspace_weights
-from fedray.algorithms.training import LocalTraining, run_local_training
+from fedray.algorithms.training import LocalTraining, run_local_training, weights_only
 from fedray.algorithms.weights import clone_weights, weighted_average
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
@@ -161,6 +161,7 @@ class FedD3A(Algorithm):
         glob.load_state_dict(payload.weights)
         proj = self.client_projector(ctx, glob)
         if not self.heterogeneous:
+            @weights_only
             def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
                 upload = FedD3AUpload(weights=clone_weights(m), architecture=self.cfg.model.name,
                                       num_samples=ctx.num_samples, projector=proj)
@@ -178,6 +179,7 @@ class FedD3A(Algorithm):
                 t = glob(x)
             return F.cross_entropy(z, y) + w * kd_kl(z, t, self.params.temperature)
 
+        @weights_only
         def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
             new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(m))
             upload = FedD3AUpload(weights=new.weights, architecture=state.architecture, num_samples=ctx.num_samples,

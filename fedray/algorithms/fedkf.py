@@ -58,7 +58,8 @@ from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Pay
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
-from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, make_optimizer, module_dict
+from fedray.algorithms.training import (OptimSpec, StepwiseTraining, Update, is_weights_only, make_optimizer, module_dict,
+                                       weights_only)
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_device
 from fedray.models import build_model
@@ -213,8 +214,11 @@ class FedKF(FedAvg):
         if not self.distills(ctx.round):
             plan = super().local_training(ctx, ModelPayload(weights=payload.weights), None)
             fedavg_finish = plan.finish  # FedAvg's result, with the generator state left as it is
-            return dataclasses.replace(plan, finish=lambda m, metrics: dataclasses.replace(fedavg_finish(m, metrics),
-                                                                                         state=state))
+
+            def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+                return dataclasses.replace(fedavg_finish(m, metrics), state=state)
+
+            return dataclasses.replace(plan, finish=weights_only(finish) if is_weights_only(fedavg_finish) else finish)
         p = self.params
         mods: FedKFModules = ctx.modules
         teacher = mods.teacher  # frozen and the same for every client of the round

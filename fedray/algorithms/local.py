@@ -27,7 +27,7 @@ from fedray.algorithms.base import (
     ServerState,
     Upload,
 )
-from fedray.algorithms.training import LocalTraining, run_local_training
+from fedray.algorithms.training import LocalTraining, run_local_training, weights_only
 
 
 @dataclass
@@ -56,7 +56,8 @@ class Local(PersonalisedAlgorithm):
 
     def local_training(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> LocalTraining:
         return self.own_training(ctx, state, lambda m, x, y: F.cross_entropy(m(x), y),
-                                 lambda m, metrics, new: ClientResult(EmptyUpload(), new, metrics), paddable=True)
+                                 weights_only(lambda m, metrics, new: ClientResult(EmptyUpload(), new, metrics)),
+                                 paddable=True)
 
     def client_update(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> ClientResult:
         return run_local_training(ctx, self.local_training(ctx, payload, state))

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.algorithms.base import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
 from fedray.algorithms.fedavg import FedAvg, ModelPayload, ModelState
-from fedray.algorithms.training import LocalTraining
+from fedray.algorithms.training import LocalTraining, weights_only
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_float
 
@@ -97,6 +97,7 @@ class QFFL(FedAvg):
         loss = self.local_objective(ctx, model)  # F_k(w), before training
         plan = super().local_training(ctx, payload, state)  # FedAvg's local SGD from the same w
 
+        @weights_only
         def finish(trained: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
             delta, h = qffl_terms(payload.weights, clone_weights(trained), loss, self.params.q, ctx.fed.lr)
             return ClientResult(QFFLUpload(delta=delta, h=h), None, {**metrics, "train/loss_before": loss})

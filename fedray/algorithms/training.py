@@ -23,7 +23,9 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
   batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full ones: exact up to rounding.
 - ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
   it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
-  logits on the shared batch).
+  logits on the shared batch). A ``finish`` marked :func:`weights_only` reads the model only through
+  ``model.state_dict()`` (``clone_weights``): the batched runner may then give it the client's weights on the
+  host without loading them into the module.
 """
 
 from __future__ import annotations
@@ -117,6 +119,20 @@ class StepwiseTraining:
     optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     batches: ClientBatches | None = None
     paddable: bool = False
+
+
+def weights_only(finish: Callable) -> Callable:
+    """Marks ``finish`` (a :class:`LocalTraining`'s) as reading its model only through ``model.state_dict()``, as
+    ``clone_weights`` does. The batched runner then copies all its clients' trained weights to the host at once and
+    hands ``finish`` a stand-in whose ``state_dict()`` is the client's share of that copy, instead of loading each
+    client's weights into the module and copying them back tensor by tensor (on a GPU, a kernel launch and a
+    synchronising copy per tensor and client). A function that calls a marked ``finish`` is not marked itself."""
+    finish.weights_only = True  # type: ignore[attr-defined]
+    return finish
+
+
+def is_weights_only(finish: Callable) -> bool:
+    return bool(getattr(finish, "weights_only", False))
 
 
 def make_optimizer(params, fed: Any) -> torch.optim.Optimizer:

@@ -33,8 +33,8 @@ import torch
 from torch.func import functional_call, vmap
 
 from fedray.algorithms.base import Algorithm, ClientContext, ClientResult, defining_class
-from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, split_loss,
-                                       step_means)
+from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update,
+                                       is_weights_only, split_loss, step_means, weights_only)
 from fedray.data.federated import to_device, to_float
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 
@@ -67,6 +67,8 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
         n = int(sums.pop("steps"))
         return plan.finish(modules["model"], step_means(sums, n))
 
+    if is_weights_only(plan.finish):
+        weights_only(finish)
     return StepwiseTraining(modules=torch.nn.ModuleDict({"model": plan.model}), start={"model": plan.start},
                             updates=[Update(loss=loss, groups={"model": OptimSpec.of(ctx.fed)})],
                             steps=ctx.num_local_steps(), inputs=lambda step: ({}, (True,)), finish=finish,
@@ -145,17 +147,21 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
     ``finish`` is called in order with the modules holding that client's trained weights. ``pad``: short batches
     of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``)."""
+    # a LocalTraining's finish takes no optimizer state: none is read out for it
+    keeps_optimizer = [not isinstance(p, LocalTraining) for p in plans]
     plans = [as_stepwise(c, p) if isinstance(p, LocalTraining) else p for c, p in zip(ctxs, plans)]
     modules, device, n = plans[0].modules, ctxs[0].device, len(plans)
     for name, weights in plans[0].start.items():  # non-persistent buffers, if any, come from here
         modules[name].load_state_dict(weights)
     modules.train()
-    state_keys = set(modules.state_dict())
+    state_keys = list(modules.state_dict())  # what a client's trained weights are, in state_dict order
 
     def stack(key: str, current: torch.Tensor) -> torch.Tensor:
         name, sub = key.split(".", 1)
-        return torch.stack([(p.start[name][sub] if sub in p.start[name] else current).detach().to(device)
-                            for p in plans])
+        starts = [p.start[name][sub] if sub in p.start[name] else current for p in plans]
+        if all(t is starts[0] for t in starts):  # one start for all (the round's global model): copied once
+            return starts[0].detach().to(device).expand(n, *starts[0].shape).clone()
+        return torch.stack([t.detach().to(device) for t in starts])
 
     params = {k: stack(k, v).requires_grad_(True) for k, v in modules.named_parameters()}
     buffers = {k: stack(k, v) for k, v in modules.named_buffers()}
@@ -217,18 +223,59 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                                               for i in members]) for name in updates[u].groups}
                 per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
             opt.step(active, per_key)
-    sums_cpu = {k: v.cpu() for k, v in sums.items()}
+    sums_cpu = {k: v.cpu().tolist() for k, v in sums.items()}
+    trained = {**params, **buffers}
+    order = [k for k in state_keys if k in trained]
+    host = _host_rows([trained[k] for k in order]) if any(is_weights_only(p.finish) for p in plans) else None
     results = []
     for i, plan in enumerate(plans):
-        weights = {k: v[i].detach() for k, v in {**params, **buffers}.items() if k in state_keys}
-        plan.modules.load_state_dict(weights)
-        figures = {k: float(v[i]) for k, v in sums_cpu.items()}
+        if host is not None and is_weights_only(plan.finish):
+            model: Any = _HostWeights(dict(zip(order, host[i])))
+        else:
+            plan.modules.load_state_dict({k: trained[k][i].detach() for k in order})
+            model = plan.modules
+        figures = {k: v[i] for k, v in sums_cpu.items()}
         figures["steps"] = float(plan.steps)
-        results.append(plan.finish(plan.modules, figures, {k: v for opt in opts for k, v in opt.client_state(i).items()}))
+        opt_state = {k: v for opt in opts for k, v in opt.client_state(i).items()} if keeps_optimizer[i] else {}
+        results.append(plan.finish(model, figures, opt_state))
         # how well the lockstep batched: 1 when every step was one vmapped call per update; each short batch
         # or differing flag splits a step into one more call (benchmarks/gpu.py reports it)
         results[-1].metrics["vec/groups_per_step"] = group_count / max(step_count, 1)
     return results
+
+
+class _HostWeights:
+    """What a :func:`~fedray.algorithms.training.weights_only` ``finish`` gets as its model: ``state_dict()`` is the
+    client's trained weights on the host (views of the round's one copy; ``clone_weights`` copies them), and
+    ``[name]`` the part of a module of a ``ModuleDict``."""
+
+    def __init__(self, weights: dict[str, torch.Tensor]):
+        self._weights = weights
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self._weights)
+
+    def __getitem__(self, name: str) -> "_HostWeights":
+        prefix = name + "."
+        return _HostWeights({k[len(prefix):]: v for k, v in self._weights.items() if k.startswith(prefix)})
+
+
+def _host_rows(stacked: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Per client, its row of each of the ``stacked`` tensors (client axis first), on the host: the rows of all
+    tensors of a dtype are concatenated on the device and copied in one go, then cut into views, so K clients'
+    weights cost a copy per dtype rather than one (a synchronising one on a GPU) per tensor and client."""
+    n = stacked[0].shape[0]
+    rows: list[list[Any]] = [[None] * len(stacked) for _ in range(n)]
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for j, t in enumerate(stacked):
+        by_dtype.setdefault(t.dtype, []).append(j)
+    for members in by_dtype.values():
+        flat = torch.cat([stacked[j].detach().reshape(n, -1) for j in members], dim=1).cpu()
+        sizes = [stacked[j][0].numel() for j in members]
+        for i in range(n):
+            for j, part in zip(members, flat[i].split(sizes)):
+                rows[i][j] = part.view(stacked[j].shape[1:])
+    return rows
 
 
 def _couples_rows(modules: torch.nn.Module) -> bool:

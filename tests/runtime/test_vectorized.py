@@ -14,8 +14,7 @@ from fedray.algorithms.qffl import QFFL
 from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
-from fedray.algorithms.training import OptimSpec
-from fedray.algorithms.training import IGNORE_LABEL
+from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only, weights_only
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
@@ -201,6 +200,66 @@ def test_batched_inputs_are_each_clients_batches_and_padded_rows_are_ignored():
             for p in range(2):
                 assert sorted(torch.cat(seen[p * per_pass:(p + 1) * per_pass]).tolist()) == list(range(ctx.num_samples))
         assert len(rows.groups) == 10 and all(len(step) == (2 if s < 6 else 1) for s, step in enumerate(rows.groups))
+
+
+def _plans(cfg, client_ids):
+    """(runtime, contexts, plans) of round 1 for ``client_ids``, built as a worker builds them."""
+    data = build_federated_data(cfg.data, cfg.seed)
+    rt = make_runtime(cfg, data)
+    algo = rt.worker.algo
+    ctxs, plans = [], []
+    for c in client_ids:
+        ctx, state = rt.worker._context(1, c, None)
+        ctxs.append(ctx)
+        plans.append(algo.local_training(ctx, rt.server.broadcast(1)[0], state))
+    return rt, ctxs, plans
+
+
+@pytest.mark.parametrize("name, marked", [
+    ("fedavg_sgd_momentum", True), ("fedprox", True), ("qffl", True), ("fedgkd", True), ("fedkf_warmup", True),
+    ("local_heterogeneous", True), ("fedd3a", True), ("fedd3a_heterogeneous", True),
+    ("fedcd", False), ("feddistill", False)])  # their finish runs the model (logits on the shared batch)
+def test_finishes_that_only_copy_the_weights_say_so(name, marked):
+    rt, _, plans = _plans(validate_experiment(tiny_config(**COVERED[name])), [3, 4])
+    with rt:
+        assert [is_weights_only(p.finish) for p in plans] == [marked] * 2
+
+
+def test_a_subclass_whose_upload_reads_the_model_is_not_weights_only():
+    class Probing(FedAvg):  # an upload that runs the model: it must get the module, not a stand-in
+        def make_upload(self, ctx, model):
+            return super().make_upload(ctx, model)
+
+    cfg = validate_experiment(tiny_config())
+    rt, ctxs, plans = _plans(cfg, [3])
+    with rt:
+        plan = Probing(cfg, rt.worker.algo.spec).local_training(ctxs[0], rt.server.broadcast(1)[0], None)
+        assert not is_weights_only(plan.finish)
+
+
+def test_a_weights_only_finish_gets_each_clients_weights_from_one_host_copy():
+    """Batched, FedAvg's finish is handed a stand-in holding the client's trained weights (not the module loaded
+    with them), with the same upload as the module path; the upload's tensors own their memory (pickled, an
+    upload is one model, not the round's stacked copy)."""
+    cfg = validate_experiment(tiny_config(runtime__vectorize=True, model__name="resnet8_bn"))
+    uploads, given = [], []
+    for marked in (True, False):
+        rt, ctxs, plans = _plans(cfg, [3, 4, 5])
+        with rt:
+            for p in plans:
+                inner = p.finish
+                p.finish = (lambda m, metrics, f=inner: given.append((marked, m)) or f(m, metrics))
+                if marked:
+                    weights_only(p.finish)
+            uploads.append([r.upload.weights for r in train_vectorized(ctxs, plans)])
+    assert all(isinstance(m, torch.nn.Module) is not marked for marked, m in given)
+    for a, b in zip(*uploads):
+        assert list(a) == list(b)  # state_dict order
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        for t in a.values():
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    first = next(iter(uploads[0][0]))
+    assert not torch.equal(uploads[0][0][first], uploads[0][1][first])  # each client's own weights
 
 
 def test_stacked_optimizer_continues_a_saved_state_as_torch_optim_does():
