@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from fedray.algorithms import optim
 from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, ClientState, DiagnosticProbe, Payload,
                                     ServerContext, ServerState, Upload, Weights)
 from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
@@ -229,10 +230,10 @@ class DaFKD(Algorithm):
         return s, (torch.cat(fs) if fs else None)
 
     # --- client (Alg. 1 lines 15-26) ----------------------------------------------------------------
-    def _local_optimizer(self, groups: list[dict], fed) -> torch.optim.Optimizer:
+    def _local_optimizer(self, groups: list[dict], fed) -> optim.SGD | optim.Adam:
         if fed.optimizer == "adam":
-            return torch.optim.Adam(groups, weight_decay=fed.weight_decay)
-        return torch.optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
+            return optim.Adam(groups, weight_decay=fed.weight_decay)
+        return optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
 
     def _gradient_penalty(self, m: DaFKDModules, real: torch.Tensor, fake: torch.Tensor,
                           rng: torch.Generator) -> torch.Tensor:
@@ -303,7 +304,7 @@ class DaFKD(Algorithm):
         opt = self._local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
                                      {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
         gen_params = list(m.generator.parameters())
-        opt_g = torch.optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
+        opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
         noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
         tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
         round_d, round_g, adv_steps = self._adversarial_steps(ctx, state)
@@ -311,7 +312,7 @@ class DaFKD(Algorithm):
             train_d = round_d and tot["steps"] < adv_steps
             train_g = round_g and tot["steps"] < adv_steps
             b = x.shape[0]
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             feats = m.model.features(x)
             ce = F.cross_entropy(m.model.head(feats), y)
             loss = ce

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fedray.algorithms import optim
 from fedray.algorithms.base import ServerContext, Weights
 from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targets
 from fedray.algorithms.ensemble import stacked_outputs
@@ -122,9 +123,9 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
     model.load_state_dict(start)
     model.eval()
     if p.distill_optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=p.distill_lr)
+        opt = optim.Adam(model.parameters(), lr=p.distill_lr)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=p.distill_lr, momentum=0.9)
+        opt: optim.SGD | optim.Adam = optim.SGD(model.parameters(), lr=p.distill_lr, momentum=0.9)
     rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "dafkd/distill-batches") % (1 << 63))
     n, bs = x.shape[0], p.distill_batch_size
     perm, pos, losses = torch.randperm(n, generator=rng), 0, []
@@ -136,7 +137,7 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
         loss = kd_kl_probs(model(x[idx]), teacher_probs[idx], p.temperature)
         if p.kd_reduction == "mean":  # the authors' nn.KLDivLoss(): averaged over the classes as well
             loss = loss / teacher_probs.shape[1]
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.detach())

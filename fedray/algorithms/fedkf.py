@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from fedray.algorithms import optim
 from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Payload, Weights
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
@@ -174,7 +175,7 @@ class FedKF(FedAvg):
 
     # --- client -----------------------------------------------------------------------------------
     def _load_generator(self, ctx: ClientContext,
-                        state: GeneratorState | None) -> tuple[GeneratorState, torch.optim.Adam]:
+                        state: GeneratorState | None) -> tuple[GeneratorState, optim.Adam]:
         mods: FedKFModules = ctx.modules
         if state is None:
             state = GeneratorState(client_id=ctx.client_id, weights=mods.generator_init)
@@ -183,23 +184,18 @@ class FedKF(FedAvg):
         gen = mods.generator
         gen.load_state_dict(state.weights)
         gen.train()
-        opt = torch.optim.Adam(gen.parameters(), lr=self.params.generator_lr)
+        opt = optim.Adam(gen.parameters(), lr=self.params.generator_lr)
         if self.params.persist_generator_optimizer and state.adam_step > 0:
-            saved = opt.state_dict()
-            saved["state"] = {
-                i: {"step": torch.tensor(float(state.adam_step)), "exp_avg": state.adam_exp_avg[name],
-                    "exp_avg_sq": state.adam_exp_avg_sq[name]}
-                for i, (name, _) in enumerate(gen.named_parameters())
-            }
-            opt.load_state_dict(saved)
+            for name, prm in gen.named_parameters():
+                opt.init_state(prm, state.adam_step, state.adam_exp_avg[name], state.adam_exp_avg_sq[name])
         return state, opt
 
-    def _save_generator(self, ctx: ClientContext, old: GeneratorState, opt: torch.optim.Adam) -> GeneratorState:
+    def _save_generator(self, ctx: ClientContext, old: GeneratorState, opt: optim.Adam) -> GeneratorState:
         gen = ctx.modules.generator
         new = GeneratorState(client_id=old.client_id, weights=clone_weights(gen), rounds=old.rounds + 1)
         if self.params.persist_generator_optimizer:
-            for i, (name, _) in enumerate(gen.named_parameters()):
-                st = opt.state.get(opt.param_groups[0]["params"][i], {})
+            for name, prm in gen.named_parameters():
+                st = opt.state.get(prm, {})
                 if not st:
                     continue
                 new.adam_step = int(st["step"])
@@ -308,7 +304,7 @@ class FedKF(FedAvg):
             ce = F.cross_entropy(student(x), y)
             kl = kl_teacher_student(student(x_hat.detach()), t_logits.detach())
             loss_s = ce + p.gamma * kl
-            opt_s.zero_grad(set_to_none=True)
+            opt_s.zero_grad()
             loss_s.backward()
             opt_s.step()
             # (2) generator against the frozen teacher, Eq. 2-5
@@ -316,7 +312,7 @@ class FedKF(FedAvg):
             loss_g = l_ie + p.lambda1 * l_oh + p.lambda2 * l_a
             if p.adversarial_kl:
                 loss_g = loss_g - p.gamma * kl_teacher_student(student(x_hat), t_logits.detach())
-            opt_g.zero_grad(set_to_none=True)
+            opt_g.zero_grad()
             loss_g.backward()
             opt_g.step()
             sums += torch.stack([t.detach() for t in (loss_s, ce, kl, loss_g, l_ie, l_oh, l_a)]).double()

@@ -18,6 +18,7 @@ from typing import Iterable
 
 import torch
 
+from fedray.algorithms import optim
 from fedray.algorithms.base import Weights
 from fedray.algorithms.distill import kd_kl_probs
 from fedray.algorithms.ensemble import stacked_outputs
@@ -77,9 +78,9 @@ def distil(model: torch.nn.Module, start: Weights, x: torch.Tensor, targets: tor
     n_val = int(len(x) * s.val_fraction) if s.patience > 0 else 0
     val, train = order[:n_val], order[n_val:]
     if s.optimizer == "adam":
-        opt = torch.optim.Adam(model.parameters(), lr=s.lr)
+        opt = optim.Adam(model.parameters(), lr=s.lr)
     else:
-        opt = torch.optim.SGD(model.parameters(), lr=s.lr, momentum=0.9)
+        opt: optim.SGD | optim.Adam = optim.SGD(model.parameters(), lr=s.lr, momentum=0.9)
     steps = max(1, int(round(s.epochs * -(-len(train) // s.batch_size))))
     best, best_weights, since, losses, pos, perm = -1.0, None, 0, [], 0, train[torch.randperm(len(train), generator=g)]
     stopped_at = steps
@@ -89,7 +90,7 @@ def distil(model: torch.nn.Module, start: Weights, x: torch.Tensor, targets: tor
         idx = perm[pos : pos + s.batch_size].to(x.device)
         pos += s.batch_size
         loss = kd_kl_probs(model(normalised(x[idx], spec)), targets[idx], s.temperature)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.detach())

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from fedray.algorithms import optim
 from fedray.algorithms.base import ClientContext, ClientResult, Weights
 from fedray.data.federated import ClientBatches
 
@@ -135,11 +136,11 @@ def is_weights_only(finish: Callable) -> bool:
     return bool(getattr(finish, "weights_only", False))
 
 
-def make_optimizer(params, fed: Any) -> torch.optim.Optimizer:
+def make_optimizer(params, fed: Any) -> optim.SGD | optim.Adam:
     """The local optimizer of ``federation.*``: SGD (momentum, weight decay) or Adam (weight decay)."""
     if fed.optimizer == "adam":
-        return torch.optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
-    return torch.optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
+        return optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
+    return optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
 
 
 def module_dict(owner: Any, **modules: torch.nn.Module) -> torch.nn.ModuleDict:
@@ -166,7 +167,7 @@ def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
     sums: dict[str, torch.Tensor] = {}
     steps = 0
     for x, y in ctx.batches():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss, aux = split_loss(plan.loss(model, x, y))
         loss.backward()
         opt.step()

@@ -48,9 +48,6 @@ class ClientWorker:
         torch.set_num_threads(torch_threads(cfg))
         self.cfg, self.algo_cls = cfg, algo_cls
         self.core: ClientWorkerCore | None = None
-        # Paid now, while the driver loads the data: the first optimizer imports torch's compiler stack
-        # (~1.7 s of CPU; see fedray.runtime.core._build).
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
     def ready(self) -> tuple[int, str, bool]:
         return os.getpid(), ray.get_runtime_context().get_node_id(), self.core is not None

@@ -56,16 +56,9 @@ def _to_device(modules: Any, device: torch.device) -> Any:
 
 
 def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
-           algo_cls: type[Algorithm] | None, warm_optimizer: bool = True) -> tuple[Algorithm, Any]:
+           algo_cls: type[Algorithm] | None) -> tuple[Algorithm, Any]:
     # The class travels with the task (cloudpickle) so algorithms registered by a user's script work too.
     algo = (algo_cls or get_algorithm(cfg.algorithm.name))(cfg, data_spec(data))
-    # The first optimizer a process builds imports torch's compiler stack (~1 s idle, far longer on a
-    # busy node where Ray runs workers at low priority). Paid here, it stays out of round 1's timings and
-    # out of runtime.client_timeout_s, which would otherwise drop healthy clients in round 1. Not on the
-    # server (``warm_optimizer=False``): most methods' servers never build one (FedAvg), and on Ray the
-    # server's start-up competes for the CPU with the workers'; a distilling server pays it in round 1.
-    if warm_optimizer:
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
     return algo, _to_device(algo.build_modules(), device)
@@ -195,7 +188,7 @@ class ServerCore:
     def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
                  algo_cls: type[Algorithm] | None = None):
         self.cfg, self.device = cfg, device
-        self.algo, self.modules = _build(cfg, data, device, algo_cls, warm_optimizer=False)
+        self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.algo.server_data = server_side_data(data, device)
         # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)

@@ -11,10 +11,9 @@ import torch
 from torch.optim.adam import adam as adam_functional
 from torch.optim.sgd import sgd as sgd_functional
 
+from fedray.algorithms.optim import ADAM_EPS
 from fedray.algorithms.training import OptimSpec
 from fedray.data.federated import to_device
-
-ADAM_EPS = 1e-8  # torch.optim.Adam's default, which make_optimizer and OptimSpec use
 
 
 class StackedOptimizer:
