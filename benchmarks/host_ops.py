@@ -11,7 +11,8 @@ counted again) per step of all K clients of a round, for
 
 Same workloads as ``gpu.py`` (synthetic 1x28x28 data the size of Fashion-MNIST, alpha = 0.1, 20 local SGD
 steps of 32, 2.5K clients, K per round); round 1 warms up, round 2 is counted. "Per round" is what the round
-costs outside its steps (building the schedule, stacking weights, the uploads). "vmap calls/step" is
+costs outside its steps (building the schedule, stacking weights, the uploads), of which "server" is the server's
+aggregation (host tensors, no kernel launches even on a GPU). "vmap calls/step" is
 ``vec/groups_per_step``. DaFKD's server distillation is cut to one short step (it is not a client step).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_ops.py [--rows lenet5:8 lenet5:32 resnet8:8]
@@ -43,9 +44,11 @@ from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.runtime import make_runtime  # noqa: E402
 from fedray.runtime import vectorized  # noqa: E402
+from fedray.runtime.core import ServerCore  # noqa: E402
 from fedray.seeding import sample_clients  # noqa: E402
 
 STEP = "host_ops/step"
+SERVER = "host_ops/server"
 WORKLOADS = {"lenet5": "fedavg_lenet5", "resnet8": "fedavg_resnet8", "dafkd": "dafkd_resnet11"}
 # DaFKD's server distillation (100 steps of 1,024 generated images through 8 ResNet-11 teachers) takes minutes a
 # round on a CPU and runs outside the clients' steps counted here: cut short
@@ -80,19 +83,21 @@ def count(overrides: list[str], k: int) -> dict:
     top = [e for e in prof.events() if e.name.startswith("aten::")
            and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
 
-    def step_of(e):
-        while e is not None and e.name != STEP:
+    def range_of(e, name):
+        while e is not None and e.name != name:
             e = e.cpu_parent
         return e
 
-    owners = [step_of(e) for e in top]
+    owners = [range_of(e, STEP) for e in top]
     stepped = sum(o is not None for o in owners)
+    server = sum(range_of(e, SERVER) is not None for e in top)
     marks = len({id(o) for o in owners if o is not None})  # steps that ran ops (not the final, empty next())
     vectorised = "runtime.vectorize=true" in overrides
     # a lockstep step is one mark per worker; sequentially each client's step is one, K of them a round step
     round_steps = marks if vectorised else marks / k
     groups = [i["vec/groups_per_step"] for i in out.client_infos if "vec/groups_per_step" in i]
     return {"ops_per_step": stepped / max(round_steps, 1), "ops_per_round_outside_steps": len(top) - stepped,
+            "server_ops_per_round": server,
             "steps": round_steps, "groups_per_step": groups[0] if groups else None, "profiled_round_s": seconds}
 
 
@@ -108,6 +113,13 @@ def main() -> None:
     # mark the steps: the sequential runner's batches, or the lockstep's steps (one level only: a client's batches
     # drawn inside a lockstep step would open ranges that outlive it)
     batches, lockstep = ClientContext.batches, vectorized._lockstep
+    aggregate = ServerCore.aggregate
+
+    def marked_aggregate(self, *args):
+        with record_function(SERVER):
+            return aggregate(self, *args)
+
+    ServerCore.aggregate = marked_aggregate
 
     def mark(vectorised: bool) -> None:
         ClientContext.batches = batches if vectorised else (lambda self: _marked(batches(self)))
@@ -135,12 +147,13 @@ def main() -> None:
                                                    "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}, indent=1))
     lines = [f"# Host ops per local step of a round's clients ({machine}, commit {commit}, "
              f"{time.strftime('%Y-%m-%d %H:%M')})", "",
-             "| workload | K | variant | ops per step of K clients | vmap calls/step | ops per round outside steps |",
-             "| --- | ---: | --- | ---: | ---: | ---: |"]
+             "| workload | K | variant | ops per step of K clients | vmap calls/step | ops per round outside steps "
+             "| of which server |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
         g = "" if r["groups_per_step"] is None else f"{r['groups_per_step']:.2f}"
         lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['variant']} | {r['ops_per_step']:.0f} | {g} "
-                     f"| {r['ops_per_round_outside_steps']} |")
+                     f"| {r['ops_per_round_outside_steps']} | {r['server_ops_per_round']} |")
     (out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
