@@ -122,10 +122,8 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
     p, model = algo.params, ctx.modules.model
     model.load_state_dict(start)
     model.eval()
-    if p.distill_optimizer == "adam":
-        opt = optim.Adam(model.parameters(), lr=p.distill_lr)
-    else:
-        opt: optim.SGD | optim.Adam = optim.SGD(model.parameters(), lr=p.distill_lr, momentum=0.9)
+    opt = (optim.Adam(model.parameters(), lr=p.distill_lr) if p.distill_optimizer == "adam"
+           else optim.SGD(model.parameters(), lr=p.distill_lr, momentum=0.9))
     rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "dafkd/distill-batches") % (1 << 63))
     n, bs = x.shape[0], p.distill_batch_size
     perm, pos, losses = torch.randperm(n, generator=rng), 0, []

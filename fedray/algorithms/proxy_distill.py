@@ -77,10 +77,8 @@ def distil(model: torch.nn.Module, start: Weights, x: torch.Tensor, targets: tor
     order = torch.randperm(len(x), generator=g)
     n_val = int(len(x) * s.val_fraction) if s.patience > 0 else 0
     val, train = order[:n_val], order[n_val:]
-    if s.optimizer == "adam":
-        opt = optim.Adam(model.parameters(), lr=s.lr)
-    else:
-        opt: optim.SGD | optim.Adam = optim.SGD(model.parameters(), lr=s.lr, momentum=0.9)
+    opt = (optim.Adam(model.parameters(), lr=s.lr) if s.optimizer == "adam"
+           else optim.SGD(model.parameters(), lr=s.lr, momentum=0.9))
     steps = max(1, int(round(s.epochs * -(-len(train) // s.batch_size))))
     best, best_weights, since, losses, pos, perm = -1.0, None, 0, [], 0, train[torch.randperm(len(train), generator=g)]
     stopped_at = steps

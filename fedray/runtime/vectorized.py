@@ -145,7 +145,8 @@ def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[
 def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining],
                      pad: bool = True) -> list[ClientResult]:
     """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
-    ``finish`` is called in order with the modules holding that client's trained weights. ``pad``: short batches
+    ``finish`` is called in order with the modules holding that client's trained weights (a ``weights_only`` one
+    with a stand-in holding them on the host: all clients' weights leave the device in one copy). ``pad``: short batches
     of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``)."""
     # a LocalTraining's finish takes no optimizer state: none is read out for it
     keeps_optimizer = [not isinstance(p, LocalTraining) for p in plans]
