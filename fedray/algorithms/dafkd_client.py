@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedray.algorithms.base import ClientContext, ClientResult
-from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, module_dict
+from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, module_dict, weights_only
 
 if TYPE_CHECKING:
     from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDPayload
@@ -67,6 +67,9 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
 
     def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
         return algo._result(ctx, view(mods), payload, state, algo._metrics(sums, round_d, round_g, adv_steps))
+
+    if not p.private_discriminator:  # then _result only clones the weights; else it runs the trained modules
+        weights_only(finish)
 
     gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
     return StepwiseTraining(

@@ -123,8 +123,8 @@ class StepwiseTraining:
 
 
 def weights_only(finish: Callable) -> Callable:
-    """Marks ``finish`` (a :class:`LocalTraining`'s) as reading its model only through ``model.state_dict()``, as
-    ``clone_weights`` does. The batched runner then copies all its clients' trained weights to the host at once and
+    """Marks ``finish`` (a :class:`LocalTraining`'s or :class:`StepwiseTraining`'s) as reading its model (modules)
+    only through ``state_dict()``, as ``clone_weights`` does. The batched runner then copies all its clients' trained weights to the host at once and
     hands ``finish`` a stand-in whose ``state_dict()`` is the client's share of that copy, instead of loading each
     client's weights into the module and copying them back tensor by tensor (on a GPU, a kernel launch and a
     synchronising copy per tensor and client). A function that calls a marked ``finish`` is not marked itself."""

@@ -215,12 +215,13 @@ def _plans(cfg, client_ids):
     return rt, ctxs, plans
 
 
-@pytest.mark.parametrize("name, marked", [
-    ("fedavg_sgd_momentum", True), ("fedprox", True), ("qffl", True), ("fedgkd", True), ("fedkf_warmup", True),
-    ("local_heterogeneous", True), ("fedd3a", True), ("fedd3a_heterogeneous", True),
-    ("fedcd", False), ("feddistill", False)])  # their finish runs the model (logits on the shared batch)
-def test_finishes_that_only_copy_the_weights_say_so(name, marked):
-    rt, _, plans = _plans(validate_experiment(tiny_config(**COVERED[name])), [3, 4])
+@pytest.mark.parametrize("kw, marked", [
+    *[(COVERED[name], True) for name in ("fedavg_sgd_momentum", "fedprox", "qffl", "fedgkd", "fedkf_warmup",
+                                         "local_heterogeneous", "fedd3a", "fedd3a_heterogeneous", "dafkd")],
+    (COVERED["fedcd"], False), (COVERED["feddistill"], False),  # their finish runs the model (shared-batch logits)
+    (dict(DAFKD, algorithm__private_discriminator=True), False)])  # runs the modules on the distillation set
+def test_finishes_that_only_copy_the_weights_say_so(kw, marked):
+    rt, _, plans = _plans(validate_experiment(tiny_config(**kw)), [3, 4])
     with rt:
         assert [is_weights_only(p.finish) for p in plans] == [marked] * 2
 
