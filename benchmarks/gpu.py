@@ -9,8 +9,16 @@ of round 1. "vmap calls/step" (vectorised rows) is the runs' ``vec/groups_per_st
 lockstep step, 1 when all of a worker's clients ran as one.
 Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 80 % busy.
 
-    python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray]
-    .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g   # a dry run here
+``--profile``: after the table, each in-process FedAvg row is run once more for 3 rounds with round 2 under
+``torch.profiler`` (CPU and CUDA activity), for where a round's time goes: its top-level ``aten::`` ops, the GPU's
+kernels and copies, calls that make the host wait for the GPU (``cudaStreamSynchronize``,
+``cudaDeviceSynchronize``, ``cudaEventSynchronize``, ``cudaMemcpy``), ``cudaMemcpyAsync`` calls, and the
+kernels' summed time over the profiled round's wall time (the profiler slows the host, so this share is a
+lower bound). Written to ``OUT/gpu_profile.json`` and a second table in ``OUT/gpu.md``. DaFKD rows are left
+out: a trace of their rounds holds millions of events.
+
+    python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray] [--profile]
+    .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g --profile  # dry run
 
 Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named) after every row, so a run cut off by
 a time limit still leaves the rows it finished (the table's title says "partial" until the last row); a row
@@ -94,6 +102,60 @@ class RecordAfterRound1:
         self.sampler.recording.clear()
 
 
+WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+class ProfileRound2:
+    """A run hook: ``torch.profiler`` over round 2 (started when round 1 ends, stopped when round 2 does)."""
+
+    def __init__(self, device: str):
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        self.prof, self.rounds, self.wall = profile(activities=activities), 0, 0.0
+
+    def on_start(self, cfg, data) -> None:
+        pass
+
+    def on_round(self, row: dict) -> None:
+        self.rounds += 1
+        if self.rounds == 1:
+            self.prof.start()
+            self.t0 = time.perf_counter()
+        elif self.rounds == 2:
+            self.prof.stop()
+            self.wall = time.perf_counter() - self.t0
+
+    def on_end(self, result) -> None:
+        pass
+
+    def on_error(self, exc: BaseException) -> None:
+        pass
+
+    def figures(self) -> dict:
+        events = self.prof.events()
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        top = [e for e in events if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+        kernel_s = sum(e.device_time for e in kernels) / 1e6  # device_time: microseconds
+        return {"round_wall_s": self.wall, "aten_ops": len(top), "kernels": len(kernels),
+                "waits": sum(e.name in WAITS for e in events),
+                "memcpy_async": sum(e.name == "cudaMemcpyAsync" for e in events),
+                "kernel_time_share": kernel_s / self.wall if kernels and self.wall else None}
+
+
+def profile_row(name: str, overrides: list[str], device: str) -> dict:
+    """One more 3-round run of a row, with round 2 profiled (no evaluation)."""
+    hook = ProfileRound2(device)
+    cfg = load_config(None, [o for o in overrides if not o.startswith(("federation.rounds=", "federation.eval_every="))]
+                      + ["federation.rounds=3", "federation.eval_every=1000"])
+    try:
+        run_experiment(cfg, progress=False, hooks=[hook])
+    except Exception as exc:  # as in run_row: the next row still runs
+        return {"row": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {"row": name, **hook.figures()}
+
+
 def run_row(name: str, overrides: list[str]) -> dict:
     cfg = load_config(None, overrides)
     sampler = BusySampler()
@@ -116,6 +178,17 @@ def run_row(name: str, overrides: list[str]) -> dict:
             "wall_s": time.perf_counter() - t0}
 
 
+def profile_rows(record: dict, args: argparse.Namespace) -> None:
+    """``--profile``: round 2 of each in-process FedAvg row measured so far, under the profiler."""
+    for row in record["rows"]:
+        if row["where"] == "in-process" and row["workload"].startswith("fedavg") and not row.get("error"):
+            record["profiled"].append({"workload": row["workload"], "clients_per_round": row["clients_per_round"],
+                                       "vectorize": row["vectorize"],
+                                       **profile_row(row["row"], row["overrides"], args.device)})
+            print(json.dumps(record["profiled"][-1]), flush=True)
+            write(record, Path(args.out), done=False)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/gpu")
@@ -126,6 +199,7 @@ def main() -> None:
     ap.add_argument("--ray-per-round", type=int, nargs="+", default=None,
                     help="clients-per-round values that also get Ray rows (default: all of --per-round)")
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="also profile round 2 of each in-process FedAvg row")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
@@ -143,7 +217,10 @@ def main() -> None:
     with_ray = has_ray and args.device == "cuda"
     plan = [("in-process", [], k) for k in args.per_round] + [("ray", RAY, k) for k in args.per_round
                                                                  if with_ray and k in ray_ks]
-    for where, extra, k in plan:
+    profiled = record["profiled"] = []
+    for i, (where, extra, k) in enumerate(plan):
+        if args.profile and where == "ray" and plan[i - 1][0] != "ray":
+            profile_rows(record, args)  # before the Ray rows: the targets are the in-process rows'
         common = BASE + [f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
                          f"data.num_clients={int(2.5 * k)}", f"federation.clients_per_round={k}",
                          f"runtime.device={args.device}"]
@@ -156,6 +233,8 @@ def main() -> None:
                 shown = ("row", "round_s", "busy_pct", "groups_per_step", "accuracy", "error")
                 print(json.dumps({key: row.get(key) for key in shown}), flush=True)
                 write(record, Path(args.out), done=False)
+    if args.profile and not profiled:
+        profile_rows(record, args)
     write(record, Path(args.out), done=True)
     print((Path(args.out) / "gpu.md").read_text())
 
@@ -189,6 +268,20 @@ def write(record: dict, out: Path, done: bool) -> None:
                      f"| {busy} | {up} | {calls} | {r['accuracy']:.4f} |")
     if not record["ray_rows"]:
         lines += ["", "Ray rows skipped (Ray not installed here, `--no-ray`, or a CPU run)."]
+    if record.get("profiled"):
+        lines += ["", "Round 2 under `torch.profiler` (one more 3-round run per row; the profiler slows the host):", "",
+                  "| workload | clients/round | clients | round s (profiled) | aten ops | GPU kernels and copies | host waits "
+                  "| cudaMemcpyAsync | kernel time / round |",
+                  "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for p in record["profiled"]:
+            clients = "vectorised" if p["vectorize"] else "sequential"
+            if p.get("error"):
+                lines.append(f"| {p['workload']} | {p['clients_per_round']} | {clients} | failed: "
+                             f"{p['error'][:120].replace('|', '/')} | | | | | |")
+                continue
+            share = "-" if p["kernel_time_share"] is None else f"{100 * p['kernel_time_share']:.0f} %"
+            lines.append(f"| {p['workload']} | {p['clients_per_round']} | {clients} | {p['round_wall_s']:.3f} "
+                         f"| {p['aten_ops']} | {p['kernels']} | {p['waits']} | {p['memcpy_async']} | {share} |")
     (out / "gpu.md").write_text("\n".join(lines) + "\n")
 
 
