@@ -235,17 +235,17 @@ def _run_rounds(cfg, rounds, during=None):
                 t.join()
             out.append(({i["client"]: i["train/loss"] for i in o.client_infos}, o.server_metrics))
         out.append(rt.evaluate())
-        pool = len(rt.workers)
+        pool = len(rt.pool.workers)
     return out, pool
 
 
 def _kill_a_worker(rt):
     """SIGKILL worker 0 while it holds a round-2 client (the round's clients idle 2 s: no race)."""
-    os.kill(rt.worker_pids[0], signal.SIGKILL)
+    os.kill(rt.pool.pids[0], signal.SIGKILL)
 
 
 def _kill_every_worker(rt):
-    for pid in rt.worker_pids:
+    for pid in rt.pool.pids:
         os.kill(pid, signal.SIGKILL)
 
 
@@ -260,10 +260,10 @@ def _lose_the_data_then_kill_a_worker(rt):
             return [ray.put(x)]
 
     owner = Owner.remote()
-    lost = ray.get(owner.put.remote(rt.data))[0]
+    lost = ray.get(owner.put.remote(rt.pool.data))[0]
     ray.kill(owner)
-    rt.data_ref = lost
-    os.kill(rt.worker_pids[0], signal.SIGKILL)
+    rt.pool.data_ref = lost
+    os.kill(rt.pool.pids[0], signal.SIGKILL)
 
 
 @pytest.mark.ray

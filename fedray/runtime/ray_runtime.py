@@ -21,8 +21,8 @@
 - Failures: the clients of a task whose worker dies (process killed, OOM, node lost) are rerun together
   from the same inputs on a live worker, up to ``runtime.max_client_retries`` times, giving the same result
   as without the failure; then it is dropped from the round with a warning, as are clients exceeding
-  ``runtime.client_timeout_s``. Workers restart in place when their node is alive; a worker that cannot
-  come back is removed and the pool shrinks. Losing the server actor stops the run with
+  ``runtime.client_timeout_s``. Workers restart in place when their node is alive; one that cannot come back
+  is removed and the pool shrinks (:mod:`fedray.runtime.worker_pool`). Losing the server actor stops the run with
   :class:`~fedray.errors.RunFailure` (resumable from the last checkpoint).
 """
 
@@ -45,11 +45,11 @@ from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.metrics import EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.actors import (EVAL_CHUNK, READY_TIMEOUT_S, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker,
-                                   ServerActor, start_ray)
+from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor, start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.vectorized import describe_vectorised, vectorize_enabled, vectorize_min_clients
+from fedray.runtime.worker_pool import WorkerPool
 
 
 log = logging.getLogger("fedray")
@@ -73,17 +73,13 @@ class RayRuntime(Runtime):
     def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
         self.cfg = cfg
         self.owns_ray = start_ray(cfg)
-        self.workers: list = []
+        self.pool: WorkerPool | None = None
         self.server = None
-        self.data = self.data_ref = None
         try:
             nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
             self.algo_cls = get_algorithm(cfg.algorithm.name)
-            self._new_worker = lambda: ClientWorker.options(
-                num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
-                max_task_retries=0).remote(cfg, self.algo_cls)
             server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
             if ray.util.get_current_placement_group() is None:
                 # Beside the driver: a run survives losing any other node, not the one it is driven from.
@@ -93,7 +89,9 @@ class RayRuntime(Runtime):
                     ray.get_runtime_context().get_node_id(), soft=needs)
             # Not waited for here: they start (a process each, torch imported) while the driver loads the data.
             self.server = ServerActor.options(**server_opts).remote(cfg, self.algo_cls)
-            self.workers = [self._new_worker() for _ in range(self.pool_size)]
+            self.pool = WorkerPool(lambda: ClientWorker.options(
+                num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
+                max_task_retries=0).remote(cfg, self.algo_cls), self.pool_size)
         except BaseException:
             self.close()
             raise
@@ -107,7 +105,6 @@ class RayRuntime(Runtime):
         worker_device = torch.device("cuda" if cfg.runtime.num_gpus_per_worker > 0 else "cpu")
         self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device, self.algo_cls)
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
-        self.suspect: set[int] = set()  # workers that failed a task: checked before the next round
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
         if data is not None:
             self.attach(data)
@@ -116,13 +113,9 @@ class RayRuntime(Runtime):
         """Put the dataset in the object store once and give the server and every worker that reference;
         returns when all of them are ready, so start-up is not billed to round 1."""
         try:
-            self.data = data  # the driver's copy: re-put if the object store loses it
-            self.data_ref = ray.put(data)
-            server_ready = self.server.attach.remote(self.data_ref)
-            ready = self._attach(self.workers)
+            server_ready = self.server.attach.remote(self.pool.put(data))
+            self.pool.attach_all()
             self.server_pid, self.server_node = ray.get(server_ready)
-            self.worker_pids = [pid for pid, _ in ready]
-            self.worker_nodes = [node for _, node in ready]
         except BaseException:
             self.close()
             raise
@@ -132,55 +125,10 @@ class RayRuntime(Runtime):
         self.one_actor_per_client = self.pool_size >= self.num_clients
         self.eval_index = EvalIndex(data)
 
-    # --- pool health ------------------------------------------------------------------------------
-    def _attach(self, workers: list) -> list[tuple[int, str]]:
-        """Give workers the dataset; (pid, node) of each. The dataset's object is put again if it was lost."""
-        for attempt in range(2):
-            try:
-                return [(pid, node) for pid, node, _ in ray.get([w.attach.remote(self.data_ref) for w in workers])]
-            except ray.exceptions.ObjectLostError:
-                if attempt:
-                    raise
-                log.warning("the dataset's object was lost from the object store; putting it again")
-                self.data_ref = ray.put(self.data)
-        raise AssertionError("unreachable")
-
-    def _check_pool(self) -> None:
-        """Keep suspect workers that came back (restarted in place, given the dataset again); drop those that
-        cannot."""
-        for idx in sorted(self.suspect, reverse=True):
-            back = self._revive(self.workers[idx])
-            if back is not None:
-                self.worker_pids[idx], self.worker_nodes[idx] = back
-            else:
-                log.warning("client worker %d did not come back; the pool shrinks to %d", idx, len(self.workers) - 1)
-                ray.kill(self.workers[idx], no_restart=True)
-                for lst in (self.workers, self.worker_pids, self.worker_nodes):
-                    del lst[idx]
-                self.one_actor_per_client = False
-        self.suspect.clear()
-        if not self.workers:
-            raise RunFailure("no client worker is left (all died and none could restart); resume from the last "
-                             "checkpoint once the cluster has capacity again")
-
-    def _revive(self, worker) -> tuple[int, str] | None:
-        """(pid, node) once the worker answers with the dataset attached; None if it is dead or not back within
-        READY_TIMEOUT_S."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                pid, node, attached = ray.get(worker.ready.remote(), timeout=left)
-                return (pid, node) if attached else self._attach([worker])[0]
-            except ray.exceptions.ActorUnavailableError:  # restarting: ask again shortly
-                time.sleep(0.5)
-            except (ray.exceptions.GetTimeoutError, *SYSTEM_ERRORS):
-                return None
-        return None
-
     def _deal(self, client_ids: list[int]) -> list[tuple[int, int]]:
         if self.one_actor_per_client:
             return [(c, c) for c in client_ids]
-        return deal(client_ids, self.client_cost, len(self.workers))
+        return deal(client_ids, self.client_cost, len(self.pool.workers))
 
     def _submit_batch(self, round_, cids: list[int], payload_ref, worker: int, start: float,
                       attempt: int = 0) -> list[_Job]:
@@ -190,7 +138,7 @@ class RayRuntime(Runtime):
         if len(cids) == 1:
             return [self._submit(round_, cids[0], payload_ref, worker, attempt, 0, start)]
         timeout = self.cfg.runtime.client_timeout_s
-        refs = self.workers[worker].train_many.options(num_returns=3 * len(cids)).remote(
+        refs = self.pool.workers[worker].train_many.options(num_returns=3 * len(cids)).remote(
             round_, cids, payload_ref, *[self.client_states.get(c) for c in cids])
         k = len(cids)
         deadline = start + timeout * k if timeout else math.inf
@@ -200,10 +148,10 @@ class RayRuntime(Runtime):
     def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> _Job:
         timeout = self.cfg.runtime.client_timeout_s
         if self.batch_clients:  # a client alone (a rerun, or one per worker) takes the same path as a batch
-            up, st, info = self.workers[worker].train_many.options(num_returns=3).remote(
+            up, st, info = self.pool.workers[worker].train_many.options(num_returns=3).remote(
                 round_, [cid], payload_ref, self.client_states.get(cid))
         else:
-            up, st, info = self.workers[worker].train.options(num_returns=3).remote(
+            up, st, info = self.pool.workers[worker].train.options(num_returns=3).remote(
                 round_, cid, payload_ref, self.client_states.get(cid))
         deadline = start + timeout * (queue_pos + 1) if timeout else math.inf
         return _Job(cid, worker, up, st, info, attempt, deadline)
@@ -211,7 +159,7 @@ class RayRuntime(Runtime):
     def _retry_or_drop(self, job: _Job, round_, payload_ref, error: BaseException, jobs: dict) -> None:
         """Rerun a client whose worker failed on a live worker, with the clients of its task (they failed with
         it: their pending jobs are replaced), or drop them after ``runtime.max_client_retries``."""
-        self.suspect.add(job.worker)
+        self.pool.suspect.add(job.worker)
         mates = [c for c in job.batch if c != job.client_id and c in jobs and jobs[c].batch == job.batch
                  and jobs[c].attempt == job.attempt]
         cids = sorted([job.client_id, *mates])
@@ -223,12 +171,12 @@ class RayRuntime(Runtime):
             for c in mates:
                 del jobs[c]
             return
-        live = [i for i in range(len(self.workers)) if i not in self.suspect]
+        live = [i for i in range(len(self.pool.workers)) if i not in self.pool.suspect]
         if live:
             worker = live[(job.client_id + job.attempt) % len(live)]
         else:  # every worker failed this round: wait for this one to restart rather than burn the retries
             worker = job.worker
-            if self._revive(self.workers[worker]) is None:
+            if self.pool.revive(self.pool.workers[worker]) is None:
                 log.warning("round %d: dropped %s: no worker came back to rerun %s", round_, names, them.split()[0])
                 for c in mates:
                     del jobs[c]
@@ -239,10 +187,11 @@ class RayRuntime(Runtime):
             jobs[new.client_id] = new
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
-        self._check_pool()
+        if self.pool.check():
+            self.one_actor_per_client = False
         # Clients' tasks go out before the payload's size is known: they start when the broadcast ends.
         payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
-        start, queued = time.monotonic(), [0] * len(self.workers)
+        start, queued = time.monotonic(), [0] * len(self.pool.workers)
         jobs: dict[int, _Job] = {}
         if self.batch_clients:
             per_worker: dict[int, list[int]] = {}
@@ -269,8 +218,8 @@ class RayRuntime(Runtime):
                     log.warning("round %d: dropped client %d: not done within runtime.client_timeout_s=%gs",
                                 round_, job.client_id, self.cfg.runtime.client_timeout_s)
                     del jobs[job.client_id]
-                    ray.kill(self.workers[job.worker], no_restart=False)  # stop the straggler; it restarts
-                    self.suspect.add(job.worker)
+                    ray.kill(self.pool.workers[job.worker], no_restart=False)  # stop the straggler; it restarts
+                    self.pool.suspect.add(job.worker)
                 continue
             job = by_ref[ready[0]]
             # The clients of its task finished with it (one task, one outcome): handled together
@@ -338,8 +287,8 @@ class RayRuntime(Runtime):
             report = ray.get(report_ref)
         except SYSTEM_ERRORS as e:
             raise RunFailure(f"the server actor was lost ({type(e).__name__})") from None
-        parts = self._on_workers(lambda workers: [w.evaluate_global.remote(models_ref, k, len(workers))
-                                                  for k, w in enumerate(workers)])
+        parts = self.pool.run_on_all(lambda workers: [w.evaluate_global.remote(models_ref, k, len(workers))
+                                                      for k, w in enumerate(workers)], "evaluation")
         scored = {}
         for suffix in parts[0]:
             ok = np.zeros(self.eval_index.size, dtype=bool)
@@ -357,21 +306,7 @@ class RayRuntime(Runtime):
         def submit(workers):
             return [workers[k % len(workers)].evaluate_clients.remote(chunk, *[self.client_states.get(c) for c in chunk])
                     for k, chunk in enumerate(eval_tasks(client_ids, len(workers), EVAL_CHUNK))]
-        return [row for part in self._on_workers(submit) for row in part]
-
-    def _on_workers(self, submit) -> list:
-        """``ray.get`` of the tasks ``submit(workers)`` starts on the pool; a worker lost mid-way costs one
-        rerun of them all once the pool is checked."""
-        for attempt in range(2):
-            self._check_pool()
-            try:
-                return ray.get(submit(self.workers))
-            except WORKER_ERRORS as e:
-                if attempt:
-                    raise RunFailure(f"evaluation failed twice: a client worker was lost ({type(e).__name__})") from None
-                log.warning("evaluation lost a client worker (%s); rerunning it", type(e).__name__)
-                self.suspect.update(range(len(self.workers)))
-        raise AssertionError("unreachable")
+        return [row for part in self.pool.run_on_all(submit, "evaluation") for row in part]
 
     def global_weights(self):
         if self.personalised:
@@ -401,10 +336,11 @@ class RayRuntime(Runtime):
                 + describe_vectorised(self.vectorised, vectorize_min_clients(rt)))
 
     def close(self) -> None:
-        for actor in [*self.workers, self.server]:
-            if actor is not None:
-                ray.kill(actor)
-        self.workers, self.server = [], None
+        if self.pool is not None:
+            self.pool.kill()
+        if self.server is not None:
+            ray.kill(self.server)
+        self.server = None
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
             self.owns_ray = False

@@ -25,7 +25,7 @@ def test_two_node_cluster_run_matches_local():
         data = build_federated_data(cfg.data, cfg.seed)
         with RayRuntime(cfg, data) as rt:
             assert rt.pool_size == 2
-            assert len(set(rt.worker_nodes)) == 2, "one worker per node: each node has one CPU"
+            assert len(set(rt.pool.nodes)) == 2, "one worker per node: each node has one CPU"
         remote = run_experiment(cfg, progress=False, data=data)
     finally:
         ray.shutdown()

@@ -74,7 +74,7 @@ def test_one_actor_per_client_serves_that_client_every_round(ray_local):
         for r in range(1, 5):
             for info in rt.run_round(r, sample_clients(cfg.seed, r, 6, 3)).client_infos:
                 served.setdefault(info["client"], set()).add(info["pid"])
-        pids = rt.worker_pids
+        pids = rt.pool.pids
     assert all(len(p) == 1 for p in served.values())
     assert {c: next(iter(p)) for c, p in served.items()} == {c: pids[c] for c in served}
 
@@ -128,7 +128,7 @@ def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
     ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "ray", "num_workers": 2})})
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(ray_cfg) as rt:
-        assert [attached for _, _, attached in ray.get([w.ready.remote() for w in rt.workers])] == [False, False]
+        assert [attached for _, _, attached in ray.get([w.ready.remote() for w in rt.pool.workers])] == [False, False]
         ray.get(rt.server.ready.remote())
         rt.attach(data)
         assert rt.spread_eval
