@@ -39,7 +39,6 @@ from fedray.data.federated import to_device, to_float
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 
 
-
 class _LossModule(torch.nn.Module):
     """An update's ``loss(modules, inputs)`` as a module, so ``functional_call`` swaps the modules' parameters
     and buffers for one client's slice everywhere the loss looks: ``model(x)``, ``model.features``,
