@@ -3,11 +3,18 @@
 Rows (synthetic 1x28x28 data, Dirichlet alpha=0.1, 20 local SGD steps of batch 32, ``--rounds`` rounds, the
 mean over rounds 2..R-1: round 1 pays one-off start-up, round R the evaluation): FedAvg with LeNet-5 and with
 ResNet-8, and DaFKD with ResNet-11 (its classifier/discriminator and generator updates batched), each
-in-process and on Ray with fractional GPUs (4 workers x 0.2 GPU, server 0.2), with ``runtime.vectorize``
-false and true. The GPU's busy fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms from the end
+in-process and on Ray with fractional GPUs (4 workers x 0.2 GPU, server 0.2), with the clients sequential,
+vectorised (``runtime.vectorize`` true, ``runtime.cuda_graphs`` false) and vectorised with CUDA graphs
+(``--modes`` picks). The GPU's busy fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms from the end
 of round 1. "vmap calls/step" (vectorised rows) is the runs' ``vec/groups_per_step``: vmapped calls per
-lockstep step, 1 when all of a worker's clients ran as one.
+lockstep step, 1 when all of a worker's clients ran as one; "graph steps" the share of steps replayed from a
+CUDA graph (``vec/graph_steps``).
 Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 80 % busy.
+
+``--graph-check``: before the rows, one round of 8 clients of FedAvg (LeNet-5; ResNet-8 with momentum and
+weight decay; ResNet-8 with BatchNorm) and FedProx, eager, with CUDA graphs, and eager again, from one seed, with
+cuDNN's default algorithms and with ``cudnn.deterministic``: the largest weight difference of graphs against
+eager and of eager against eager (what the GPU's own non-determinism gives), in a table of ``OUT/gpu.md``.
 
 ``--profile``: after the table, each in-process FedAvg row is run once more for 3 rounds with round 2 under
 ``torch.profiler`` (CPU and CUDA activity), for where a round's time goes: its top-level ``aten::`` ops, the GPU's
@@ -18,6 +25,7 @@ lower bound). Written to ``OUT/gpu_profile.json`` and a second table in ``OUT/gp
 out: a trace of their rounds holds millions of events.
 
     python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray] [--profile]
+                             [--modes sequential vectorised graphs] [--graph-check]
     .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g --profile  # dry run
 
 Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named) after every row, so a run cut off by
@@ -144,6 +152,54 @@ class ProfileRound2:
                 "kernel_time_share": kernel_s / self.wall if kernels and self.wall else None}
 
 
+MODES = {"sequential": "sequential", "vectorised": "vectorised", "graphs": "vectorised, CUDA graphs"}
+GRAPH_CHECKS = {  # FedAvg as gpu.py runs it, with momentum and weight decay, FedProx, and BatchNorm running stats
+    "fedavg lenet5": ["algorithm.name=fedavg", "model.name=lenet5"],
+    "fedavg resnet8, momentum 0.9, weight decay 1e-4": ["algorithm.name=fedavg", "model.name=resnet8",
+                                                         "federation.momentum=0.9", "federation.weight_decay=1e-4"],
+    "fedprox lenet5, mu 0.1": ["algorithm.name=fedprox", "algorithm.mu=0.1", "model.name=lenet5"],
+    "fedavg resnet8_bn, batch 50": ["algorithm.name=fedavg", "model.name=resnet8_bn", "federation.batch_size=50"],
+}
+
+
+def check_graphs(device: str, deterministic: bool = False) -> list[dict]:
+    """Round 1 of 8 clients without, with, and again without ``runtime.cuda_graphs``, same seed: the global
+    weights compared (a replay runs the eager step's kernels on the same tensors; the eager repeat shows how far
+    two eager runs already differ, e.g. by cuDNN's atomics) and the share of steps replayed. ``deterministic``:
+    with ``torch.backends.cudnn.deterministic``."""
+    from fedray.algorithms import validate_experiment
+    from fedray.data import build_federated_data
+    from fedray.runtime import make_runtime
+    from fedray.seeding import sample_clients
+
+    def max_diff(a: dict, b: dict) -> float:
+        return max(float((a[k].double() - b[k].double()).abs().max()) for k in a if torch.is_floating_point(a[k]))
+
+    out = []
+    torch.backends.cudnn.deterministic = deterministic
+    for run, extra in GRAPH_CHECKS.items():
+        try:
+            weights, replayed = [], None
+            for graphs in (False, True, False):
+                cfg = validate_experiment(load_config(None, BASE + extra + [
+                    "data.num_clients=20", "federation.clients_per_round=8", f"runtime.device={device}",
+                    "runtime.vectorize=true", f"runtime.cuda_graphs={str(graphs).lower()}"]))
+                data = build_federated_data(cfg.data, cfg.seed)
+                with make_runtime(cfg, data) as rt:
+                    infos = rt.run_round(1, sample_clients(cfg.seed, 1, data.num_clients, 8)).client_infos
+                    weights.append(rt.global_weights())
+                if graphs:
+                    replayed = float(np.mean([i.get("vec/graph_steps", 0.0) for i in infos]))
+            out.append({"run": run, "cudnn_deterministic": deterministic, "graph_steps": replayed,
+                        "max_abs_diff": max_diff(weights[0], weights[1]),
+                        "eager_repeat_diff": max_diff(weights[0], weights[2]),
+                        "identical": all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])})
+        except Exception as exc:  # the next check still runs
+            out.append({"run": run, "cudnn_deterministic": deterministic, "error": f"{type(exc).__name__}: {exc}"[:500]})
+    torch.backends.cudnn.deterministic = False
+    return out
+
+
 def profile_row(name: str, overrides: list[str], device: str) -> dict:
     """One more 3-round run of a row, with round 2 profiled (no evaluation)."""
     hook = ProfileRound2(device)
@@ -169,10 +225,12 @@ def run_row(name: str, overrides: list[str]) -> dict:
     finally:
         sampler.stop()
     times = [row["time/round_s"] for row in result.history]
-    groups = [row["vec/groups_per_step"] for row in result.history[1:-1] or result.history
-              if row.get("vec/groups_per_step") is not None]
+    def mean_of(key: str) -> float | None:
+        values = [row[key] for row in result.history[1:-1] or result.history if row.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
     return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:-1] or times)),
-            "groups_per_step": float(np.mean(groups)) if groups else None,
+            "groups_per_step": mean_of("vec/groups_per_step"), "graph_steps": mean_of("vec/graph_steps"),
             "busy_pct": float(np.mean(sampler.samples)) if sampler.samples and sampler.available else None,
             "accuracy": result.summary.get("eval/accuracy"), "runtime": result.summary.get("runtime"),
             "wall_s": time.perf_counter() - t0}
@@ -200,6 +258,10 @@ def main() -> None:
                     help="clients-per-round values that also get Ray rows (default: all of --per-round)")
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--profile", action="store_true", help="also profile round 2 of each in-process FedAvg row")
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                    help="sequential clients, vectorised (runtime.cuda_graphs=false), vectorised with CUDA graphs")
+    ap.add_argument("--graph-check", action="store_true",
+                    help="first: a round with CUDA graphs against one without, weights compared (check_graphs)")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
@@ -218,6 +280,10 @@ def main() -> None:
     plan = [("in-process", [], k) for k in args.per_round] + [("ray", RAY, k) for k in args.per_round
                                                                  if with_ray and k in ray_ks]
     profiled = record["profiled"] = []
+    if args.graph_check:
+        record["graph_check"] = check_graphs(args.device) + check_graphs(args.device, deterministic=True)
+        print(json.dumps(record["graph_check"]), flush=True)
+        write(record, Path(args.out), done=False)
     for i, (where, extra, k) in enumerate(plan):
         if args.profile and where == "ray" and plan[i - 1][0] != "ray":
             profile_rows(record, args)  # before the Ray rows: the targets are the in-process rows'
@@ -225,12 +291,14 @@ def main() -> None:
                          f"data.num_clients={int(2.5 * k)}", f"federation.clients_per_round={k}",
                          f"runtime.device={args.device}"]
         for wl in args.workloads:
-            for vec in (False, True):
-                name = f"{wl} k={k} {where} {'vectorised' if vec else 'sequential'}"
-                row = run_row(name, common + WORKLOADS[wl] + extra + [f"runtime.vectorize={str(vec).lower()}"])
-                row.update({"workload": wl, "clients_per_round": k, "where": where, "vectorize": vec})
+            for mode in args.modes:
+                vec, graphs = mode != "sequential", mode == "graphs"
+                name = f"{wl} k={k} {where} {MODES[mode]}"
+                row = run_row(name, common + WORKLOADS[wl] + extra + [f"runtime.vectorize={str(vec).lower()}",
+                                                                     f"runtime.cuda_graphs={str(graphs).lower()}"])
+                row.update({"workload": wl, "clients_per_round": k, "where": where, "vectorize": vec, "graphs": graphs})
                 rows.append(row)
-                shown = ("row", "round_s", "busy_pct", "groups_per_step", "accuracy", "error")
+                shown = ("row", "round_s", "busy_pct", "groups_per_step", "graph_steps", "accuracy", "error")
                 print(json.dumps({key: row.get(key) for key in shown}), flush=True)
                 write(record, Path(args.out), done=False)
     if args.profile and not profiled:
@@ -245,6 +313,7 @@ def write(record: dict, out: Path, done: bool) -> None:
     for row in rows:
         seq = next((r for r in rows if r["workload"] == row["workload"] and r["clients_per_round"] ==
                     row["clients_per_round"] and r["where"] == row["where"] and not r["vectorize"]), None)
+        row.setdefault("graphs", False)  # rows of runs before runtime.cuda_graphs
         if row["vectorize"] and seq and seq["round_s"] and row["round_s"]:
             row["speedup_vs_sequential"] = seq["round_s"] / row["round_s"]
     record["complete"] = done
@@ -253,19 +322,32 @@ def write(record: dict, out: Path, done: bool) -> None:
     title = f"GPU throughput ({record['device']}, torch {record['torch']}, {record['date']})"
     lines = [f"# {title}" + ("" if done else " - partial: the run did not finish"), "",
              "| workload | clients/round | where | clients | s/round | busy % | speed-up | vmap calls/step "
-             "| accuracy |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| graph steps | accuracy |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         busy = "-" if r["busy_pct"] is None else f"{r['busy_pct']:.0f}"
         up = f"{r['speedup_vs_sequential']:.2f}x" if "speedup_vs_sequential" in r else ""
-        clients = "vectorised" if r["vectorize"] else "sequential"
+        clients = MODES["graphs" if r["graphs"] else "vectorised" if r["vectorize"] else "sequential"]
         calls = "" if r.get("groups_per_step") is None else f"{r['groups_per_step']:.2f}"
+        replayed = "" if r.get("graph_steps") is None else f"{100 * r['graph_steps']:.0f} %"
         if r.get("error"):
             lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | {clients} | failed: "
-                         f"{r['error'][:120].replace('|', '/')} | | | | |")
+                         f"{r['error'][:120].replace('|', '/')} | | | | | |")
             continue
         lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | {clients} | {r['round_s']:.3f} "
-                     f"| {busy} | {up} | {calls} | {r['accuracy']:.4f} |")
+                     f"| {busy} | {up} | {calls} | {replayed} | {r['accuracy']:.4f} |")
+    if record.get("graph_check"):
+        lines += ["", "CUDA graphs against eager steps (`--graph-check`: one round of 8 clients, 20 steps, the same seed):",
+                  "", "| run | cuDNN deterministic | steps replayed | max abs difference, graphs vs eager "
+                  "| identical | max abs difference, eager vs eager |",
+                  "| --- | --- | ---: | ---: | --- | ---: |"]
+        for c in record["graph_check"]:
+            if c.get("error"):
+                lines.append(f"| {c['run']} | {c['cudnn_deterministic']} | failed: {c['error'][:120].replace('|', '/')} "
+                             "| | | |")
+                continue
+            lines.append(f"| {c['run']} | {c['cudnn_deterministic']} | {100 * c['graph_steps']:.0f} % "
+                         f"| {c['max_abs_diff']:.3g} | {c['identical']} | {c['eager_repeat_diff']:.3g} |")
     if not record["ray_rows"]:
         lines += ["", "Ray rows skipped (Ray not installed here, `--no-ray`, or a CPU run)."]
     if record.get("profiled"):

@@ -114,7 +114,7 @@ class ClientWorkerCore:
             for s in range(0, len(members), chunk):
                 part = members[s : s + chunk]
                 trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part],
-                                           pad=self.cfg.runtime.vectorize_pad)
+                                           pad=self.cfg.runtime.vectorize_pad, cuda_graphs=self.cfg.runtime.cuda_graphs)
                 for i, result in zip(part, trained):
                     results[ctxs[i].client_id] = self._outcome(ctxs[i], result)
         return [results[c] for c in client_ids]

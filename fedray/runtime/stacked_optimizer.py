@@ -56,9 +56,41 @@ class StackedOptimizer:
             self._step_one(key, p, None if mask is None else on_device[id(mask)], mask)
         for spec, keys in together.items():
             self._step_together(spec, keys)
+            self._count_together(keys)
+
+    def uniform(self) -> bool:
+        """Whether every parameter has been stepped equally often for every client and all settings are SGD:
+        then a step of all clients is :meth:`step_device` then :meth:`count`, a step a CUDA graph can replay
+        (Adam's bias correction is computed on the host from the step count, so a replay would repeat it)."""
+        return all(self.even.values()) and all(spec.kind == "sgd" for spec in self.specs.values())
+
+    @torch.no_grad()
+    def step_device(self) -> None:
+        """:meth:`step` of every client (``uniform()`` holds) without the host's step counts: only device work
+        and Python bookkeeping that a repeat leaves as it is, so a CUDA graph of it replays the step; each
+        step taken this way is counted by :meth:`count`."""
+        for spec, keys in self._together().items():
+            self._step_together(spec, keys)
+
+    def count(self) -> None:
+        """The host's step counts of one :meth:`step_device`."""
+        for keys in self._together().values():
+            self._count_together(keys)
+
+    def _together(self) -> dict[OptimSpec, list[str]]:
+        together: dict[OptimSpec, list[str]] = {}
+        for key, p in self.params.items():
+            if p.grad is not None:  # a parameter the loss never used: torch.optim skips it too
+                together.setdefault(self.specs[key], []).append(key)
+        return together
+
+    def _count_together(self, keys: list[str]) -> None:
+        torch._foreach_add_([self.steps[k] for k in keys], 1.0)  # host tensors: one op, as torch.optim counts
+        self.multi_tensor_steps += 1
 
     def _step_together(self, spec: OptimSpec, keys: list[str]) -> None:
-        """torch.optim's multi-tensor step for ``keys`` (every client active, all at the same step count)."""
+        """torch.optim's multi-tensor step for ``keys`` (every client active, all at the same step count); the
+        step counts are the caller's (:meth:`_count_together`)."""
         params = [self.params[k] for k in keys]
         grads = [p.grad for p in params]
         if spec.kind == "adam":
@@ -73,10 +105,8 @@ class StackedOptimizer:
             sgd_functional(params, grads, bufs, foreach=True, weight_decay=spec.weight_decay, momentum=spec.momentum,
                            lr=spec.lr, dampening=0.0, nesterov=False, maximize=False)
             new_state = [[b, None] for b in bufs]
-        torch._foreach_add_([self.steps[k] for k in keys], 1.0)  # host tensors: one op, as torch.optim counts
         for k, st in zip(keys, new_state):
             self.state[k] = st
-        self.multi_tensor_steps += 1
 
     def _step_one(self, key: str, p: torch.Tensor, mask: torch.Tensor | None, host_mask: torch.Tensor | None) -> None:
         """``key``'s step alone: the clients where ``mask`` is True move, the others keep their rows."""

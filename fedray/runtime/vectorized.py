@@ -19,13 +19,16 @@ modules per step: DaFKD, FedKF); clients that share modules and losses are train
   BatchNorm), else it runs as its own vmap group in that step, as does a client whose step runs other updates.
 
 So the numbers are those of the sequential runner up to float rounding. On a GPU one batched kernel
-replaces K small ones (kernel launches, not arithmetic, set the pace of small models); on a CPU it does
-not pay (``runtime.vectorize=auto`` keeps CPU runs sequential).
+replaces K small ones (kernel launches, not arithmetic, set the pace of small models), and the usual step is
+replayed as a CUDA graph (:class:`_StepGraph`, ``runtime.cuda_graphs``); on a CPU it does not pay
+(``runtime.vectorize=auto`` keeps CPU runs sequential).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -37,6 +40,8 @@ from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, 
                                        is_weights_only, split_loss, step_means, weights_only)
 from fedray.data.federated import to_device, to_float
 from fedray.runtime.stacked_optimizer import StackedOptimizer
+
+log = logging.getLogger("fedray")
 
 
 class _LossModule(torch.nn.Module):
@@ -132,7 +137,16 @@ class _RoundBatches:
         index = self.index[group]
         if members != everyone:  # the group split further by the step's flags: its rows of the index
             index = index[:, to_device(torch.tensor([everyone.index(i) for i in members]), index.device)]
+        return self.gather(index)
+
+    def gather(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batches of ``index`` ((2, clients, rows): x rows then y rows, as ``self.index[group]``)."""
         return {"x": to_float(self.x[index[0]], self.mean, self.std), "y": self.y[index[1]]}
+
+    def whole_step(self, step: int, n: int) -> torch.Tensor | None:
+        """The index of ``step`` when it is one group of all ``n`` clients (else None)."""
+        group, everyone = self.groups[step].get(0, (None, []))
+        return self.index[group] if len(everyone) == n else None
 
 
 def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[bool, ...]] | None]]:
@@ -142,11 +156,12 @@ def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[
 
 
 def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining],
-                     pad: bool = True) -> list[ClientResult]:
+                     pad: bool = True, cuda_graphs: bool = False) -> list[ClientResult]:
     """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
     ``finish`` is called in order with the modules holding that client's trained weights (a ``weights_only`` one
     with a stand-in holding them on the host: all clients' weights leave the device in one copy). ``pad``: short batches
-    of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``)."""
+    of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``); ``cuda_graphs``:
+    the usual step is replayed as a CUDA graph where :class:`_StepGraph` allows (``runtime.cuda_graphs``)."""
     # a LocalTraining's finish takes no optimizer state: none is read out for it
     keeps_optimizer = [not isinstance(p, LocalTraining) for p in plans]
     plans = [as_stepwise(c, p) if isinstance(p, LocalTraining) else p for c, p in zip(ctxs, plans)]
@@ -177,14 +192,9 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
     batched = _RoundBatches(plans, device, pad and plans[0].paddable and not _couples_rows(modules)) \
         if plans[0].batches is not None else None
-    for s, step_inputs in enumerate(_lockstep(plans)):
-        groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
-        for i, item in enumerate(step_inputs):
-            if item is not None:
-                inp, flags = item
-                shapes = tuple((k, tuple(v.shape)) for k, v in inp.items())
-                groups.setdefault((flags, shapes, batched.group_of(s, i) if batched else None), []).append(i)
-        group_count, step_count = group_count + len(groups), step_count + 1
+
+    def eager_step(s: int, step_inputs: list, groups: dict[tuple, list[int]]) -> None:
+        """One lockstep step, each update as one vmapped call per group of clients (``groups``)."""
         for u, (call, opt) in enumerate(zip(calls, opts)):
             runs = [(flags, members) for (flags, _, _), members in groups.items() if flags[u]]
             if not runs:
@@ -223,6 +233,33 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                                               for i in members]) for name in updates[u].groups}
                 per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
             opt.step(active, per_key)
+
+    def graph_body(index: torch.Tensor) -> None:
+        """``eager_step`` of every client (one update, no host inputs) on the batches of ``index``: what
+        :class:`_StepGraph` captures; the optimizer's step counts are the graph's to keep."""
+        for p in params.values():  # so backward allocates the gradients in the graph, and a replay rewrites them
+            p.grad = None
+        losses, aux = calls[0](params, buffers, batched.gather(index))
+        for key, value in aux.items():
+            sums[key].add_(value.detach())  # the sums exist: the warm-up steps made them
+        losses.sum().backward(inputs=list(moved[0].values()))
+        opts[0].step_device()
+
+    graph = _StepGraph(device, graph_body) if cuda_graphs and _StepGraph.possible(device, updates, batched) \
+        else None
+    total_steps = max(p.steps for p in plans)
+    with graph.running() if graph is not None else contextlib.nullcontext():
+        for s, step_inputs in enumerate(_lockstep(plans)):
+            groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
+            for i, item in enumerate(step_inputs):
+                if item is not None:
+                    inp, flags = item
+                    shapes = tuple((k, tuple(v.shape)) for k, v in inp.items())
+                    groups.setdefault((flags, shapes, batched.group_of(s, i) if batched else None), []).append(i)
+            group_count, step_count = group_count + len(groups), step_count + 1
+            if graph is not None and graph.step(_whole_step(groups, batched, s, n), opts[0], total_steps - s):
+                continue
+            eager_step(s, step_inputs, groups)
     sums_cpu = {k: v.cpu().tolist() for k, v in sums.items()}
     trained = {**params, **buffers}
     order = [k for k in state_keys if k in trained]
@@ -241,7 +278,119 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
         # how well the lockstep batched: 1 when every step was one vmapped call per update; each short batch
         # or differing flag splits a step into one more call (benchmarks/gpu.py reports it)
         results[-1].metrics["vec/groups_per_step"] = group_count / max(step_count, 1)
+        if graph is not None:  # the share of steps replayed from a CUDA graph (benchmarks/gpu.py reports it)
+            results[-1].metrics["vec/graph_steps"] = graph.replays / max(step_count, 1)
     return results
+
+
+def _whole_step(groups: dict[tuple, list[int]], batched: "_RoundBatches | None", s: int, n: int) -> torch.Tensor | None:
+    """Step ``s``'s batch index when it is a :class:`_StepGraph` step: one group of all ``n`` clients running the
+    one update, with no inputs drawn on the host; else None."""
+    if batched is None or len(groups) != 1:
+        return None
+    (flags, shapes, _), members = next(iter(groups.items()))
+    return batched.whole_step(s, n) if flags == (True,) and not shapes and len(members) == n else None
+
+
+def _capture(body: Callable[[], None], stream: Any) -> Callable[[], None]:
+    """``body``'s device work recorded once as a CUDA graph on ``stream`` (its Python runs now, its kernels do
+    not); returns the graph's replay, which runs them. ``CUDAGraph.capture_begin``/``capture_end`` directly, not
+    the ``torch.cuda.graph`` context, which synchronises the device and empties torch's device and pinned-host
+    memory caches before each capture: once a round here, and refilling them costs more than the graph saves
+    on a small model."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            body()
+        finally:
+            graph.capture_end()
+    return graph.replay
+
+
+class _StepGraph:
+    """The lockstep's usual step replayed as one CUDA graph (``runtime.cuda_graphs``).
+
+    A vectorised step of a small model is a few hundred kernels of microseconds each, and issuing them from Python
+    takes longer than the GPU takes to run them: measured on an H200 (``benchmarks/step_ceiling.py``), 8 LeNet-5
+    clients' step took 4.4 ms eager and 0.54 ms as a graph replay. So after :attr:`WARMUP` eager steps (the first
+    makes SGD's momentum buffers and the figures' sums, allocations a replay could not repeat), the next step of
+    every client is captured - the gather of its batches from a fixed index tensor, the vmapped loss, ``backward``,
+    the optimizer's device step - and each later such step copies its batch index into that tensor and replays
+    the graph; the optimizer's host step counts are kept by :meth:`StackedOptimizer.count`.
+
+    It holds while a step is one group of all clients running one update, with SGD at even step counts, batches
+    gathered on the device and no inputs drawn on the host (FedAvg and the methods built on ``LocalTraining``).
+    At the first step that is not (clients done early, a short batch left unpadded, a batch of another width)
+    the graph is dropped and the round goes on eagerly; a capture that fails does the same, with a warning.
+    Replays run the eager step's kernels on the same tensors, so the numbers are the eager steps'. Warm-up,
+    capture and replays share one side stream, as torch's CUDA graph notes ask of warm-up and capture.
+    """
+
+    WARMUP = 2  # eager steps before the capture
+    MIN_REPLAYS = 2  # steps left for the graph to repay its capture (about an eager step's host time)
+
+    def __init__(self, device: torch.device, body: Callable[[torch.Tensor], None]):
+        self.device, self.body = device, body
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.warm = self.replays = 0
+        self.replay: Callable[[], None] | None = None
+        self.static: torch.Tensor | None = None
+        self.dropped = False
+
+    @staticmethod
+    def possible(device: torch.device, updates: list[Update], batched: "_RoundBatches | None") -> bool:
+        return device.type in _GRAPH_DEVICES and len(updates) == 1 and updates[0].trains is None and batched is not None
+
+    @contextlib.contextmanager
+    def running(self):
+        """The steps on the side stream (which starts after the work queued so far and is waited for after)."""
+        if self.stream is None:
+            yield
+            return
+        main = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(main)
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            main.wait_stream(self.stream)
+
+    def step(self, index: torch.Tensor | None, opt: StackedOptimizer, steps_left: int) -> bool:
+        """Take this step by a replay (True), or leave it to the eager path (False); ``index``: the step's batch
+        index if it is one of all clients (:func:`_whole_step`)."""
+        if self.dropped:
+            return False
+        fits = index is not None and opt.uniform() and (self.static is None or index.shape == self.static.shape)
+        if not fits:
+            self.dropped = self.replay is not None  # eager from here on: the graph's tensors may be replaced
+            return False
+        if self.replay is None:
+            if self.warm < self.WARMUP or steps_left < self.MIN_REPLAYS:
+                self.warm += 1
+                return False
+            if not self._capture(index):
+                return False
+        self.static.copy_(index)
+        self.replay()
+        opt.count()
+        self.replays += 1
+        return True
+
+    def _capture(self, index: torch.Tensor) -> bool:
+        self.static = index.clone()
+        try:
+            self.replay = _capture(lambda: self.body(self.static), self.stream)
+        except Exception as exc:  # e.g. a loss that reads a tensor on the host: the round goes on eagerly
+            log.warning("runtime.cuda_graphs: the local step could not be captured as a CUDA graph (%s: %s); "
+                         "running it eagerly", type(exc).__name__, exc)
+            self.dropped = True
+            return False
+        return True
+
+
+# where _StepGraph may run: CUDA only (tests add "cpu", with _capture replaced by a plain call of the body)
+_GRAPH_DEVICES = ("cuda",)
 
 
 class _HostWeights:

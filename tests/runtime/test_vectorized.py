@@ -16,6 +16,7 @@ from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only, weights_only
 from fedray.runtime.stacked_optimizer import StackedOptimizer
+from fedray.runtime import vectorized
 from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
@@ -359,8 +360,8 @@ def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_client
     import fedray.runtime.core as core
 
     calls = []
-    monkeypatch.setattr(core, "train_vectorized", lambda ctxs, plans, pad: calls.append(len(ctxs)) or
-                        train_vectorized(ctxs, plans, pad))
+    monkeypatch.setattr(core, "train_vectorized", lambda ctxs, plans, **kw: calls.append(len(ctxs)) or
+                        train_vectorized(ctxs, plans, **kw))
     cfg = validate_experiment(tiny_config(runtime__vectorize=setting, runtime__vectorize_min_clients=min_clients))
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
@@ -378,3 +379,65 @@ def test_ray_batches_a_workers_clients_with_the_in_process_numbers(ray_local):
     for a, b in zip(local.history, on_ray.history):
         assert b["train/loss"] == pytest.approx(a["train/loss"], rel=1e-4)
         assert b["eval/accuracy"] == pytest.approx(a["eval/accuracy"], abs=0.01)
+
+
+@pytest.fixture
+def graphs_on_cpu(monkeypatch):
+    """_StepGraph on the CPU, a "replay" calling the captured step again: its bookkeeping (when to capture, the
+    index copied in, the optimizer's host counts, when to drop the graph) checked where CI runs. CUDA's own part,
+    kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check on a GPU."""
+    monkeypatch.setattr(vectorized, "_GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(vectorized, "_capture", lambda body, stream: body)
+
+
+@pytest.mark.parametrize("kw, replayed", [
+    (dict(), 0.5),  # 4 steps: 2 eager, then captured and replayed twice
+    (COVERED["fedavg_sgd_momentum"], 0.5),
+    (COVERED["fedprox"], 0.5),
+    (dict(federation__local_steps=3), 0.0),  # one step left after the warm-up: not worth a capture
+    (COVERED["fedavg_adam"], 0.0),  # Adam's bias correction is computed on the host: never replayed
+    (COVERED["fedavg_batchnorm"], 0.0),  # client 3's short third batch, unpadded under BatchNorm, splits step 2
+    # 35, 114, 70 samples in batches of 48: the third step is client 4's alone
+    (COVERED["fedavg_unequal_epochs"], 0.0),
+    (COVERED["fedkf"], None),  # several updates a step: no graph
+])
+def test_a_step_replayed_from_the_graph_gives_the_eager_numbers(graphs_on_cpu, kw, replayed):
+    eager_w, eager_info = _one_round(True, runtime__cuda_graphs=False, **kw)
+    graph_w, graph_info = _one_round(True, **kw)
+    for cid in eager_w:
+        assert all(torch.equal(eager_w[cid][k], graph_w[cid][k]) for k in eager_w[cid])
+    for e, g in zip(eager_info, graph_info):
+        assert g["train/loss"] == e["train/loss"] and g["vec/groups_per_step"] == e["vec/groups_per_step"]
+        assert g.get("vec/graph_steps") == replayed and "vec/graph_steps" not in e
+
+
+def test_the_graph_is_dropped_at_the_first_step_it_does_not_fit(graphs_on_cpu):
+    """8 steps of batch 16, unpadded, over 35, 114 and 70 samples: client 3's batches 2 and 5 are short, client
+    5's batch 4 and client 4's batch 7, and each splits its step. Steps 0 and 1 are the warm-up, 2 splits, 3 is
+    captured and replayed, 4 splits and drops the graph: step 6, of all clients again, runs eagerly (an eager step
+    may replace the tensors the graph was recorded on)."""
+    kw = dict(federation__local_steps=8, runtime__vectorize_pad=False)
+    eager_w, _ = _one_round(True, runtime__cuda_graphs=False, **kw)
+    graph_w, infos = _one_round(True, **kw)
+    for cid in eager_w:
+        assert all(torch.equal(eager_w[cid][k], graph_w[cid][k]) for k in eager_w[cid])
+    assert [i["vec/graph_steps"] for i in infos] == [1 / 8] * 3
+
+
+def test_a_step_that_cannot_be_captured_runs_eagerly_with_a_warning(monkeypatch, caplog):
+    def refuse(body, stream):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(vectorized, "_GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(vectorized, "_capture", refuse)
+    eager_w, _ = _one_round(True, runtime__cuda_graphs=False)
+    with caplog.at_level("WARNING", logger="fedray"):
+        graph_w, infos = _one_round(True)
+    assert all(torch.equal(eager_w[0][k], graph_w[0][k]) for k in eager_w[0])
+    assert [i["vec/graph_steps"] for i in infos] == [0.0] * 3
+    assert "could not be captured as a CUDA graph" in caplog.text and "not permitted" in caplog.text
+
+
+def test_no_graph_on_a_cpu():
+    _, infos = _one_round(True)
+    assert all("vec/graph_steps" not in i for i in infos)
