@@ -241,7 +241,7 @@ def profile_rows(record: dict, args: argparse.Namespace) -> None:
     for row in record["rows"]:
         if row["where"] == "in-process" and row["workload"].startswith("fedavg") and not row.get("error"):
             record["profiled"].append({"workload": row["workload"], "clients_per_round": row["clients_per_round"],
-                                       "vectorize": row["vectorize"],
+                                       "vectorize": row["vectorize"], "graphs": row.get("graphs", False),
                                        **profile_row(row["row"], row["overrides"], args.device)})
             print(json.dumps(record["profiled"][-1]), flush=True)
             write(record, Path(args.out), done=False)
@@ -356,7 +356,7 @@ def write(record: dict, out: Path, done: bool) -> None:
                   "| cudaMemcpyAsync | kernel time / round |",
                   "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for p in record["profiled"]:
-            clients = "vectorised" if p["vectorize"] else "sequential"
+            clients = MODES["graphs" if p.get("graphs") else "vectorised" if p["vectorize"] else "sequential"]
             if p.get("error"):
                 lines.append(f"| {p['workload']} | {p['clients_per_round']} | {clients} | failed: "
                              f"{p['error'][:120].replace('|', '/')} | | | | | |")
