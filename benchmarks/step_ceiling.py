@@ -160,7 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/gpu")
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32])
-    ap.add_argument("--models", nargs="+", default=["lenet5", "resnet8"])
+    ap.add_argument("--models", nargs="+", default=["lenet5", "resnet8", "resnet11"])
     ap.add_argument("--steps", type=int, default=20, help="steps of a round (the graph/round row)")
     ap.add_argument("--reps", type=int, default=60, help="steps timed per figure")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
