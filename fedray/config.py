@@ -178,7 +178,8 @@ class RuntimeConfig(_Strict):
         "the step's one call, for cross-entropy losses and models without BatchNorm; else it is a call of its own")
     cuda_graphs: bool = Field(
         default=True, description="batched clients on a GPU: replay the usual local step (every client, one SGD "
-        "update) as a CUDA graph instead of issuing its kernels one by one; same numbers (benchmarks/README.md)")
+        "update) as a CUDA graph instead of issuing its kernels one by one: the same kernels on the same tensors "
+        "(benchmarks/README.md)")
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"
