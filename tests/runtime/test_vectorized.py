@@ -16,7 +16,7 @@ from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only, weights_only
 from fedray.runtime.stacked_optimizer import StackedOptimizer
-from fedray.runtime import vectorized
+from fedray.runtime import step_graph
 from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
@@ -383,11 +383,11 @@ def test_ray_batches_a_workers_clients_with_the_in_process_numbers(ray_local):
 
 @pytest.fixture
 def graphs_on_cpu(monkeypatch):
-    """_StepGraph on the CPU, a "replay" calling the captured step again: its bookkeeping (when to capture, the
+    """StepGraph on the CPU, a "replay" calling the captured step again: its bookkeeping (when to capture, the
     index copied in, the optimizer's host counts, when to drop the graph) checked where CI runs. CUDA's own part,
     kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check on a GPU."""
-    monkeypatch.setattr(vectorized, "_GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(vectorized, "_capture", lambda body, stream: body)
+    monkeypatch.setattr(step_graph, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(step_graph, "capture", lambda body, stream: body)
 
 
 @pytest.mark.parametrize("kw, replayed", [
@@ -428,8 +428,8 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_with_a_warning(monkeypatch,
     def refuse(body, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(vectorized, "_GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(vectorized, "_capture", refuse)
+    monkeypatch.setattr(step_graph, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(step_graph, "capture", refuse)
     eager_w, _ = _one_round(True, runtime__cuda_graphs=False)
     with caplog.at_level("WARNING", logger="fedray"):
         graph_w, infos = _one_round(True)
