@@ -5,7 +5,8 @@ mean over rounds 2..R-1: round 1 pays one-off start-up, round R the evaluation):
 ResNet-8, and DaFKD with ResNet-11 (its classifier/discriminator and generator updates batched), each
 in-process and on Ray with fractional GPUs (4 workers x 0.2 GPU, server 0.2), with the clients sequential,
 vectorised (``runtime.vectorize`` true, ``runtime.cuda_graphs`` false) and vectorised with CUDA graphs
-(``--modes`` picks). The GPU's busy fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms from the end
+(``--modes`` picks). "of it server" is the mean ``time/server_s``, the server's aggregation (DaFKD's
+distillation). The GPU's busy fraction is ``nvidia-smi``'s utilization.gpu sampled every 200 ms from the end
 of round 1. "vmap calls/step" (vectorised rows) is the runs' ``vec/groups_per_step``: vmapped calls per
 lockstep step, 1 when all of a worker's clients ran as one; "graph steps" the share of steps replayed from a
 CUDA graph (``vec/graph_steps``).
@@ -231,6 +232,7 @@ def run_row(name: str, overrides: list[str]) -> dict:
 
     return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:-1] or times)),
             "groups_per_step": mean_of("vec/groups_per_step"), "graph_steps": mean_of("vec/graph_steps"),
+            "server_s": mean_of("time/server_s"),
             "busy_pct": float(np.mean(sampler.samples)) if sampler.samples and sampler.available else None,
             "accuracy": result.summary.get("eval/accuracy"), "runtime": result.summary.get("runtime"),
             "wall_s": time.perf_counter() - t0}
@@ -321,21 +323,22 @@ def write(record: dict, out: Path, done: bool) -> None:
     (out / "gpu.json").write_text(json.dumps(record, indent=2) + "\n")
     title = f"GPU throughput ({record['device']}, torch {record['torch']}, {record['date']})"
     lines = [f"# {title}" + ("" if done else " - partial: the run did not finish"), "",
-             "| workload | clients/round | where | clients | s/round | busy % | speed-up | vmap calls/step "
+             "| workload | clients/round | where | clients | s/round | of it server | busy % | speed-up | vmap calls/step "
              "| graph steps | accuracy |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         busy = "-" if r["busy_pct"] is None else f"{r['busy_pct']:.0f}"
         up = f"{r['speedup_vs_sequential']:.2f}x" if "speedup_vs_sequential" in r else ""
         clients = MODES["graphs" if r["graphs"] else "vectorised" if r["vectorize"] else "sequential"]
         calls = "" if r.get("groups_per_step") is None else f"{r['groups_per_step']:.2f}"
         replayed = "" if r.get("graph_steps") is None else f"{100 * r['graph_steps']:.0f} %"
+        server = "" if r.get("server_s") is None else f"{r['server_s']:.3f}"
         if r.get("error"):
             lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | {clients} | failed: "
-                         f"{r['error'][:120].replace('|', '/')} | | | | | |")
+                         f"{r['error'][:120].replace('|', '/')} | | | | | | |")
             continue
         lines.append(f"| {r['workload']} | {r['clients_per_round']} | {r['where']} | {clients} | {r['round_s']:.3f} "
-                     f"| {busy} | {up} | {calls} | {replayed} | {r['accuracy']:.4f} |")
+                     f"| {server} | {busy} | {up} | {calls} | {replayed} | {r['accuracy']:.4f} |")
     if record.get("graph_check"):
         lines += ["", "CUDA graphs against eager steps (`--graph-check`: one round of 8 clients, 20 steps, the same seed):",
                   "", "| run | cuDNN deterministic | steps replayed | max abs difference, graphs vs eager "

@@ -174,7 +174,10 @@ def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int) -> dict[
     row: dict[str, Any] = {"round": r, **summarise_clients(outcome.client_infos)}
     row["comm/bytes_down"] = float(outcome.payload_bytes * len(clients))
     row.update(outcome.server_metrics)
-    row.update(runtime.evaluate() if should_evaluate(cfg, r) else dict.fromkeys(EVAL_KEYS))
+    evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
+    row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
+    row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
+    row["time/server_s"] = outcome.server_s
     row["time/round_s"] = time.perf_counter() - t0
     return row
 

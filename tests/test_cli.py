@@ -27,6 +27,9 @@ def test_run_writes_summary_and_history(tmp_path, capsys):
     # eval_every=2: round 2 and the last round are evaluated; round 1 leaves eval columns empty
     assert [r["eval/accuracy"] is None for r in rows] == [True, False, False]
     assert all(r["comm/bytes_up"] > 0 and r["time/round_s"] > 0 for r in rows)
+    # where a round's time went: the server's aggregation, and the evaluation where there was one
+    assert [r["time/eval_s"] > 0 for r in rows] == [False, True, True]
+    assert all(0 < r["time/server_s"] and r["time/server_s"] + r["time/eval_s"] < r["time/round_s"] for r in rows)
     assert sum(r["comm/bytes_up"] for r in rows) == summary["comm/bytes_up"]
     assert (out / "config.yaml").exists() and (out / "model.pt").exists()
     assert "eval/accuracy" in capsys.readouterr().out  # the final table

@@ -18,6 +18,7 @@ class RoundOutcome:
     client_infos: list[dict]  # one per client, in client-id order
     server_metrics: dict[str, float]
     payload_bytes: int  # size of the broadcast sent to each sampled client
+    server_s: float = 0.0  # wall time of the server's aggregation (the method's server update), as the runtime waited
 
 
 class Runtime(ABC):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -42,7 +43,9 @@ class LocalRuntime(Runtime):
                 self.client_states[cid] = state
             uploads.append(upload)
             infos.append(info)
-        return RoundOutcome(infos, self.server.aggregate(round_, uploads, client_ids), payload_bytes)
+        t0 = time.perf_counter()
+        metrics = self.server.aggregate(round_, uploads, client_ids)
+        return RoundOutcome(infos, metrics, payload_bytes, time.perf_counter() - t0)
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:

@@ -251,6 +251,7 @@ class RayRuntime(Runtime):
                 log.warning("round %d: dropped client %d: its upload was lost with its node", round_, cid)
         if not kept:
             raise RunFailure(f"round {round_}: no client finished (all dropped after failures or timeouts)")
+        t0 = time.perf_counter()
         try:
             metrics = ray.get(self.server.aggregate.remote(round_, kept))
         except ray.exceptions.RayTaskError as e:
@@ -265,8 +266,9 @@ class RayRuntime(Runtime):
             if info.get("has_state", True):
                 self.client_states[cid] = job.state
             infos.append(info)
+        server_s = time.perf_counter() - t0
         metrics["health/dropped_clients"] = float(len(client_ids) - len(kept))
-        return RoundOutcome(infos, metrics, payload_bytes)
+        return RoundOutcome(infos, metrics, payload_bytes, server_s)
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:

@@ -56,6 +56,7 @@ def test_private_client_state_persists_per_client(backend, request):
         for r in range(1, 6):
             outcome = rt.run_round(r, sample_clients(cfg.seed, r, 6, 3))
             seen.append([info["test/count"] for info in outcome.client_infos])
+            assert outcome.server_s > 0  # the aggregation's wall time (history's time/server_s)
         if backend == "ray":
             import ray
 
