@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 
@@ -42,15 +43,42 @@ class RunFailure(Exception):
 _INTERRUPTED = threading.Event()
 
 
+class _Deferral:
+    depth = 0  # interrupts_deferred blocks entered
+    pending = False  # an interrupt arrived inside one: raised when the outermost ends
+
+
 def interrupt(signum=None, frame=None) -> None:
-    """Ctrl-C / SIGTERM handler: remember the interrupt, then raise KeyboardInterrupt.
+    """Ctrl-C / SIGTERM handler: remember the interrupt, then raise KeyboardInterrupt (inside
+    :func:`interrupts_deferred`, when the block ends; a second interrupt at once).
 
     Remembered because Python drops an exception raised while a finaliser runs ("Exception ignored in
     ... __del__"), and Ray runs many: long loops call :func:`check_interrupted` at safe points, so a
     Ctrl-C that landed in one still stops them.
     """
-    record_interrupt()
+    again = record_interrupt()
+    if _Deferral.depth and not again:
+        _Deferral.pending = True
+        return
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """A block no first Ctrl-C / SIGTERM cuts in half: :func:`interrupt` raises its KeyboardInterrupt when the
+    block ends (a second interrupt still raises at once, for a write that hangs). For MLflow writes: one cut
+    mid-transaction can leave a SQLite store locked, and then the run's end status cannot be written (seen as
+    "database is locked", exit status 1 and a run left RUNNING after a SIGTERM)."""
+    _Deferral.depth += 1
+    try:
+        yield
+    finally:
+        _Deferral.depth -= 1
+        pending = _Deferral.depth == 0 and _Deferral.pending
+        if pending:
+            _Deferral.pending = False
+    if pending:
+        raise KeyboardInterrupt
 
 
 def record_interrupt() -> bool:

@@ -9,6 +9,7 @@ output to :mod:`fedray.console`. :mod:`fedray.simulation` and this module do not
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedray.errors import interrupts_deferred
 from fedray.results import OPTIONAL_FILES, RESULT_FILES, write_json
 
 
@@ -68,6 +70,15 @@ def _numeric(row: dict[str, Any]) -> dict[str, float]:
             if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)}
 
 
+def _uninterrupted(method):
+    """An MLflow write that a first Ctrl-C / SIGTERM does not cut in half (:func:`~fedray.errors.interrupts_deferred`)."""
+    @functools.wraps(method)
+    def write(*args, **kwargs):
+        with interrupts_deferred():
+            return method(*args, **kwargs)
+    return write
+
+
 class MlflowTracker:
     """One MLflow run: params, tags, a metric batch per round, artifacts, and an honest end status.
 
@@ -100,6 +111,7 @@ class MlflowTracker:
                               f"{str(e).splitlines()[0][:200]}); fix tracking.uri or set tracking.enabled=false") from None
         self.run_id: str | None = None
 
+    @_uninterrupted
     def start(self, cfg, kind: str = "run", parent_run_id: str | None = None, run_name: str | None = None,
               extra_tags: dict[str, str] | None = None) -> str:
         from fedray import __version__
@@ -116,6 +128,7 @@ class MlflowTracker:
         self.log_params(cfg.flat())
         return self.run_id
 
+    @_uninterrupted
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
@@ -123,6 +136,7 @@ class MlflowTracker:
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
+    @_uninterrupted
     def log_round(self, row: dict[str, Any]) -> None:
         """Every numeric key of a history row, at ``step=round``, in one batched call."""
         from mlflow.entities import Metric
@@ -131,11 +145,13 @@ class MlflowTracker:
         metrics = [Metric(k, v, ts, int(row["round"])) for k, v in _numeric(row).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
 
+    @_uninterrupted
     def log_artifacts(self, folder: Path) -> None:
         for name in (*RESULT_FILES, *OPTIONAL_FILES):
             if (Path(folder) / name).is_file():
                 self.client.log_artifact(self.run_id, str(Path(folder) / name))
 
+    @_uninterrupted
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)

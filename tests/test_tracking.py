@@ -14,7 +14,8 @@ from fedray.algorithms.fedavg import FedAvg
 from fedray.cli import main
 from fedray.results import RESULT_FILES
 from fedray.simulation import run_experiment
-from fedray.tracking import RunTracking, resolve_tracking_uri
+from fedray.errors import clear_interrupted, interrupt
+from fedray.tracking import MlflowTracker, RunTracking, resolve_tracking_uri
 from tests.conftest import tiny_config
 from tests.test_cli import TINY_ARGS
 
@@ -141,3 +142,29 @@ def test_sigterm_ends_the_run_killed(tmp_path):
     assert [r.info.status for r in runs] == ["KILLED"]
     assert not (tmp_path / "out" / "summary.json").exists()  # no result presented as complete
     assert (tmp_path / "out" / "checkpoint.pt").exists()  # but resumable
+
+
+def test_an_interrupt_during_an_mlflow_write_stops_the_run_after_the_write(tmp_path, monkeypatch):
+    """A first Ctrl-C / SIGTERM landing inside a write to MLflow is raised once the write is done: a write cut
+    mid-transaction can leave the SQLite store locked, and the run's KILLED status then cannot be written. A
+    second one (a write that hangs) is raised at once."""
+    tracker = MlflowTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "deferral")
+    run_id = tracker.start(tiny_config())
+    write = tracker.client.log_batch
+
+    def interrupted(*args, **kwargs):
+        interrupt()  # what the signal handler does, here in the middle of the write
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(tracker.client, "log_batch", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tracker.log_round({"round": 1, "train/loss": 0.5})
+        with pytest.raises(KeyboardInterrupt):
+            tracker.log_round({"round": 2, "train/loss": 0.25})
+        tracker.end("KILLED")
+    finally:
+        clear_interrupted()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [m.value for m in client.get_metric_history(run_id, "train/loss")] == [0.5]  # round 2's never began
+    assert client.get_run(run_id).info.status == "KILLED"
