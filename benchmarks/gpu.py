@@ -176,7 +176,7 @@ def check_graphs(device: str, deterministic: bool = False) -> list[dict]:
     def max_diff(a: dict, b: dict) -> float:
         return max(float((a[k].double() - b[k].double()).abs().max()) for k in a if torch.is_floating_point(a[k]))
 
-    out = []
+    out, before = [], torch.backends.cudnn.deterministic
     torch.backends.cudnn.deterministic = deterministic
     for run, extra in GRAPH_CHECKS.items():
         try:
@@ -197,7 +197,7 @@ def check_graphs(device: str, deterministic: bool = False) -> list[dict]:
                         "identical": all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])})
         except Exception as exc:  # the next check still runs
             out.append({"run": run, "cudnn_deterministic": deterministic, "error": f"{type(exc).__name__}: {exc}"[:500]})
-    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.deterministic = before
     return out
 
 

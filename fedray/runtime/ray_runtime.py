@@ -260,13 +260,13 @@ class RayRuntime(Runtime):
             raise
         except SYSTEM_ERRORS as e:
             raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+        server_s = time.perf_counter() - t0
         infos = []
         for cid in kept:
             job, info, _ = done[cid]
             if info.get("has_state", True):
                 self.client_states[cid] = job.state
             infos.append(info)
-        server_s = time.perf_counter() - t0
         metrics["health/dropped_clients"] = float(len(client_ids) - len(kept))
         return RoundOutcome(infos, metrics, payload_bytes, server_s)
 

@@ -37,6 +37,7 @@ class StackedOptimizer:
         self.state: dict[str, list[torch.Tensor | None]] = {k: [None, None] for k in params}
         self.even = {k: True for k in params}  # whether every client has taken as many steps of k
         self.multi_tensor_steps = 0  # steps of a parameter group taken by the foreach path (for tests)
+        self._stepped: dict[OptimSpec, list[str]] = {}  # what the last step_device stepped, by setting
 
     @torch.no_grad()
     def step(self, active: torch.Tensor | None, per_key: dict[str, torch.Tensor | None] | None = None) -> None:
@@ -69,12 +70,14 @@ class StackedOptimizer:
         """:meth:`step` of every client (``uniform()`` holds) without the host's step counts: only device work
         and Python bookkeeping that a repeat leaves as it is, so a CUDA graph of it replays the step; each
         step taken this way is counted by :meth:`count`."""
-        for spec, keys in self._together().items():
+        self._stepped = self._together()
+        for spec, keys in self._stepped.items():
             self._step_together(spec, keys)
 
     def count(self) -> None:
-        """The host's step counts of one :meth:`step_device`."""
-        for keys in self._together().values():
+        """The host's step counts of the last :meth:`step_device`, or of a replay of it (the parameters it stepped,
+        found once, not again at every replay)."""
+        for keys in self._stepped.values():
             self._count_together(keys)
 
     def _together(self) -> dict[OptimSpec, list[str]]:

@@ -191,6 +191,20 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     batched = _RoundBatches(plans, device, pad and plans[0].paddable and not _couples_rows(modules)) \
         if plans[0].batches is not None else None
 
+    def sum_of(key: str) -> torch.Tensor:
+        """Figure ``key``'s per-client sum over the steps (made once, not a zeros kernel every step)."""
+        if key not in sums:
+            sums[key] = torch.zeros(n, dtype=torch.float64, device=device)
+        return sums[key]
+
+    def call_everyone(u: int, inp: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Update ``u``'s losses of every client (the usual step: no client index needed anywhere), its figures
+        added to the sums."""
+        losses, aux = calls[u](params, buffers, inp)
+        for key, value in aux.items():
+            sum_of(key).add_(value.detach())
+        return losses
+
     def eager_step(s: int, step_inputs: list, groups: dict[tuple, list[int]]) -> None:
         """One lockstep step, each update as one vmapped call per group of clients (``groups``)."""
         for u, (call, opt) in enumerate(zip(calls, opts)):
@@ -208,10 +222,8 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                        for k in step_inputs[members[0]][0]}
                 if batched is not None:
                     inp.update(batched.inputs(s, members))
-                if everyone:  # the usual step: no client index needed anywhere
-                    losses, aux = call(params, buffers, inp)
-                    for key, value in aux.items():
-                        sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device)).add_(value.detach())
+                if everyone:
+                    losses = call_everyone(u, inp)
                 else:
                     index = to_device(torch.tensor(members), device)
                     sub_b = {k: v[index] for k, v in buffers.items()}
@@ -219,8 +231,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                     for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
                         buffers[k][index] = v
                     for key, value in aux.items():
-                        acc = sums.setdefault(key, torch.zeros(n, dtype=torch.float64, device=device))
-                        acc.index_add_(0, index, value.detach().to(torch.float64))
+                        sum_of(key).index_add_(0, index, value.detach().to(torch.float64))
                 losses_of_runs.append(losses.sum())
             total = losses_of_runs[0] if len(losses_of_runs) == 1 else torch.stack(losses_of_runs).sum()
             total.backward(inputs=list(moved[u].values()))
@@ -237,9 +248,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
         :class:`StepGraph` captures; the optimizer's step counts are the graph's to keep."""
         for p in params.values():  # so backward allocates the gradients in the graph, and a replay rewrites them
             p.grad = None
-        losses, aux = calls[0](params, buffers, batched.gather(index))
-        for key, value in aux.items():
-            sums[key].add_(value.detach())  # the sums exist: the warm-up steps made them
+        losses = call_everyone(0, batched.gather(index))  # the sums exist: the warm-up steps made them
         losses.sum().backward(inputs=list(moved[0].values()))
         opts[0].step_device()
 
