@@ -177,9 +177,9 @@ class RuntimeConfig(_Strict):
         default=True, description="batched clients: pad a short batch (a pass ending early) with ignored rows into "
         "the step's one call, for cross-entropy losses and models without BatchNorm; else it is a call of its own")
     cuda_graphs: bool = Field(
-        default=True, description="batched clients on a GPU: replay the usual local step (every client, one SGD "
-        "update) as a CUDA graph instead of issuing its kernels one by one: the same kernels on the same tensors "
-        "(benchmarks/README.md)")
+        default=True, description="on a GPU: replay the usual local step of batched clients (every client, its "
+        "updates, SGD or Adam) and a method's server loop of fixed-shape steps (DaFKD's distillation) as CUDA graphs "
+        "instead of issuing their kernels one by one: the same kernels on the same tensors (benchmarks/README.md)")
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"

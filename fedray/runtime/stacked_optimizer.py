@@ -38,6 +38,10 @@ class StackedOptimizer:
         self.even = {k: True for k in params}  # whether every client has taken as many steps of k
         self.multi_tensor_steps = 0  # steps of a parameter group taken by the foreach path (for tests)
         self._stepped: dict[OptimSpec, list[str]] = {}  # what the last step_device stepped, by setting
+        # Adam's step counts of the multi-tensor path on the parameters' device, one scalar per parameter as
+        # torch.optim keeps them, stepped by torch's own Adam (capturable on CUDA: its bias correction read on the
+        # device, so a CUDA graph of the step replays it); made from ``steps`` when missing
+        self.device_steps: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
     def step(self, active: torch.Tensor | None, per_key: dict[str, torch.Tensor | None] | None = None) -> None:
@@ -60,10 +64,14 @@ class StackedOptimizer:
             self._count_together(keys)
 
     def uniform(self) -> bool:
-        """Whether every parameter has been stepped equally often for every client and all settings are SGD:
-        then a step of all clients is :meth:`step_device` then :meth:`count`, a step a CUDA graph can replay
-        (Adam's bias correction is computed on the host from the step count, so a replay would repeat it)."""
-        return all(self.even.values()) and all(spec.kind == "sgd" for spec in self.specs.values())
+        """Whether every parameter has been stepped equally often for every client: then a step of all clients is
+        :meth:`step_device` then :meth:`count`, a step a CUDA graph can replay."""
+        return all(self.even.values())
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors a step of all clients reads and rewrites in place besides parameters and gradients (momentum
+        buffers, Adam's moments and device step counts): a CUDA graph of the step is bound to these."""
+        return [t for k in self.params for t in (*self.state[k], self.device_steps.get(k)) if t is not None]
 
     @torch.no_grad()
     def step_device(self) -> None:
@@ -98,10 +106,13 @@ class StackedOptimizer:
         grads = [p.grad for p in params]
         if spec.kind == "adam":
             moments = [[torch.zeros_like(p) if s is None else s for s in self.state[k]] for k, p in zip(keys, params)]
-            counts = [torch.tensor(float(self.steps[k][0]), dtype=torch.float32) for k in keys]
-            adam_functional(params, grads, [m for m, _ in moments], [v for _, v in moments], [], counts, foreach=True,
-                            amsgrad=False, beta1=spec.betas[0], beta2=spec.betas[1], lr=spec.lr,
-                            weight_decay=spec.weight_decay, eps=ADAM_EPS, maximize=False)
+            for k, p in zip(keys, params):
+                if k not in self.device_steps:
+                    self.device_steps[k] = torch.tensor(float(self.steps[k][0]), dtype=torch.float32, device=p.device)
+            adam_functional(params, grads, [m for m, _ in moments], [v for _, v in moments], [],
+                            [self.device_steps[k] for k in keys], foreach=True, amsgrad=False,
+                            capturable=params[0].device.type == "cuda", beta1=spec.betas[0], beta2=spec.betas[1],
+                            lr=spec.lr, weight_decay=spec.weight_decay, eps=ADAM_EPS, maximize=False)
             new_state = [list(mv) for mv in moments]
         else:
             bufs = [self.state[k][0] for k in keys]
@@ -114,6 +125,7 @@ class StackedOptimizer:
     def _step_one(self, key: str, p: torch.Tensor, mask: torch.Tensor | None, host_mask: torch.Tensor | None) -> None:
         """``key``'s step alone: the clients where ``mask`` is True move, the others keep their rows."""
         g, spec = p.grad, self.specs[key]
+        self.device_steps.pop(key, None)  # made again from the host counts if the clients meet again
         before = self.steps[key].clone()
         self.steps[key] += 1 if host_mask is None else host_mask.double()
         self.even[key] = bool((self.steps[key] == self.steps[key][0]).all())
@@ -140,6 +152,7 @@ class StackedOptimizer:
             if not any(key in c for c in clients):
                 continue
             names = self._NAMES[self.specs[key].kind]
+            self.device_steps.pop(key, None)
             self.steps[key] = torch.tensor([float(c.get(key, {}).get("step", 0)) for c in clients], dtype=torch.float64)
             self.even[key] = bool((self.steps[key] == self.steps[key][0]).all())
             self.state[key] = [None if name is None else torch.stack(

@@ -218,8 +218,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
             for flags, members in runs:
                 wrappers[u].flags = flags
                 # inputs drawn on the host (seeded noise) are stacked there: one copy to the device, not one a client
-                inp = {k: to_device(torch.stack([step_inputs[i][0][k] for i in members]), device)
-                       for k in step_inputs[members[0]][0]}
+                inp = {k: to_device(v, device) for k, v in _stacked(step_inputs, members).items()}
                 if batched is not None:
                     inp.update(batched.inputs(s, members))
                 if everyone:
@@ -243,17 +242,27 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                 per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
             opt.step(active, per_key)
 
-    def graph_body(index: torch.Tensor) -> None:
-        """``eager_step`` of every client (one update, no host inputs) on the batches of ``index``: what
-        :class:`StepGraph` captures; the optimizer's step counts are the graph's to keep."""
-        for p in params.values():  # so backward allocates the gradients in the graph, and a replay rewrites them
-            p.grad = None
-        losses = call_everyone(0, batched.gather(index))  # the sums exist: the warm-up steps made them
-        losses.sum().backward(inputs=list(moved[0].values()))
-        opts[0].step_device()
+    def graph_body(key: tuple, inp: dict[str, torch.Tensor]) -> None:
+        """``eager_step`` of every client (one group, flags ``key[0]``) on the batches of ``inp["index"]`` and the
+        host inputs in the rest of ``inp``: what :class:`StepGraph` captures; the optimizers' step counts are the
+        graph's to keep."""
+        flags, data = key[0], {**{k: v for k, v in inp.items() if k != "index"}, **batched.gather(inp["index"])}
+        for u in range(len(updates)):
+            if not flags[u]:
+                continue
+            for p in params.values():  # so backward allocates the gradients in the graph, and a replay rewrites them
+                p.grad = None
+            wrappers[u].flags = flags
+            losses = call_everyone(u, data)  # the sums exist: the warm-up steps made them
+            losses.sum().backward(inputs=list(moved[u].values()))
+            if updates[u].trains is not None:  # a module the update reached but does not train this step stays
+                kept = updates[u].trains(flags)
+                for k in moved[u]:
+                    if k.split(".", 1)[0] not in kept:
+                        params[k].grad = None
+            opts[u].step_device()
 
-    graph = StepGraph(device, graph_body) if cuda_graphs and StepGraph.possible(device, updates, batched) \
-        else None
+    graph = StepGraph(device, graph_body) if cuda_graphs and batched is not None and StepGraph.possible(device) else None
     total_steps = max(p.steps for p in plans)
     with graph.running() if graph is not None else contextlib.nullcontext():
         for s, step_inputs in enumerate(_lockstep(plans)):
@@ -264,7 +273,8 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                     shapes = tuple((k, tuple(v.shape)) for k, v in inp.items())
                     groups.setdefault((flags, shapes, batched.group_of(s, i) if batched else None), []).append(i)
             group_count, step_count = group_count + len(groups), step_count + 1
-            if graph is not None and graph.step(_whole_step(groups, batched, s, n), opts[0], total_steps - s):
+            whole = _whole_step(groups, step_inputs, batched, s, n) if graph is not None else None
+            if whole is not None and graph.step(*whole, [o for o, f in zip(opts, whole[0][0]) if f], total_steps - s):
                 continue
             eager_step(s, step_inputs, groups)
     sums_cpu = {k: v.cpu().tolist() for k, v in sums.items()}
@@ -290,13 +300,22 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     return results
 
 
-def _whole_step(groups: dict[tuple, list[int]], batched: "_RoundBatches | None", s: int, n: int) -> torch.Tensor | None:
-    """Step ``s``'s batch index when it is a :class:`StepGraph` step: one group of all ``n`` clients running the
-    one update, with no inputs drawn on the host; else None."""
+def _whole_step(groups: dict[tuple, list[int]], step_inputs: list, batched: "_RoundBatches | None", s: int,
+                n: int) -> tuple[tuple, dict[str, torch.Tensor]] | None:
+    """Step ``s`` as a :class:`StepGraph` step when it is one group of all ``n`` clients: ((flags,), inputs), the
+    inputs being the step's batch index (on the device) and the clients' host inputs stacked; else None."""
     if batched is None or len(groups) != 1:
         return None
-    (flags, shapes, _), members = next(iter(groups.items()))
-    return batched.whole_step(s, n) if flags == (True,) and not shapes and len(members) == n else None
+    (flags, _, _), members = next(iter(groups.items()))
+    index = batched.whole_step(s, n) if len(members) == n else None
+    if index is None:
+        return None
+    return (flags,), {"index": index, **_stacked(step_inputs, members)}
+
+
+def _stacked(step_inputs: list, members: list[int]) -> dict[str, torch.Tensor]:
+    """The host inputs of ``members``' step (``StepwiseTraining.inputs``), each stacked over them (on the host)."""
+    return {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
 
 
 class _HostWeights:

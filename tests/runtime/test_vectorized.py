@@ -16,7 +16,8 @@ from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only, weights_only
 from fedray.runtime.stacked_optimizer import StackedOptimizer
-from fedray.runtime import step_graph
+from fedray import cuda_graphs
+from fedray.runtime.step_graph import StepGraph
 from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
@@ -118,13 +119,16 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 COVERED = {
     "fedavg_sgd_momentum": dict(federation__momentum=0.9, federation__weight_decay=1e-3),
     "fedavg_adam": dict(federation__optimizer="adam", federation__lr=1e-3, federation__weight_decay=1e-3),
-    "fedavg_batchnorm": dict(model__name="resnet8_bn", federation__momentum=0.9),
+    # BatchNorm models in batches of 12 (client 3's 35 samples end a pass on 11): a pass ending on a 3-sample batch
+    # (batches of 16) amplifies rounding ~100x within two steps, so far that the batched and the sequential rounding
+    # differ by 1e-5 on some CPUs (AVX-512 here) and not on others - no longer a check of the batching
+    "fedavg_batchnorm": dict(model__name="resnet8_bn", federation__momentum=0.9, federation__batch_size=12),
     "fedavg_unequal_epochs": dict(federation__local_epochs=1, federation__batch_size=48),  # masked, short batches
     "fedprox": dict(algorithm__name="fedprox", algorithm__mu=0.5),
     "qffl": dict(algorithm__name="qffl", algorithm__q=1.0),
     "fedgkd": dict(algorithm__name="fedgkd"),
     "local_heterogeneous": dict(algorithm__name="local", model__client_models=["lenet5", "resnet8_bn"]),
-    "fedcd": dict(algorithm__name="fedcd", model__client_models=["lenet5", "resnet8"], **SERVER),
+    "fedcd": dict(algorithm__name="fedcd", model__client_models=["lenet5", "resnet8"], **SERVER, federation__batch_size=17),
     "feddistill": dict(algorithm__name="feddistill", model__client_models=["lenet5", "mlp"]),
     "fedd3a": dict(algorithm__name="fedd3a", **SERVER, data__server_data__labelled=False),
     "fedd3a_heterogeneous": dict(algorithm__name="fedd3a", model__client_models=["lenet5", "resnet8"], **SERVER,
@@ -137,7 +141,8 @@ COVERED = {
     "fedkf": dict(algorithm__name="fedkf"),
     "dafkd": dict(**DAFKD),
     "dafkd_conditional_bn_adam": dict(DAFKD, algorithm__generator="conditional", model__name="resnet8_bn",
-                                      federation__optimizer="adam", federation__lr=1e-3, federation__weight_decay=1e-4),
+                                      federation__optimizer="adam", federation__lr=1e-3, federation__weight_decay=1e-4,
+                                      federation__batch_size=12),
     "dafkd_unequal_gan_epochs": dict(**DAFKD, federation__local_epochs=2, federation__batch_size=48,
                                      algorithm__gan_local_epochs=1),  # D/G stop at different steps per client
     # client 3's 35 samples end a pass on a one-sample batch: the conditional generator's BatchNorm1d still gets
@@ -327,7 +332,7 @@ def test_second_round_distils_too():
 def test_five_vectorised_rounds_reach_the_sequential_accuracy(name):
     acc = [run_experiment(tiny_config(runtime__vectorize=v, federation__rounds=5, **COVERED[name]),
                           progress=False).summary["eval/accuracy"] for v in (False, True)]
-    assert abs(acc[1] - acc[0]) <= 0.005, acc
+    assert abs(acc[1] - acc[0]) <= 0.005 + 1e-9, acc  # half a point: one test image of the tiny set's 200
 
 
 def test_a_step_that_cannot_be_batched_runs_sequentially_under_vectorize():
@@ -387,8 +392,8 @@ def graphs_on_cpu(monkeypatch):
     """StepGraph on the CPU, a "replay" calling the captured step again: its bookkeeping (when to capture, the
     index copied in, the optimizer's host counts, when to drop the graph) checked where CI runs. CUDA's own part,
     kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check on a GPU."""
-    monkeypatch.setattr(step_graph, "GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(step_graph, "capture", lambda body, stream: body)
+    monkeypatch.setattr(cuda_graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(cuda_graphs, "capture", lambda body, stream: body)
 
 
 @pytest.mark.parametrize("kw, replayed", [
@@ -396,11 +401,15 @@ def graphs_on_cpu(monkeypatch):
     (COVERED["fedavg_sgd_momentum"], 0.5),
     (COVERED["fedprox"], 0.5),
     (dict(federation__local_steps=3), 0.0),  # one step left after the warm-up: not worth a capture
-    (COVERED["fedavg_adam"], 0.0),  # Adam's bias correction is computed on the host: never replayed
+    (COVERED["fedavg_adam"], 0.5),  # Adam: its step counts on the device (on the host on a CPU)
     (COVERED["fedavg_batchnorm"], 0.0),  # client 3's short third batch, unpadded under BatchNorm, splits step 2
     # 35, 114, 70 samples in batches of 48: the third step is client 4's alone
     (COVERED["fedavg_unequal_epochs"], 0.0),
-    (COVERED["fedkf"], None),  # several updates a step: no graph
+    (COVERED["fedkf"], 0.0),  # step 2 split by client 3's short batch (the generator's BatchNorm), then one left
+    # batches of 5 are all full: two updates a step (Adam for the generator), noise drawn on the host
+    (dict(COVERED["fedkf"], federation__batch_size=5), 0.5),
+    (dict(COVERED["dafkd"], federation__batch_size=5), 0.5),
+    (dict(COVERED["dafkd_conditional_bn_adam"], federation__batch_size=5), 0.5),  # and the generator's labels
 ])
 def test_a_step_replayed_from_the_graph_gives_the_eager_numbers(graphs_on_cpu, kw, replayed):
     eager_w, eager_info = _one_round(True, runtime__cuda_graphs=False, **kw)
@@ -412,25 +421,47 @@ def test_a_step_replayed_from_the_graph_gives_the_eager_numbers(graphs_on_cpu, k
         assert g.get("vec/graph_steps") == replayed and "vec/graph_steps" not in e
 
 
-def test_the_graph_is_dropped_at_the_first_step_it_does_not_fit(graphs_on_cpu):
+def test_a_step_that_does_not_fit_the_graph_runs_eagerly_and_the_graph_is_kept(graphs_on_cpu):
     """8 steps of batch 16, unpadded, over 35, 114 and 70 samples: client 3's batches 2 and 5 are short, client
     5's batch 4 and client 4's batch 7, and each splits its step. Steps 0 and 1 are the warm-up, 2 splits, 3 is
-    captured and replayed, 4 splits and drops the graph: step 6, of all clients again, runs eagerly (an eager step
-    may replace the tensors the graph was recorded on)."""
+    captured and replayed, 4 and 5 split and run eagerly, 6 is replayed again."""
     kw = dict(federation__local_steps=8, runtime__vectorize_pad=False)
     eager_w, _ = _one_round(True, runtime__cuda_graphs=False, **kw)
     graph_w, infos = _one_round(True, **kw)
     for cid in eager_w:
         assert all(torch.equal(eager_w[cid][k], graph_w[cid][k]) for k in eager_w[cid])
-    assert [i["vec/graph_steps"] for i in infos] == [1 / 8] * 3
+    assert [i["vec/graph_steps"] for i in infos] == [2 / 8] * 3
+
+
+def test_the_graph_is_dropped_once_an_eager_step_replaced_the_optimizer_state(graphs_on_cpu):
+    class Opt:  # a stand-in for StackedOptimizer: uniform, its state one tensor
+        def __init__(self):
+            self.state, self.counted = [torch.zeros(2)], 0
+
+        def uniform(self):
+            return True
+
+        def state_tensors(self):
+            return self.state
+
+        def count(self):
+            self.counted += 1
+
+    ran = []
+    graph, opt = StepGraph(torch.device("cpu"), lambda key, inp: ran.append(inp["index"].tolist())), Opt()
+    steps = [graph.step(("flags",), {"index": torch.tensor([s])}, [opt], 10 - s) for s in range(4)]
+    assert steps == [False, False, True, True] and ran == [[2], [3]] and opt.counted == 2
+    opt.state = [torch.zeros(2)]  # as a masked eager step's torch.where leaves it
+    assert not graph.step(("flags",), {"index": torch.tensor([4])}, [opt], 6) and graph.graph.dropped
+    assert ran == [[2], [3]] and opt.counted == 2
 
 
 def test_a_step_that_cannot_be_captured_runs_eagerly_with_a_warning(monkeypatch, caplog):
     def refuse(body, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(step_graph, "GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(step_graph, "capture", refuse)
+    monkeypatch.setattr(cuda_graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(cuda_graphs, "capture", refuse)
     eager_w, _ = _one_round(True, runtime__cuda_graphs=False)
     with caplog.at_level("WARNING", logger="fedray"):
         graph_w, infos = _one_round(True)
