@@ -190,6 +190,9 @@ class ServerContext:
     seed: int
     device: torch.device
     modules: Any
+    # replay loops of fixed-shape steps as CUDA graphs where the device allows (``runtime.cuda_graphs``;
+    # :class:`fedray.cuda_graphs.GraphedStep`)
+    cuda_graphs: bool = False
 
 
 @dataclass

@@ -7,6 +7,7 @@ local models (main variant) or the clients' weighted outputs (Appendix B), and h
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,7 @@ from fedray.algorithms.base import ServerContext, Weights
 from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targets
 from fedray.algorithms.ensemble import stacked_outputs
 from fedray.algorithms.weights import clone_weights, weighted_average
+from fedray.cuda_graphs import GraphedStep
 from fedray.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -117,7 +119,8 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
 
     The student stays in eval mode: BatchNorm running statistics remain those averaged from the clients'
     real data, and generated batches never enter them. Batches are drawn without replacement from a
-    seeded permutation (reshuffled after each pass).
+    seeded permutation (reshuffled after each pass). With ``ctx.cuda_graphs`` on a GPU and SGD, the step (the
+    same kernels on another batch index) is replayed as a CUDA graph after two eager ones: the same numbers.
     """
     p, model = algo.params, ctx.modules.model
     model.load_state_dict(start)
@@ -126,19 +129,31 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
            else optim.SGD(model.parameters(), lr=p.distill_lr, momentum=0.9))
     rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "dafkd/distill-batches") % (1 << 63))
     n, bs = x.shape[0], p.distill_batch_size
-    perm, pos, losses = torch.randperm(n, generator=rng), 0, []
-    for _ in range(p.distill_steps):
-        if pos >= n:
-            perm, pos = torch.randperm(n, generator=rng), 0
-        idx = perm[pos : pos + bs].to(x.device)
-        pos += bs
+
+    def step(key: None, inp: dict[str, torch.Tensor]) -> torch.Tensor:
+        idx = inp["index"]
         loss = kd_kl_probs(model(x[idx]), teacher_probs[idx], p.temperature)
         if p.kd_reduction == "mean":  # the authors' nn.KLDivLoss(): averaged over the classes as well
             loss = loss / teacher_probs.shape[1]
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(loss.detach())
+        return loss.detach()
+
+    # fedray's Adam keeps its step counts on the host: a graph would repeat one bias correction
+    graph = GraphedStep(ctx.device, step, "DaFKD's distillation step") \
+        if ctx.cuda_graphs and p.distill_optimizer == "sgd" else None
+    perm, pos, losses = torch.randperm(n, generator=rng), 0, []
+    with graph.running() if graph is not None else contextlib.nullcontext():
+        for s in range(p.distill_steps):
+            if pos >= n:
+                perm, pos = torch.randperm(n, generator=rng), 0
+            idx = perm[pos : pos + bs]
+            pos += bs
+            if graph is not None and graph.replay(None, {"index": idx}, p.distill_steps - s):
+                losses.append(graph.out.clone())  # the next replay rewrites it
+            else:
+                losses.append(step(None, {"index": idx.to(x.device)}))
     if not losses:
         return start, {}
     t = torch.stack(losses)

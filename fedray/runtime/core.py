@@ -210,7 +210,7 @@ class ServerCore:
             raise RunFailure(f"round {round_}: every upload was non-finite (clients {', '.join(map(str, client_ids))}); "
                              "the run stops with its last good checkpoint intact; lower federation.lr or check the data")
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
-                            modules=self.modules)
+                            modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs)
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
         diag = self.algo.server_diagnostics(ctx, self.server_labels) if self.server_labels is not None else {}
         if self.probe is not None:
