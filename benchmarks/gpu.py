@@ -13,7 +13,8 @@ CUDA graph (``vec/graph_steps``).
 Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 80 % busy.
 
 ``--graph-check``: before the rows, one round of 8 clients of FedAvg (LeNet-5; ResNet-8 with momentum and
-weight decay; ResNet-8 with BatchNorm) and FedProx, eager, with CUDA graphs, and eager again, from one seed, with
+weight decay; ResNet-8 with BatchNorm; LeNet-5 with Adam), FedProx and DaFKD (ResNet-11: the clients' two updates
+a step and the server's distillation), eager, with CUDA graphs, and eager again, from one seed, with
 cuDNN's default algorithms and with ``cudnn.deterministic``: the largest weight difference of graphs against
 eager and of eager against eager (what the GPU's own non-determinism gives), in a table of ``OUT/gpu.md``.
 
@@ -160,6 +161,10 @@ GRAPH_CHECKS = {  # FedAvg as gpu.py runs it, with momentum and weight decay, Fe
                                                          "federation.momentum=0.9", "federation.weight_decay=1e-4"],
     "fedprox lenet5, mu 0.1": ["algorithm.name=fedprox", "algorithm.mu=0.1", "model.name=lenet5"],
     "fedavg resnet8_bn, batch 50": ["algorithm.name=fedavg", "model.name=resnet8_bn", "federation.batch_size=50"],
+    "fedavg lenet5, adam": ["algorithm.name=fedavg", "model.name=lenet5", "federation.optimizer=adam",
+                            "federation.lr=0.001"],
+    # two updates a step (SGD, then the generator's Adam), host noise, and the server's graphed distillation
+    "dafkd resnet11": ["algorithm.name=dafkd", "model.name=resnet11"],
 }
 
 
