@@ -27,7 +27,7 @@ lower bound). Written to ``OUT/gpu_profile.json`` and a second table in ``OUT/gp
 out: a trace of their rounds holds millions of events.
 
     python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray] [--profile]
-                             [--modes sequential vectorised graphs] [--graph-check]
+                             [--modes sequential vectorised graphs] [--graph-check [RUN ...]]
     .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g --profile  # dry run
 
 Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named) after every row, so a run cut off by
@@ -168,7 +168,7 @@ GRAPH_CHECKS = {  # FedAvg as gpu.py runs it, with momentum and weight decay, Fe
 }
 
 
-def check_graphs(device: str, deterministic: bool = False) -> list[dict]:
+def check_graphs(device: str, runs: list[str], deterministic: bool = False) -> list[dict]:
     """Round 1 of 8 clients without, with, and again without ``runtime.cuda_graphs``, same seed: the global
     weights compared (a replay runs the eager step's kernels on the same tensors; the eager repeat shows how far
     two eager runs already differ, e.g. by cuDNN's atomics) and the share of steps replayed. ``deterministic``:
@@ -183,7 +183,8 @@ def check_graphs(device: str, deterministic: bool = False) -> list[dict]:
 
     out, before = [], torch.backends.cudnn.deterministic
     torch.backends.cudnn.deterministic = deterministic
-    for run, extra in GRAPH_CHECKS.items():
+    for run in runs:
+        extra = GRAPH_CHECKS[run]
         try:
             weights, replayed = [], None
             for graphs in (False, True, False):
@@ -267,8 +268,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile round 2 of each in-process FedAvg row")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
                     help="sequential clients, vectorised (runtime.cuda_graphs=false), vectorised with CUDA graphs")
-    ap.add_argument("--graph-check", action="store_true",
-                    help="first: a round with CUDA graphs against one without, weights compared (check_graphs)")
+    ap.add_argument("--graph-check", nargs="*", default=None, metavar="RUN",
+                    help="first: a round with CUDA graphs against one without, weights compared (check_graphs); "
+                    "only the runs whose names contain one of RUN, if given")
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
@@ -287,8 +289,9 @@ def main() -> None:
     plan = [("in-process", [], k) for k in args.per_round] + [("ray", RAY, k) for k in args.per_round
                                                                  if with_ray and k in ray_ks]
     profiled = record["profiled"] = []
-    if args.graph_check:
-        record["graph_check"] = check_graphs(args.device) + check_graphs(args.device, deterministic=True)
+    if args.graph_check is not None:
+        runs = [r for r in GRAPH_CHECKS if not args.graph_check or any(w in r for w in args.graph_check)]
+        record["graph_check"] = check_graphs(args.device, runs) + check_graphs(args.device, runs, deterministic=True)
         print(json.dumps(record["graph_check"]), flush=True)
         write(record, Path(args.out), done=False)
     for i, (where, extra, k) in enumerate(plan):

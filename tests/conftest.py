@@ -104,3 +104,57 @@ def fashion_mnist_root(tmp_path_factory) -> Path:
     if os.environ.get("FEDRAY_REQUIRE_REAL_DATA") == "1":
         pytest.fail(reason + "; FEDRAY_REQUIRE_REAL_DATA=1 forbids skipping")
     pytest.skip(reason)
+
+
+class _CaptureRules:
+    """What a CUDA graph capture refuses, checked on the CPU: ops that need the host inside the captured step."""
+
+    # a 0-d host tensor is exempt: it enters a device op as a scalar, no copy (torch's Adam on a CPU makes one)
+    REFUSED = {"aten.lift_fresh.default": "a tensor made from host data (on a GPU, a copy to the device)",
+               "aten._local_scalar_dense.default": "a device value read on the host (.item(), float())"}
+
+    @classmethod
+    def mode(cls):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Rules(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if str(func) in cls.REFUSED and not (func is torch.ops.aten.lift_fresh.default and args[0].dim() == 0):
+                    raise RuntimeError(f"not capturable in a CUDA graph: {cls.REFUSED[str(func)]} ({func})")
+                return func(*args, **(kwargs or {}))
+
+        return Rules()
+
+
+@pytest.fixture
+def graphs_on_cpu(monkeypatch):
+    """CUDA graphs (``fedray.cuda_graphs``) on the CPU, where CI runs: a "replay" calls the captured step again, under
+    the capture's rules (:class:`_CaptureRules`), so the bookkeeping (when to capture, the inputs copied in, outputs,
+    the optimizers' host counts, when to drop a graph) and what the step may do are checked. ``replays`` counts the
+    replays. CUDA's own part, kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check."""
+    from fedray import cuda_graphs
+    from fedray.runtime.stacked_optimizer import StackedOptimizer
+
+    replays = []
+
+    def capture(body, stream):
+        def replay():
+            replays.append(1)
+            with _CaptureRules.mode():
+                body()
+        return replay
+
+    def outside_the_rules(step):
+        def run(*args, **kwargs):
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            with _disable_current_modes():
+                return step(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(cuda_graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(cuda_graphs, "capture", capture)
+    # torch's Adam reads its step counts on the host on a CPU; on CUDA they are device tensors (capturable)
+    monkeypatch.setattr(StackedOptimizer, "step_device", outside_the_rules(StackedOptimizer.step_device))
+    return replays

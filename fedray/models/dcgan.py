@@ -78,10 +78,18 @@ class DCGANGenerator(nn.Module):
 
 
 def to_input_space(t: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
-    """tanh output t in [-1, 1] read as pixels (t + 1) / 2 and normalised like the real data."""
-    m = torch.as_tensor(mean, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
-    s = torch.as_tensor(std, dtype=t.dtype, device=t.device).view(1, -1, 1, 1)
-    return ((t + 1.0) * 0.5 - m) / s
+    """tanh output t in [-1, 1] read as pixels (t + 1) / 2 and normalised like the real data.
+
+    The constants are made on ``t``'s device (scalars, or filled there), never copied from the host: a forward
+    with a host-to-device copy cannot be captured in a CUDA graph (``runtime.cuda_graphs``)."""
+    p = (t + 1.0) * 0.5
+    if len(set(mean)) == 1 and len(set(std)) == 1:
+        return (p - mean[0]) / std[0]
+
+    def per_channel(values: tuple[float, ...]) -> Tensor:
+        return torch.cat([torch.full((1,), v, dtype=t.dtype, device=t.device) for v in values]).view(1, -1, 1, 1)
+
+    return (p - per_channel(mean)) / per_channel(std)
 
 
 class ConditionalGenerator(nn.Module):

@@ -387,15 +387,6 @@ def test_ray_batches_a_workers_clients_with_the_in_process_numbers(ray_local):
         assert b["eval/accuracy"] == pytest.approx(a["eval/accuracy"], abs=0.01)
 
 
-@pytest.fixture
-def graphs_on_cpu(monkeypatch):
-    """StepGraph on the CPU, a "replay" calling the captured step again: its bookkeeping (when to capture, the
-    index copied in, the optimizer's host counts, when to drop the graph) checked where CI runs. CUDA's own part,
-    kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check on a GPU."""
-    monkeypatch.setattr(cuda_graphs, "GRAPH_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(cuda_graphs, "capture", lambda body, stream: body)
-
-
 @pytest.mark.parametrize("kw, replayed", [
     (dict(), 0.5),  # 4 steps: 2 eager, then captured and replayed twice
     (COVERED["fedavg_sgd_momentum"], 0.5),
