@@ -178,7 +178,7 @@ class RuntimeConfig(_Strict):
         "the step's one call, for cross-entropy losses and models without BatchNorm; else it is a call of its own")
     cuda_graphs: bool = Field(
         default=True, description="on a GPU: replay the usual local step of batched clients (every client, its "
-        "updates, SGD or Adam) and a method's server loop of fixed-shape steps (DaFKD's distillation) as CUDA graphs "
+        "updates, SGD or Adam) and the server's SGD distillation steps (DaFKD, FedDF, FedD3A) as CUDA graphs "
         "instead of issuing their kernels one by one: the same kernels on the same tensors (benchmarks/README.md)")
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "

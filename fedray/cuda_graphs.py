@@ -4,8 +4,9 @@ over (a vectorised local step, a server's distillation step), recorded once and 
 A step of a small model is a few hundred kernels of microseconds each, and issuing them from Python takes longer
 than the GPU takes to run them: measured on an H200 (``benchmarks/step_ceiling.py``), 8 LeNet-5 clients' vectorised
 step took 4.4 ms eager and 0.54 ms replayed. Kept apart from the runtime because both the runtime's vectorised
-clients (:class:`fedray.runtime.step_graph.StepGraph`) and methods' server loops (DaFKD's Eq. 8 distillation) use it;
-it picks nothing by where it runs, only by the tensors' device.
+clients (:class:`fedray.runtime.step_graph.StepGraph`) and methods' server loops
+(:class:`fedray.algorithms.distill.KDSteps`: DaFKD's, FedDF's and FedD3A's distillation) use it; it picks nothing by
+where it runs, only by the tensors' device.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ local models (main variant) or the clients' weighted outputs (Appendix B), and h
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,10 +14,9 @@ from torch import nn
 
 from fedray.algorithms import optim
 from fedray.algorithms.base import ServerContext, Weights
-from fedray.algorithms.distill import kd_kl_probs, normalised_entropy, soft_targets
+from fedray.algorithms.distill import KDSteps, normalised_entropy, soft_targets
 from fedray.algorithms.ensemble import stacked_outputs
 from fedray.algorithms.weights import clone_weights, weighted_average
-from fedray.cuda_graphs import GraphedStep
 from fedray.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -130,30 +128,16 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
     rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "dafkd/distill-batches") % (1 << 63))
     n, bs = x.shape[0], p.distill_batch_size
 
-    def step(key: None, inp: dict[str, torch.Tensor]) -> torch.Tensor:
-        idx = inp["index"]
-        loss = kd_kl_probs(model(x[idx]), teacher_probs[idx], p.temperature)
-        if p.kd_reduction == "mean":  # the authors' nn.KLDivLoss(): averaged over the classes as well
-            loss = loss / teacher_probs.shape[1]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    # fedray's Adam keeps its step counts on the host: a graph would repeat one bias correction
-    graph = GraphedStep(ctx.device, step, "DaFKD's distillation step") \
-        if ctx.cuda_graphs and p.distill_optimizer == "sgd" else None
+    # the authors' nn.KLDivLoss() (kd_reduction "mean") averages over the classes as well
+    steps = KDSteps(model, opt, lambda idx: x[idx], teacher_probs, p.temperature, ctx.device, ctx.cuda_graphs,
+                    "DaFKD's distillation step", teacher_probs.shape[1] if p.kd_reduction == "mean" else 1.0)
     perm, pos, losses = torch.randperm(n, generator=rng), 0, []
-    with graph.running() if graph is not None else contextlib.nullcontext():
+    with steps.running():
         for s in range(p.distill_steps):
             if pos >= n:
                 perm, pos = torch.randperm(n, generator=rng), 0
-            idx = perm[pos : pos + bs]
+            losses.append(steps.step(perm[pos : pos + bs], p.distill_steps - s))
             pos += bs
-            if graph is not None and graph.replay(None, {"index": idx}, p.distill_steps - s):
-                losses.append(graph.out.clone())  # the next replay rewrites it
-            else:
-                losses.append(step(None, {"index": idx.to(x.device)}))
     if not losses:
         return start, {}
     t = torch.stack(losses)

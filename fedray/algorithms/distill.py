@@ -7,9 +7,15 @@ averaged over samples), unless a method says otherwise. T^2 keeps the gradient's
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from fedray.algorithms import optim
+from fedray.cuda_graphs import GraphedStep
 
 
 def soft_targets(logits: Tensor, temperature: float = 1.0) -> Tensor:
@@ -43,3 +49,37 @@ def normalised_entropy(weights: Tensor, dim: int = 0) -> Tensor:
         return torch.zeros_like(weights.sum(dim))
     h = -(weights * torch.log(weights.clamp_min(1e-30))).sum(dim)
     return h / torch.log(torch.tensor(float(n), dtype=weights.dtype, device=weights.device))
+
+
+class KDSteps:
+    """A server's distillation steps on a fixed set: ``step(idx)`` takes one optimizer step of ``model`` on
+    ``kd_kl_probs(model(inputs(idx)), targets[idx], T) / divide_by`` for the host batch index ``idx`` and returns the
+    loss (a tensor of its own). With ``cuda_graphs`` on a GPU and fedray's SGD, the step - the same kernels on
+    another batch index - is replayed as a CUDA graph after two eager ones (:class:`fedray.cuda_graphs.GraphedStep`;
+    fedray's Adam keeps its step counts on the host, which a replay would not advance): the same numbers, without
+    the host issuing a few hundred kernels a step. Steps run inside :meth:`running`; other work between them
+    (an early-stopping evaluation) is fine, it leaves the optimizer's state where it was."""
+
+    def __init__(self, model: torch.nn.Module, opt, inputs: Callable[[Tensor], Tensor], targets: Tensor,
+                 temperature: float, device: torch.device, cuda_graphs: bool, what: str, divide_by: float = 1.0):
+        self.model, self.opt, self.inputs, self.targets = model, opt, inputs, targets
+        self.temperature, self.divide_by, self.device = temperature, divide_by, device
+        self.graph = GraphedStep(device, self._step, what) if cuda_graphs and isinstance(opt, optim.SGD) else None
+
+    def _step(self, key: None, inp: dict[str, Tensor]) -> Tensor:
+        idx = inp["index"]
+        loss = kd_kl_probs(self.model(self.inputs(idx)), self.targets[idx], self.temperature)
+        if self.divide_by != 1.0:
+            loss = loss / self.divide_by
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def running(self):
+        return self.graph.running() if self.graph is not None else contextlib.nullcontext()
+
+    def step(self, idx: Tensor, steps_left: int | None = None) -> Tensor:
+        if self.graph is not None and self.graph.replay(None, {"index": idx}, steps_left):
+            return self.graph.out.clone()  # the next replay rewrites it
+        return self._step(None, {"index": idx.to(self.device)})

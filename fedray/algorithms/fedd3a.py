@@ -209,7 +209,8 @@ class FedD3A(Algorithm):
                  if not self.heterogeneous else state.weights)
         settings = DistillSettings(lr=p.distill_lr, optimizer=p.distill_optimizer, batch_size=p.distill_batch_size,
                                    epochs=p.distill_epochs, temperature=p.temperature)
-        weights, metrics = distil(m.model, start, x, targets, self.spec, settings, derive_seed(ctx.seed, "fedd3a/distill"))
+        weights, metrics = distil(m.model, start, x, targets, self.spec, settings, derive_seed(ctx.seed, "fedd3a/distill"),
+                                  ctx.cuda_graphs)
         metrics.update({"server/alpha_entropy": float(normalised_entropy(alpha, dim=1).mean()),
                         "server/alpha_max_mean": float(alpha.max(1).values.mean()),
                         "server/r_mean": float(r.mean()), "server/r_std": float(r.std())})

@@ -66,5 +66,5 @@ class FedDF(FedAvg):
         logits = teacher_logits(((model, u.weights) for u in uploads), x, self.spec, self.cfg.federation.eval_batch_size)
         targets = soft_targets(logits.mean(0), self.params.temperature)
         weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
-                                  derive_seed(ctx.seed, "feddf/distill"))
+                                  derive_seed(ctx.seed, "feddf/distill"), ctx.cuda_graphs)
         return dataclasses.replace(state, weights=weights), metrics

@@ -20,7 +20,7 @@ import torch
 
 from fedray.algorithms import optim
 from fedray.algorithms.base import Weights
-from fedray.algorithms.distill import kd_kl_probs
+from fedray.algorithms.distill import KDSteps
 from fedray.algorithms.ensemble import stacked_outputs
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_float
@@ -63,13 +63,14 @@ def agreement(model: torch.nn.Module, x: torch.Tensor, target_probs: torch.Tenso
 
 
 def distil(model: torch.nn.Module, start: Weights, x: torch.Tensor, targets: torch.Tensor, spec,
-           s: DistillSettings, seed: int) -> tuple[Weights, dict[str, float]]:
+           s: DistillSettings, seed: int, cuda_graphs: bool = False) -> tuple[Weights, dict[str, float]]:
     """Train ``model`` from ``start`` on KL(targets || softmax(model(x) / T)) * T^2 over the server's images
     ``x`` (uint8) with teacher probabilities ``targets`` (N, C); seeded batches without replacement.
 
     With ``val_fraction`` > 0 a seeded part of the images is held out; every ``eval_every`` steps the
     student's agreement with the ensemble's argmax there is measured, the best weights are kept, and the
-    loop stops after ``patience`` evaluations without improvement (FedDF's early stopping).
+    loop stops after ``patience`` evaluations without improvement (FedDF's early stopping). ``cuda_graphs``: the
+    steps replayed as a CUDA graph on a GPU (:class:`fedray.algorithms.distill.KDSteps`), the same numbers.
     """
     model.load_state_dict(start)
     model.eval()
@@ -82,25 +83,23 @@ def distil(model: torch.nn.Module, start: Weights, x: torch.Tensor, targets: tor
     steps = max(1, int(round(s.epochs * -(-len(train) // s.batch_size))))
     best, best_weights, since, losses, pos, perm = -1.0, None, 0, [], 0, train[torch.randperm(len(train), generator=g)]
     stopped_at = steps
-    for step in range(1, steps + 1):
-        if pos >= len(perm):
-            perm, pos = train[torch.randperm(len(train), generator=g)], 0
-        idx = perm[pos : pos + s.batch_size].to(x.device)
-        pos += s.batch_size
-        loss = kd_kl_probs(model(normalised(x[idx], spec)), targets[idx], s.temperature)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.detach())
-        if n_val and (step % s.eval_every == 0 or step == steps):
-            score = agreement(model, x[val.to(x.device)], targets[val.to(x.device)], spec, 1024)
-            if score > best:
-                best, best_weights, since = score, clone_weights(model), 0
-            else:
-                since += 1
-                if since >= s.patience:
-                    stopped_at = step
-                    break
+    kd = KDSteps(model, opt, lambda idx: normalised(x[idx], spec), targets, s.temperature, x.device, cuda_graphs,
+                 "the server's distillation step")
+    with kd.running():
+        for step in range(1, steps + 1):
+            if pos >= len(perm):
+                perm, pos = train[torch.randperm(len(train), generator=g)], 0
+            losses.append(kd.step(perm[pos : pos + s.batch_size], steps - step + 1))
+            pos += s.batch_size
+            if n_val and (step % s.eval_every == 0 or step == steps):
+                score = agreement(model, x[val.to(x.device)], targets[val.to(x.device)], spec, 1024)
+                if score > best:
+                    best, best_weights, since = score, clone_weights(model), 0
+                else:
+                    since += 1
+                    if since >= s.patience:
+                        stopped_at = step
+                        break
     weights = best_weights if best_weights is not None else clone_weights(model)
     t = torch.stack(losses)
     metrics = {"server/kd_loss": float(t.mean()), "server/kd_loss_first": float(t[0]),

@@ -180,3 +180,19 @@ def test_identical_clients_give_the_same_teacher_under_every_weighting():
         diag = server.algo.server_diagnostics(ctx, server.server_labels)
     accs = {diag[f"diag/teacher_acc_{k}"] for k in ("soft", "onehot", "avg", "random", "best_single")}
     assert len(accs) == 1  # one teacher, however it is weighted
+
+
+@pytest.mark.parametrize("name, extra, graphed", [
+    ("feddf", dict(algorithm__distill_epochs=20, algorithm__patience=2, algorithm__eval_every=3,
+                   algorithm__val_fraction=0.2, algorithm__distill_optimizer="sgd"), True),  # evaluations between
+    ("feddf", dict(algorithm__distill_epochs=6), False),  # the paper's Adam (host step counts): never captured
+    ("fedd3a", dict(algorithm__distill_epochs=6), True)])
+def test_server_distillation_replayed_as_a_cuda_graph_gives_the_eager_numbers(graphs_on_cpu, name, extra, graphed):
+    """The server's distillation steps with ``runtime.cuda_graphs`` (on the CPU a stand-in replay under the capture's
+    rules, tests/conftest.py): after 2 eager steps and the capture, replays, with the eager run's weights and
+    figures (losses, early-stopping agreement and step)."""
+    runs = [run_experiment(tiny_config(algorithm__name=name, federation__rounds=2, runtime__cuda_graphs=graphs,
+                                       **SERVER, **extra), progress=False) for graphs in (False, True)]
+    untimed = [[{k: v for k, v in row.items() if not k.startswith("time/")} for row in r.history] for r in runs]
+    assert untimed[0] == untimed[1] and "server/kd_loss_last" in untimed[1][-1]
+    assert (len(graphs_on_cpu) > 0) == graphed
