@@ -382,7 +382,12 @@ def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog):
     finally:
         ray.shutdown()
         cluster.shutdown()
-    assert result.summary["rounds"] == 5 and result.summary["eval/accuracy"] > 0.1
+    # the lost node's clients rerun on the other from the same seeds: the undisturbed run's figures (this tiny
+    # synthetic task sits at chance accuracy on some CPUs, so "it learned" is no check here)
+    undisturbed = run_experiment(_cfg_of_args(federation__rounds=5), progress=False)
+    assert result.summary["rounds"] == 5
+    assert {k: result.summary[k] for k in FIGURES} == pytest.approx({k: undisturbed.summary[k] for k in FIGURES},
+                                                                      rel=1e-6)
     assert "the pool shrinks to 1" in caplog.text
 
 
