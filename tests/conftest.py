@@ -18,6 +18,9 @@ atexit.register(shutil.rmtree, _DECODED_CACHE, True)
 
 from pathlib import Path  # noqa: E402
 
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+
 from fedray.config import ExperimentConfig, load_config  # noqa: E402
 from fedray.data.datasets import DATA_DIR_ENV, debian_fashion_mnist_dir  # noqa: E402
 
@@ -106,25 +109,17 @@ def fashion_mnist_root(tmp_path_factory) -> Path:
     pytest.skip(reason)
 
 
-class _CaptureRules:
+class _CaptureRules(TorchDispatchMode):
     """What a CUDA graph capture refuses, checked on the CPU: ops that need the host inside the captured step."""
 
-    # a 0-d host tensor is exempt: it enters a device op as a scalar, no copy (torch's Adam on a CPU makes one)
-    REFUSED = {"aten.lift_fresh.default": "a tensor made from host data (on a GPU, a copy to the device)",
-               "aten._local_scalar_dense.default": "a device value read on the host (.item(), float())"}
+    REFUSED = {torch.ops.aten.lift_fresh.default: "a tensor made from host data (on a GPU, a copy to the device)",
+               torch.ops.aten._local_scalar_dense.default: "a device value read on the host (.item(), float())"}
 
-    @classmethod
-    def mode(cls):
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class Rules(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if str(func) in cls.REFUSED and not (func is torch.ops.aten.lift_fresh.default and args[0].dim() == 0):
-                    raise RuntimeError(f"not capturable in a CUDA graph: {cls.REFUSED[str(func)]} ({func})")
-                return func(*args, **(kwargs or {}))
-
-        return Rules()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # a 0-d host tensor is exempt: it enters a device op as a scalar, no copy (torch's Adam on a CPU makes one)
+        if func in self.REFUSED and not (func is torch.ops.aten.lift_fresh.default and args[0].dim() == 0):
+            raise RuntimeError(f"not capturable in a CUDA graph: {self.REFUSED[func]} ({func})")
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture
@@ -141,14 +136,12 @@ def graphs_on_cpu(monkeypatch):
     def capture(body, stream):
         def replay():
             replays.append(1)
-            with _CaptureRules.mode():
+            with _CaptureRules():
                 body()
         return replay
 
     def outside_the_rules(step):
         def run(*args, **kwargs):
-            from torch.utils._python_dispatch import _disable_current_modes
-
             with _disable_current_modes():
                 return step(*args, **kwargs)
         return run
