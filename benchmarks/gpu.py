@@ -13,8 +13,8 @@ CUDA graph (``vec/graph_steps``).
 Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 80 % busy.
 
 ``--graph-check``: before the rows, one round of 8 clients of FedAvg (LeNet-5; ResNet-8 with momentum and
-weight decay; ResNet-8 with BatchNorm; LeNet-5 with Adam), FedProx and DaFKD (ResNet-11: the clients' two updates
-a step and the server's distillation), eager, with CUDA graphs, and eager again, from one seed, with
+weight decay; ResNet-8 with BatchNorm; LeNet-5 with Adam), FedProx, DaFKD (ResNet-11: the clients' two updates
+a step and the server's distillation) and FedKF (LeNet-5: the student's and the generator's updates), eager, with CUDA graphs, and eager again, from one seed, with
 cuDNN's default algorithms and with ``cudnn.deterministic``: the largest weight difference of graphs against
 eager and of eager against eager (what the GPU's own non-determinism gives), in a table of ``OUT/gpu.md``.
 
@@ -165,6 +165,8 @@ GRAPH_CHECKS = {  # FedAvg as gpu.py runs it, with momentum and weight decay, Fe
                             "federation.lr=0.001"],
     # two updates a step (SGD, then the generator's Adam), host noise, and the server's graphed distillation
     "dafkd resnet11": ["algorithm.name=dafkd", "model.name=resnet11"],
+    # two updates a step (the student with SGD, the generator with Adam), host noise (warmup_rounds 0: round 1 distils)
+    "fedkf lenet5": ["algorithm.name=fedkf", "model.name=lenet5"],
 }
 
 
