@@ -205,22 +205,25 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
             sum_of(key).add_(value.detach())
         return losses
 
-    def eager_step(s: int, step_inputs: list, groups: dict[tuple, list[int]]) -> None:
-        """One lockstep step, each update as one vmapped call per group of clients (``groups``)."""
+    def eager_step(s: int, groups: dict[tuple, list[int]], host: dict[tuple, dict[str, torch.Tensor]]) -> None:
+        """One lockstep step, each update as one vmapped call per group of clients (``groups``, their stacked host
+        inputs ``host``); a group's inputs go to the device once, for all its updates."""
+        on_device: dict[tuple, dict[str, torch.Tensor]] = {}
         for u, (call, opt) in enumerate(zip(calls, opts)):
-            runs = [(flags, members) for (flags, _, _), members in groups.items() if flags[u]]
+            runs = [(group, members) for group, members in groups.items() if group[0][u]]
             if not runs:
                 continue
             for p in params.values():
                 p.grad = None
             everyone = len(runs) == 1 and len(runs[0][1]) == n
             losses_of_runs = []
-            for flags, members in runs:
-                wrappers[u].flags = flags
-                # inputs drawn on the host (seeded noise) are stacked there: one copy to the device, not one a client
-                inp = {k: to_device(v, device) for k, v in _stacked(step_inputs, members).items()}
-                if batched is not None:
-                    inp.update(batched.inputs(s, members))
+            for group, members in runs:
+                wrappers[u].flags = group[0]
+                if group not in on_device:
+                    on_device[group] = {k: to_device(v, device) for k, v in host[group].items()}
+                    if batched is not None:
+                        on_device[group].update(batched.inputs(s, members))
+                inp = on_device[group]
                 if everyone:
                     losses = call_everyone(u, inp)
                 else:
@@ -237,7 +240,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
             active = None if everyone else _mask(n, [i for _, members in runs for i in members])
             per_key = None
             if updates[u].trains is not None:  # a module some clients' losses did not reach this step
-                per_module = {name: _mask(n, [i for flags, members in runs if name in updates[u].trains(flags)
+                per_module = {name: _mask(n, [i for group, members in runs if name in updates[u].trains(group[0])
                                               for i in members]) for name in updates[u].groups}
                 per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
             opt.step(active, per_key)
@@ -273,10 +276,13 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                     shapes = tuple((k, tuple(v.shape)) for k, v in inp.items())
                     groups.setdefault((flags, shapes, batched.group_of(s, i) if batched else None), []).append(i)
             group_count, step_count = group_count + len(groups), step_count + 1
-            whole = _whole_step(groups, step_inputs, batched, s, n) if graph is not None else None
+            # inputs drawn on the host (seeded noise) are stacked there: one copy to the device, not one a client
+            host = {group: {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
+                    for group, members in groups.items()}
+            whole = _whole_step(groups, host, batched, s, n) if graph is not None else None
             if whole is not None and graph.step(*whole, [o for o, f in zip(opts, whole[0][0]) if f], total_steps - s):
                 continue
-            eager_step(s, step_inputs, groups)
+            eager_step(s, groups, host)
     sums_cpu = {k: v.cpu().tolist() for k, v in sums.items()}
     trained = {**params, **buffers}
     order = [k for k in state_keys if k in trained]
@@ -300,22 +306,17 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     return results
 
 
-def _whole_step(groups: dict[tuple, list[int]], step_inputs: list, batched: "_RoundBatches | None", s: int,
-                n: int) -> tuple[tuple, dict[str, torch.Tensor]] | None:
+def _whole_step(groups: dict[tuple, list[int]], host: dict[tuple, dict[str, torch.Tensor]],
+                batched: "_RoundBatches | None", s: int, n: int) -> tuple[tuple, dict[str, torch.Tensor]] | None:
     """Step ``s`` as a :class:`StepGraph` step when it is one group of all ``n`` clients: ((flags,), inputs), the
-    inputs being the step's batch index (on the device) and the clients' host inputs stacked; else None."""
+    inputs being the step's batch index (on the device) and the group's stacked host inputs ``host``; else None."""
     if batched is None or len(groups) != 1:
         return None
-    (flags, _, _), members = next(iter(groups.items()))
+    group, members = next(iter(groups.items()))
     index = batched.whole_step(s, n) if len(members) == n else None
     if index is None:
         return None
-    return (flags,), {"index": index, **_stacked(step_inputs, members)}
-
-
-def _stacked(step_inputs: list, members: list[int]) -> dict[str, torch.Tensor]:
-    """The host inputs of ``members``' step (``StepwiseTraining.inputs``), each stacked over them (on the host)."""
-    return {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
+    return (group[0],), {"index": index, **host[group]}
 
 
 class _HostWeights:
