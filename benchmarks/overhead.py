@@ -16,7 +16,7 @@ Issue 13 adds, on the same workload:
 
 - (e) fedray's ``local`` runtime with ``runtime.vectorize=true``: the round's 8 clients trained as one batched
   computation, against (b) (recorded, no target: on a CPU it is expected not to pay);
-- time before round 1: a fresh process (as ``fedray run`` with tracking off) from its launch to the start of
+- time before round 1: a fresh process running ``fedray run`` (tracking off) from its launch to the start of
   round 1, in-process vs Ray with 2 workers, data cache warm (target: Ray <= in-process + 4 s);
 - Ray 2 workers vs the ideal, the in-process round time / 2 (target d / (b / 2) <= 1.15; the median over
   ``--repeats`` alternating pairs of runs);
@@ -91,12 +91,11 @@ def plain_loop(cfg, data) -> tuple[list[float], float]:
     return times, float((pred.numpy() == data.test_y).mean())
 
 
-# A fresh process doing what `fedray run` does (imports, config, run_experiment), reporting how long after its
-# launch (FEDRAY_BENCH_T0, the parent's clock just before starting it) round 1 began.
+# A fresh process running `fedray run` (its console entry point, in-process), reporting how long after its launch
+# (FEDRAY_BENCH_T0, the parent's clock just before starting it) round 1 began.
 _STARTUP_CHILD = """
-import json, os, sys, time
-from fedray.algorithms import load_experiment
-from fedray.simulation import run_experiment
+import json, os, sys, tempfile, time
+from fedray.cli import main
 
 class Hook:
     def on_start(self, cfg, data): self.t = time.time()
@@ -105,7 +104,8 @@ class Hook:
     def on_error(self, exc): pass
 
 hook = Hook()
-run_experiment(load_experiment("quickstart", sys.argv[1:]), progress=False, hooks=[hook])
+with tempfile.TemporaryDirectory() as out:
+    assert main(["run", "quickstart", *sys.argv[1:], "--no-progress", "--output-dir", out], hooks=[hook]) == 0
 print(json.dumps({"before_round1_s": hook.t - float(os.environ["FEDRAY_BENCH_T0"])}))
 """
 

@@ -71,13 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args: argparse.Namespace):
-    from fedray.algorithms import load_experiment
+def _load(args: argparse.Namespace, registries: bool = True):
+    """The config of ``args``; with ``registries=False`` only what :func:`fedray.config.load_config` checks
+    (no method imported, so no torch): the rest is :func:`fedray.algorithms.validate_experiment`'s."""
+    from fedray.config import load_config
 
     overrides = list(args.overrides)
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
-    return load_experiment(args.config, overrides)
+    cfg = load_config(args.config, overrides)
+    if registries:
+        from fedray.algorithms import validate_experiment
+
+        cfg = validate_experiment(cfg)
+    return cfg
 
 
 def _output_dir(args: argparse.Namespace, name: str) -> Path:
@@ -87,33 +94,48 @@ def _output_dir(args: argparse.Namespace, name: str) -> Path:
     return out
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from fedray.console import make_console, summary_table
-    from fedray.results import HISTORY_FILE, MLFLOW_RUN_FILE, SUMMARY_FILE
-    from fedray.simulation import run_experiment
-    from fedray.tracking import RunTracking
+def cmd_run(args: argparse.Namespace, hooks=()) -> int:
+    from fedray.runtime.ray_start import release_unclaimed, start_ray_during
 
     if args.resume:
         cfg, out = _resume_target(args)
     else:
         if not args.config:
             raise ConfigError("config", "give a preset name or a YAML file (or --resume DIR)")
-        cfg = _load(args)
+        cfg = _load(args, registries=False)
         out = _output_dir(args, cfg.name)
         args.output_dir = str(out)  # for the resume hint if the run fails
-    # Built first: it checks tracking.uri before any work.
-    hooks = [RunTracking(cfg, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume))] if cfg.tracking.enabled else []
-    result = run_experiment(cfg, out, progress=not args.no_progress, hooks=hooks,
-                            resume_from=out if args.resume else None)
+
+    def prepare():
+        # torch, the methods, the round loop and MLflow: imported while Ray starts (when the run is on Ray).
+        from fedray.algorithms import validate_experiment
+        from fedray.results import MLFLOW_RUN_FILE
+        from fedray.simulation import run_experiment
+        from fedray.tracking import RunTracking
+
+        checked = validate_experiment(cfg)
+        # Built before any work: it checks tracking.uri.
+        tracking = ([RunTracking(checked, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume))]
+                    if checked.tracking.enabled else [])
+        return checked, run_experiment, tracking
+
+    try:
+        cfg, run_experiment, tracking = start_ray_during(cfg, prepare)
+        result = run_experiment(cfg, out, progress=not args.no_progress, hooks=[*tracking, *hooks],
+                                resume_from=out if args.resume else None)
+    finally:
+        release_unclaimed()  # a Ray started above that the run never took over (it failed before)
+    from fedray.console import make_console, summary_table
+    from fedray.results import HISTORY_FILE, SUMMARY_FILE
+
     console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ ({SUMMARY_FILE}, {HISTORY_FILE})")
-    if hooks:
+    if tracking:
         from fedray.tracking import ui_hint
 
-        tracking = hooks[0]
-        console.print(ui_hint(tracking.tracker.uri, tracking.tracker.experiment_id, tracking.started_run_id),
-                      highlight=False, soft_wrap=True)
+        console.print(ui_hint(tracking[0].tracker.uri, tracking[0].tracker.experiment_id,
+                              tracking[0].started_run_id), highlight=False, soft_wrap=True)
     return 0
 
 
@@ -235,7 +257,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, hooks=()) -> int:
+    """The console script; ``hooks`` are passed to ``fedray run``'s :func:`~fedray.simulation.run_experiment`."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in parser.commands:
@@ -250,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, interrupt)
         signal.signal(signal.SIGINT, interrupt)
     try:
-        commands = {"run": cmd_run, "partition": cmd_partition, "tune": cmd_tune, "report": cmd_report,
-                    "models": cmd_models}
+        commands = {"run": lambda a: cmd_run(a, hooks), "partition": cmd_partition, "tune": cmd_tune,
+                    "report": cmd_report, "models": cmd_models}
         return commands[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -117,14 +117,18 @@ def test_bad_yaml_files(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: --output-dir")
 
 
-def test_no_traceback_from_a_real_process(tmp_path):
-    """The console script itself: exit 2, one line, no traceback, for a bad resource request on Ray."""
-    proc = subprocess.run([sys.executable, "-m", "fedray.cli", *RUN, "runtime.backend=ray",
-                           "runtime.num_cpus_per_worker=64"], capture_output=True, text=True, cwd=tmp_path,
+@pytest.mark.parametrize("bad", [
+    "runtime.num_cpus_per_worker=64",  # found once Ray is up (the cluster's resources)
+    "algorithm.name=nope",  # found while Ray starts (the registries load in a thread meanwhile)
+])
+def test_no_traceback_from_a_real_process(tmp_path, bad):
+    """The console script itself: exit 2, one line, no traceback, for a bad request on Ray."""
+    proc = subprocess.run([sys.executable, "-m", "fedray.cli", *RUN, "runtime.backend=ray", bad],
+                          capture_output=True, text=True, cwd=tmp_path,
                           env={"PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled", "HOME": str(tmp_path)})
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    assert lines[-1].startswith("error: runtime.num_cpus_per_worker") and "Traceback" not in proc.stderr
+    assert lines[-1].startswith(f"error: {bad.split('=')[0]}") and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -60,6 +60,16 @@ def test_start_up_imports_stay_light():
     assert out.stdout.strip() == ""
 
 
+def test_the_command_line_imports_no_torch_before_it_starts_ray():
+    """``fedray run`` starts Ray before it imports torch and the methods (they load in a thread meanwhile,
+    :func:`fedray.runtime.ray_start.start_ray_during`): what it imports up to there leaves torch out, and an
+    in-process run's leaves ray out too."""
+    code = ("import sys, fedray.cli, fedray.config, fedray.runtime, fedray.runtime.ray_start; "
+            "print(','.join(m for m in ('torch', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
 def test_training_never_imports_torchs_compiler_stack():
     """Local and server-side optimizers (fedray.algorithms.optim) step without torch.optim.Optimizer, whose methods
     import torch._dynamo on first use (~1 s and ~150 MB in every process that trains): a round of FedAvg, DaFKD

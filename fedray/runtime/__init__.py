@@ -1,10 +1,17 @@
-"""Where the work runs: in-process (``local``) or on Ray (``ray``). The only package that imports ray."""
+"""Where the work runs: in-process (``local``) or on Ray (``ray``). The only package that imports ray.
+
+Importing the package imports neither torch nor ray (``fedray run`` starts Ray through
+:mod:`fedray.runtime.ray_start` before it imports torch); ``Runtime`` and ``RoundOutcome`` are loaded on first use.
+"""
 
 from __future__ import annotations
 
-from fedray.config import ExperimentConfig
-from fedray.data.federated import FederatedData
-from fedray.runtime.base import RoundOutcome, Runtime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedray.config import ExperimentConfig
+    from fedray.data.federated import FederatedData
+    from fedray.runtime.base import RoundOutcome, Runtime
 
 
 def make_runtime(cfg: ExperimentConfig, data: FederatedData | None = None) -> Runtime:
@@ -17,6 +24,14 @@ def make_runtime(cfg: ExperimentConfig, data: FederatedData | None = None) -> Ru
     from fedray.runtime.local import LocalRuntime
 
     return LocalRuntime(cfg, data)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RoundOutcome", "Runtime"):
+        from fedray.runtime import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'fedray.runtime' has no attribute {name!r}")
 
 
 __all__ = ["RoundOutcome", "Runtime", "make_runtime"]

@@ -1,4 +1,4 @@
-"""The Ray actors of the Ray runtime, and how Ray is started.
+"""The Ray actors of the Ray runtime.
 
 ``ClientWorker`` wraps :class:`~fedray.runtime.core.ClientWorkerCore` and ``ServerActor`` wraps
 :class:`~fedray.runtime.core.ServerCore`: the same code the in-process runtime calls directly. Both are built
@@ -123,20 +123,3 @@ class ServerActor:
 
     def set_state(self, state) -> None:
         self.core.state = state
-
-
-def start_ray(cfg: ExperimentConfig) -> bool:
-    """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray;
-    True if this call started it."""
-    if ray.is_initialized():
-        return False
-    address = cfg.runtime.address or os.environ.get("RAY_ADDRESS") or None
-    kwargs: dict[str, Any] = {"logging_level": "ERROR", "configure_logging": True}
-    if address is None:
-        # A new local cluster of our own ("local": never silently join a `ray start` cluster of this
-        # machine), with no dashboard: nothing listens beyond what Ray itself needs.
-        address = "local"
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        kwargs.update(include_dashboard=False, num_cpus=os.cpu_count())
-    ray.init(address=address, **kwargs)
-    return True

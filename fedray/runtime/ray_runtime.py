@@ -45,7 +45,8 @@ from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.metrics import EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor, start_ray
+from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor
+from fedray.runtime.ray_start import start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.vectorized import describe_vectorised, vectorize_enabled, vectorize_min_clients

@@ -32,7 +32,7 @@ from ray.tune.schedulers import ASHAScheduler
 from fedray.checkpoint import CheckpointError, load_checkpoint
 from fedray.errors import ConfigError, check_interrupted, record_interrupt
 from fedray.runtime.ray_logs import RayLogFile
-from fedray.runtime.actors import start_ray
+from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, ui_hint

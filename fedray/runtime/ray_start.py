@@ -1,0 +1,86 @@
+"""How Ray is started, and starting it while the caller's own start-up goes on.
+
+Imports ray only for a run on Ray (an in-process ``fedray run`` never pays for it), and never torch:
+``fedray run`` calls :func:`start_ray_during` before it imports torch, the methods and MLflow, so that those
+imports (in a thread) overlap ``ray.init``, which mostly waits on Ray's own processes starting. The Ray runtime
+then takes that Ray over (:func:`start_ray` returns True, as if it had started it) and shuts it down when it
+closes. On the 2-core overhead workload round 1 begins ~1.5 s sooner (``benchmarks/README.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, TypeVar
+
+from fedray.config import ExperimentConfig
+
+T = TypeVar("T")
+
+# True from a start_ray_during that started Ray until a start_ray claims it (or release_unclaimed shuts it).
+_unclaimed = False
+
+
+def start_ray(cfg: ExperimentConfig) -> bool:
+    """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray;
+    True if the caller owns it (started it here, or takes over the one :func:`start_ray_during` started)."""
+    import ray
+
+    global _unclaimed
+    if ray.is_initialized():
+        owned, _unclaimed = _unclaimed, False
+        return owned
+    address = cfg.runtime.address or os.environ.get("RAY_ADDRESS") or None
+    kwargs: dict[str, Any] = {"logging_level": "ERROR", "configure_logging": True}
+    if address is None:
+        # A new local cluster of our own ("local": never silently join a `ray start` cluster of this
+        # machine), with no dashboard: nothing listens beyond what Ray itself needs.
+        address = "local"
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        kwargs.update(include_dashboard=False, num_cpus=os.cpu_count())
+    ray.init(address=address, **kwargs)
+    return True
+
+
+def start_ray_during(cfg: ExperimentConfig, work: Callable[[], T]) -> T:
+    """``work()`` (imports, checks) in a thread while Ray starts in this one, when ``cfg`` runs on Ray and no
+    Ray is up; just ``work()`` otherwise. Returns what ``work`` returns. If either fails, Ray is shut down
+    again and the error raised (``work``'s first: a bad config is the user's to fix before anything else).
+    The Ray started here is left for the runtime's :func:`start_ray` to claim; a caller that may not get
+    that far calls :func:`release_unclaimed` when it is done."""
+    global _unclaimed
+    if cfg.runtime.backend != "ray":
+        return work()
+    import ray  # before the thread starts: ray.init's processes start sooner than if the imports shared the GIL
+
+    if ray.is_initialized():
+        return work()
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["value"] = work()
+        except BaseException as exc:  # re-raised in the caller's thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="fedray-start-up", daemon=True)
+    thread.start()
+    try:
+        _unclaimed = start_ray(cfg)
+    finally:
+        thread.join()  # also when ray.init failed or was interrupted: work's error may be the one to report
+        if "error" in done:
+            release_unclaimed()
+            raise done["error"]
+    return done["value"]
+
+
+def release_unclaimed() -> None:
+    """Shut down the Ray that :func:`start_ray_during` started if no runtime took it over."""
+    global _unclaimed
+    if _unclaimed:
+        import ray
+
+        _unclaimed = False
+        if ray.is_initialized():
+            ray.shutdown()

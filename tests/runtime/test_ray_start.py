@@ -1,0 +1,61 @@
+"""Starting Ray while the caller imports: ``fedray.runtime.ray_start``."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# In a fresh process: the test session may have a Ray of its own up, which start_ray_during leaves alone.
+SCRIPT = """
+import sys, threading
+import ray
+from fedray.runtime import ray_start
+from tests.conftest import tiny_config
+
+cfg = tiny_config(runtime__backend="ray")
+where = []
+
+def work():
+    where.append(threading.current_thread() is threading.main_thread())
+    return "checked"
+
+# The work runs in another thread while Ray starts; the runtime's start_ray then owns that Ray, once.
+assert ray_start.start_ray_during(cfg, work) == "checked" and where == [False]
+assert ray.is_initialized()
+assert ray_start.start_ray(cfg) is True
+assert ray_start.start_ray(cfg) is False
+ray_start.release_unclaimed()
+assert ray.is_initialized(), "released a Ray the runtime had taken over"
+ray.shutdown()
+
+# The work fails (a bad config): its error, and Ray is down again.
+def bad():
+    raise ValueError("algorithm.name: unknown")
+try:
+    ray_start.start_ray_during(cfg, bad)
+except ValueError as e:
+    assert "algorithm.name" in str(e)
+else:
+    raise AssertionError("the work's error was lost")
+assert not ray.is_initialized()
+
+# Nobody took it over (the run failed before its runtime started): release_unclaimed shuts it down.
+ray_start.start_ray_during(cfg, lambda: None)
+ray_start.release_unclaimed()
+assert not ray.is_initialized()
+
+# An in-process run: the work runs here, and Ray is not started.
+assert ray_start.start_ray_during(tiny_config(), work) == "checked" and where[-1] is True
+assert not ray.is_initialized()
+print("ok")
+"""
+
+
+@pytest.mark.ray
+def test_start_ray_during_hands_ray_to_the_runtime_or_shuts_it_down():
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=root, timeout=300,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
