@@ -91,6 +91,8 @@ def test_shipped_specs_are_valid():
 
 
 def test_dry_run_lists_trials_and_bundles_and_starts_nothing(tmp_path, capsys, monkeypatch):
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()  # the tests' shared Ray (ray_local starts it again for its next user)
     monkeypatch.chdir(tmp_path)
     spec = write_spec(tmp_path / "d.yaml", search={"data.alpha": {"grid": [0.5, 1.0]},
                                                    "federation.lr": {"loguniform": [0.01, 0.1]}},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
@@ -12,7 +14,50 @@ from fedray.errors import ConfigError
 if TYPE_CHECKING:
     from fedray.config import ExperimentConfig
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+class _Registry(MutableMapping):
+    """``algorithm.name`` -> method class. A built-in method's module is imported when its name is first looked
+    up (or the registry listed), not with this package: every Ray actor imports the package, and importing all
+    the methods cost each process ~0.1 s of CPU on a start-up that is CPU-bound (``benchmarks/README.md``)."""
+
+    def __init__(self, builtin: dict[str, str]):
+        self._builtin = builtin  # name -> "module:Class"
+        self._classes: dict[str, type[Algorithm]] = {}
+
+    def __getitem__(self, name: str) -> type[Algorithm]:
+        if name not in self._classes and name in self._builtin:
+            module, _, attr = self._builtin[name].partition(":")
+            self._classes[name] = getattr(importlib.import_module(module), attr)
+        return self._classes[name]
+
+    def __setitem__(self, name: str, cls: type[Algorithm]) -> None:
+        self._classes[name] = cls
+
+    def __delitem__(self, name: str) -> None:
+        self._builtin.pop(name, None)
+        del self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._builtin, *self._classes]))
+
+    def __len__(self) -> int:
+        return len(self._builtin.keys() | self._classes.keys())
+
+
+# Built-in methods: one line each.
+ALGORITHMS: MutableMapping[str, type[Algorithm]] = _Registry({
+    "fedavg": "fedray.algorithms.fedavg:FedAvg",
+    "fedprox": "fedray.algorithms.fedprox:FedProx",
+    "dafkd": "fedray.algorithms.dafkd:DaFKD",
+    "fedkf": "fedray.algorithms.fedkf:FedKF",
+    "qffl": "fedray.algorithms.qffl:QFFL",
+    "fedgkd": "fedray.algorithms.fedgkd:FedGKD",
+    "local": "fedray.algorithms.local:Local",
+    "fedcd": "fedray.algorithms.fedcd:FedCD",
+    "feddistill": "fedray.algorithms.feddistill:FedDistill",
+    "feddf": "fedray.algorithms.feddf:FedDF",
+    "fedd3a": "fedray.algorithms.fedd3a:FedD3A",
+})
 
 
 def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
@@ -26,41 +71,6 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
         raise ValueError(f"algorithm name '{cls.name}' is already taken by {existing.__qualname__}")
     ALGORITHMS[cls.name] = cls
     return cls
-
-
-# Built-in methods: one import and one registration line each.
-from fedray.algorithms.fedavg import FedAvg  # noqa: E402
-
-register_algorithm(FedAvg)
-from fedray.algorithms.fedprox import FedProx  # noqa: E402
-
-register_algorithm(FedProx)
-from fedray.algorithms.dafkd import DaFKD  # noqa: E402
-register_algorithm(DaFKD)
-from fedray.algorithms.fedkf import FedKF  # noqa: E402
-
-register_algorithm(FedKF)
-from fedray.algorithms.qffl import QFFL  # noqa: E402
-
-register_algorithm(QFFL)
-from fedray.algorithms.fedgkd import FedGKD  # noqa: E402
-
-register_algorithm(FedGKD)
-from fedray.algorithms.local import Local  # noqa: E402
-
-register_algorithm(Local)
-from fedray.algorithms.fedcd import FedCD  # noqa: E402
-
-register_algorithm(FedCD)
-from fedray.algorithms.feddistill import FedDistill  # noqa: E402
-
-register_algorithm(FedDistill)
-from fedray.algorithms.feddf import FedDF  # noqa: E402
-
-register_algorithm(FedDF)
-from fedray.algorithms.fedd3a import FedD3A  # noqa: E402
-
-register_algorithm(FedD3A)
 
 
 def get_algorithm(name: str) -> type[Algorithm]:
