@@ -70,6 +70,30 @@ def test_the_command_line_imports_no_torch_before_it_starts_ray():
     assert out.stdout.strip() == ""
 
 
+def test_a_method_module_is_imported_when_its_name_is_looked_up():
+    """Every Ray actor imports fedray.algorithms: it loads the method a run names, not all of them (~0.1 s of
+    CPU each on a CPU-bound start-up), yet lists every built-in and still refuses a clashing registration."""
+    code = """
+import sys
+import fedray.runtime.actors
+from fedray.algorithms import ALGORITHMS, get_algorithm, register_algorithm
+loaded = lambda: sorted(n for n in ALGORITHMS if f"fedray.algorithms.{n}" in sys.modules)
+before = loaded()
+get_algorithm("fedprox")
+after = loaded()
+class Clash(get_algorithm("fedavg")):
+    name = "dafkd"
+try:
+    register_algorithm(Clash)
+    refused = False
+except ValueError:
+    refused = True
+print(before, after, len(ALGORITHMS), "fedd3a" in ALGORITHMS, refused)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "[] ['fedavg', 'fedprox'] 11 True True"
+
+
 def test_training_never_imports_torchs_compiler_stack():
     """Local and server-side optimizers (fedray.algorithms.optim) step without torch.optim.Optimizer, whose methods
     import torch._dynamo on first use (~1 s and ~150 MB in every process that trains): a round of FedAvg, DaFKD
