@@ -24,7 +24,8 @@ from fedray.metrics import Evaluator, personal_metrics
 from fedray.models import build_model
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
-from fedray.runtime.vectorized import train_vectorized, vectorize_enabled, vectorize_min_clients
+from fedray.runtime.vectorize_policy import vectorize_enabled, vectorize_min_clients
+from fedray.runtime.vectorized import train_vectorized
 from fedray.seeding import derive_seed
 
 

@@ -13,7 +13,7 @@ from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, personal_evaluation, personal_models,
                                  torch_threads)
-from fedray.runtime.vectorized import describe_vectorised
+from fedray.runtime.vectorize_policy import describe_vectorised
 
 
 class LocalRuntime(Runtime):

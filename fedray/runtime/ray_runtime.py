@@ -49,7 +49,7 @@ from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, Clie
 from fedray.runtime.ray_start import start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
-from fedray.runtime.vectorized import describe_vectorised, vectorize_enabled, vectorize_min_clients
+from fedray.runtime.vectorize_policy import describe_vectorised, vectorize_enabled, vectorize_min_clients
 from fedray.runtime.worker_pool import WorkerPool
 
 

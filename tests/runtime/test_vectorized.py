@@ -18,7 +18,8 @@ from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only,
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray import cuda_graphs
 from fedray.runtime.step_graph import StepGraph
-from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized, vectorize_enabled
+from fedray.runtime.vectorize_policy import vectorize_enabled
+from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
