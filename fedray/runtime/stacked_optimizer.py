@@ -42,6 +42,7 @@ class StackedOptimizer:
         # torch.optim keeps them, stepped by torch's own Adam (capturable on CUDA: its bias correction read on the
         # device, so a CUDA graph of the step replays it); made from ``steps`` when missing
         self.device_steps: dict[str, torch.Tensor] = {}
+        self._device_count: dict[str, float] = {}  # what each of device_steps holds, known on the host
 
     @torch.no_grad()
     def step(self, active: torch.Tensor | None, per_key: dict[str, torch.Tensor | None] | None = None) -> None:
@@ -82,11 +83,16 @@ class StackedOptimizer:
         for spec, keys in self._stepped.items():
             self._step_together(spec, keys)
 
-    def count(self) -> None:
+    def count(self, left_out: torch.Tensor | None = None) -> None:
         """The host's step counts of the last :meth:`step_device`, or of a replay of it (the parameters it stepped,
-        found once, not again at every replay)."""
+        found once, not again at every replay); the clients of ``left_out`` (host bool mask), whose rows a masked
+        replay put back, keep theirs (the caller steps them next)."""
         for keys in self._stepped.values():
             self._count_together(keys)
+            if left_out is not None:
+                for k in keys:
+                    self.steps[k] -= left_out.double()
+                    self.even[k] = False
 
     def _together(self) -> dict[OptimSpec, list[str]]:
         together: dict[OptimSpec, list[str]] = {}
@@ -97,6 +103,9 @@ class StackedOptimizer:
 
     def _count_together(self, keys: list[str]) -> None:
         torch._foreach_add_([self.steps[k] for k in keys], 1.0)  # host tensors: one op, as torch.optim counts
+        for k in keys:
+            if k in self._device_count:
+                self._device_count[k] += 1.0
         self.multi_tensor_steps += 1
 
     def _step_together(self, spec: OptimSpec, keys: list[str]) -> None:
@@ -108,7 +117,8 @@ class StackedOptimizer:
             moments = [[torch.zeros_like(p) if s is None else s for s in self.state[k]] for k, p in zip(keys, params)]
             for k, p in zip(keys, params):
                 if k not in self.device_steps:
-                    self.device_steps[k] = torch.tensor(float(self.steps[k][0]), dtype=torch.float32, device=p.device)
+                    self._device_count[k] = float(self.steps[k][0])
+                    self.device_steps[k] = torch.tensor(self._device_count[k], dtype=torch.float32, device=p.device)
             adam_functional(params, grads, [m for m, _ in moments], [v for _, v in moments], [],
                             [self.device_steps[k] for k in keys], foreach=True, amsgrad=False,
                             capturable=params[0].device.type == "cuda", beta1=spec.betas[0], beta2=spec.betas[1],
@@ -125,24 +135,29 @@ class StackedOptimizer:
     def _step_one(self, key: str, p: torch.Tensor, mask: torch.Tensor | None, host_mask: torch.Tensor | None) -> None:
         """``key``'s step alone: the clients where ``mask`` is True move, the others keep their rows."""
         g, spec = p.grad, self.specs[key]
-        self.device_steps.pop(key, None)  # made again from the host counts if the clients meet again
         before = self.steps[key].clone()
         self.steps[key] += 1 if host_mask is None else host_mask.double()
         self.even[key] = bool((self.steps[key] == self.steps[key][0]).all())
+        if not (self.even[key] and self._device_count.get(key) == float(self.steps[key][0])):
+            # the device count no longer holds every client's: made again from the host's if the clients meet again
+            self.device_steps.pop(key, None)
+            self._device_count.pop(key, None)
         if spec.weight_decay:
             g = g.add(p, alpha=spec.weight_decay)
         new_p, new_state = (self._adam if spec.kind == "adam" else self._sgd)(key, spec, p, g, before)
-        if mask is None:
-            p.copy_(new_p)
-            self.state[key] = new_state
-        else:
+        if mask is not None:
             rows = mask.view(-1, *[1] * (p.dim() - 1))
-            p.copy_(torch.where(rows, new_p, p))
+            new_p = torch.where(rows, new_p, p)
             # A client that has not stepped yet keeps zero state (Adam's moments start at zero; SGD's
             # momentum buffer is started from the first gradient, see _sgd)
-            self.state[key] = [None if s_new is None else
-                               torch.where(rows, s_new, torch.zeros_like(s_new) if s_old is None else s_old)
-                               for s_new, s_old in zip(new_state, self.state[key])]
+            new_state = [None if s_new is None else
+                         torch.where(rows, s_new, torch.zeros_like(s_new) if s_old is None else s_old)
+                         for s_new, s_old in zip(new_state, self.state[key])]
+        p.copy_(new_p)
+        # in place where the state exists: a CUDA graph of the usual step stays bound to it (a masked replay's
+        # left-out clients step here, between replays)
+        self.state[key] = [s_new if s_old is None or s_new is None else s_old.copy_(s_new)
+                           for s_new, s_old in zip(new_state, self.state[key])]
 
     _NAMES = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer", None)}
 
@@ -153,6 +168,7 @@ class StackedOptimizer:
                 continue
             names = self._NAMES[self.specs[key].kind]
             self.device_steps.pop(key, None)
+            self._device_count.pop(key, None)
             self.steps[key] = torch.tensor([float(c.get(key, {}).get("step", 0)) for c in clients], dtype=torch.float64)
             self.even[key] = bool((self.steps[key] == self.steps[key][0]).all())
             self.state[key] = [None if name is None else torch.stack(

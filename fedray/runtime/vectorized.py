@@ -111,6 +111,9 @@ class _RoundBatches:
             rows = src[np.where(valid, starts[:, None] + np.arange(width), starts[:, None])]
             x_rows[:k, i], y_rows[:k, i], lengths[:k, i] = rows, np.where(valid, rows, y_rows[:k, i]), lens
         self.groups: list[dict[int, tuple[int, list[int]]]] = []  # per step: client -> (group, its members)
+        # per step split by batch length with every client active: the block of all clients' rows at the step's
+        # longest length, a short batch's missing rows repeating its first (a masked replay's inputs, see full_step)
+        self.full: dict[int, int] = {}
         blocks: list[np.ndarray] = []
         for s in range(x_rows.shape[0]):
             active = np.flatnonzero(s < steps)
@@ -121,6 +124,10 @@ class _RoundBatches:
                 w = int(lengths[s, members].max())
                 step.update((int(i), (len(blocks), members.tolist())) for i in members)
                 blocks.append(np.stack([x_rows[s, members, :w], y_rows[s, members, :w]]))
+            if len(np.unique(keys)) > 1 and len(active) == len(plans):
+                # y rows as x's: real labels where a short batch repeats rows (a loss may index by the label)
+                self.full[s] = len(blocks)
+                blocks.append(np.stack([x_rows[s, :, :int(lengths[s].max())]] * 2))
             self.groups.append(step)
         # every step's index in one copy to the device, then a view per group
         flat = to_device(torch.from_numpy(np.concatenate([b.ravel() for b in blocks])), device) if blocks else None
@@ -145,6 +152,16 @@ class _RoundBatches:
         """The index of ``step`` when it is one group of all ``n`` clients (else None)."""
         group, everyone = self.groups[step].get(0, (None, []))
         return self.index[group] if len(everyone) == n else None
+
+    def full_step(self, step: int) -> torch.Tensor | None:
+        """The index of every client's rows at ``step``'s longest batch when the step is split by batch length
+        with every client active (else None); a short batch's rows beyond its end repeat its first row."""
+        return self.index[self.full[step]] if step in self.full else None
+
+    @property
+    def split_share(self) -> float:
+        """The share of the round's steps split by batch length with every client active."""
+        return len(self.full) / max(len(self.groups), 1)
 
 
 def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[bool, ...]] | None]]:
@@ -248,8 +265,14 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     def graph_body(key: tuple, inp: dict[str, torch.Tensor]) -> None:
         """``eager_step`` of every client (one group, flags ``key[0]``) on the batches of ``inp["index"]`` and the
         host inputs in the rest of ``inp``: what :class:`StepGraph` captures; the optimizers' step counts are the
-        graph's to keep."""
-        flags, data = key[0], {**{k: v for k, v in inp.items() if k != "index"}, **batched.gather(inp["index"])}
+        graph's to keep. With ``inp["mask"]`` (a masked graph) the clients outside it end the step as they began."""
+        flags = key[0]
+        data = {**{k: v for k, v in inp.items() if k not in ("index", "mask")}, **batched.gather(inp["index"])}
+        with graph.keeping(inp.get("mask"), [*params.values(), *buffers.values(), *sums.values()],
+                           [o for o, f in zip(opts, flags) if f]):
+            graph_updates(flags, data)
+
+    def graph_updates(flags: tuple, data: dict[str, torch.Tensor]) -> None:
         for u in range(len(updates)):
             if not flags[u]:
                 continue
@@ -265,7 +288,8 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                         params[k].grad = None
             opts[u].step_device()
 
-    graph = StepGraph(device, graph_body) if cuda_graphs and batched is not None and StepGraph.possible(device) else None
+    graph = StepGraph(device, graph_body, masked=batched.split_share > StepGraph.MASKED_FROM) \
+        if cuda_graphs and batched is not None and StepGraph.possible(device) else None
     total_steps = max(p.steps for p in plans)
     with graph.running() if graph is not None else contextlib.nullcontext():
         for s, step_inputs in enumerate(_lockstep(plans)):
@@ -279,9 +303,13 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
             # inputs drawn on the host (seeded noise) are stacked there: one copy to the device, not one a client
             host = {group: {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
                     for group, members in groups.items()}
-            whole = _whole_step(groups, host, batched, s, n) if graph is not None else None
-            if whole is not None and graph.step(*whole, [o for o, f in zip(opts, whole[0][0]) if f], total_steps - s):
-                continue
+            planned = graph.plan(groups, host, batched, s, n) if graph is not None else None
+            if planned is not None:
+                key, inp, rest, left_out = planned
+                if graph.step(key, inp, [o for o, f in zip(opts, key[0]) if f], total_steps - s, left_out):
+                    if rest:  # a masked replay: the clients it left out take their step eagerly
+                        eager_step(s, rest, host)
+                    continue
             eager_step(s, groups, host)
     sums_cpu = {k: v.cpu().tolist() for k, v in sums.items()}
     trained = {**params, **buffers}
@@ -304,19 +332,6 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
         if graph is not None:  # the share of steps replayed from a CUDA graph (benchmarks/gpu.py reports it)
             results[-1].metrics["vec/graph_steps"] = graph.replays / max(step_count, 1)
     return results
-
-
-def _whole_step(groups: dict[tuple, list[int]], host: dict[tuple, dict[str, torch.Tensor]],
-                batched: "_RoundBatches | None", s: int, n: int) -> tuple[tuple, dict[str, torch.Tensor]] | None:
-    """Step ``s`` as a :class:`StepGraph` step when it is one group of all ``n`` clients: ((flags,), inputs), the
-    inputs being the step's batch index (on the device) and the group's stacked host inputs ``host``; else None."""
-    if batched is None or len(groups) != 1:
-        return None
-    group, members = next(iter(groups.items()))
-    index = batched.whole_step(s, n) if len(members) == n else None
-    if index is None:
-        return None
-    return (group[0],), {"index": index, **host[group]}
 
 
 class _HostWeights:
