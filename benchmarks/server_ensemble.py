@@ -1,17 +1,21 @@
 """Server-side teacher ensemble: the loop over client models vs one stacked forward (issue 13, item 2).
 
-K LeNet-5 teachers (random weights; 1x28x28, 10 classes) on N uint8 images normalised per batch, as
-FedDF/FedD3A's ``teacher_logits`` runs them:
+K teachers of ``--model`` (LeNet-5 by default; random weights; 1x28x28, 10 classes) on N uint8 images
+normalised per batch, as FedDF/FedD3A's ``teacher_logits`` runs them:
 
   loop     load_state_dict + forward per teacher, batches of ``--batch`` (federation.eval_batch_size)
   stacked  fedray.algorithms.ensemble.stacked_outputs as configured for the device (vmap over the stacked
-           state dicts; on a CPU teachers x images per forward <= batch, the loop's memory)
-  stacked_budget  the same with chunks grown to the activation budget (what it does on a GPU)
+           state dicts; on a CPU teachers x images per forward <= batch, the loop's memory; on CUDA chunks
+           grown to ``activation_budget``)
+  stacked_budget  the same with chunks grown to the activation budget on any device
+  budget_<MiB>    with ``--budgets-mib``: chunks grown to that fixed activation budget
 
 Median of ``--repeats`` timings after one warm-up (the variants taking turns), for each thread count;
 the max |difference| of the outputs is printed too. Prints one JSON line per row and the host's load (``os.getloadavg``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/server_ensemble.py [--teachers 8 20] [--images 1000]
+    python3 benchmarks/server_ensemble.py --device cuda --model resnet11 --teachers 8 32 --threads 1 \
+        --budgets-mib 512 4096  # on a GPU: the chunk budget's effect
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default="lenet5")
+    ap.add_argument("--budgets-mib", type=int, nargs="*", default=[], help="fixed activation budgets to compare")
     a = ap.parse_args()
     dev = torch.device(a.device)
     shape = (1, 28, 28)
@@ -60,15 +66,15 @@ def main() -> None:
     print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                       "device": str(dev) if dev.type == "cpu" else torch.cuda.get_device_name(dev),
                       "torch": torch.__version__, "loadavg": os.getloadavg()}))
-    devices = ensemble.BUDGET_DEVICES
+    devices, activation_budget = ensemble.BUDGET_DEVICES, ensemble.activation_budget
     for threads in a.threads:
         torch.set_num_threads(threads)
         for k in a.teachers:
-            module = build_model("lenet5", shape, 10).to(dev)
+            module = build_model(a.model, shape, 10).to(dev)
             teachers = []
             for i in range(k):
                 torch.manual_seed(i)
-                teachers.append((module, clone_weights(build_model("lenet5", shape, 10))))
+                teachers.append((module, clone_weights(build_model(a.model, shape, 10))))
             sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
             def run(f):
@@ -78,23 +84,28 @@ def main() -> None:
                     return out
                 return go
 
-            def budget(f):
+            def budget(f, mib=None):
                 def go():
                     ensemble.BUDGET_DEVICES = (dev.type,)
+                    if mib is not None:
+                        ensemble.activation_budget = lambda _device: mib * 2**20
                     try:
                         return f()
                     finally:
-                        ensemble.BUDGET_DEVICES = devices
+                        ensemble.BUDGET_DEVICES, ensemble.activation_budget = devices, activation_budget
                 return go
 
-            t, outs = _time_interleaved({"loop": run(loop_outputs), "stacked": run(stacked_outputs),
-                                         "budget": budget(run(stacked_outputs))}, a.repeats)
-            t_loop, t_stack, t_rows = t["loop"], t["stacked"], t["budget"]
-            ref, out, out_rows = outs["loop"], outs["stacked"], outs["budget"]
-            diff = max(float((out - ref).abs().max()), float((out_rows - ref).abs().max()))
-            print(json.dumps({"threads": threads, "teachers": k, "images": a.images, "loop_s": round(t_loop, 4),
-                              "stacked_s": round(t_stack, 4), "stacked_budget_s": round(t_rows, 4),
-                              "speedup": round(t_loop / t_stack, 2), "max_abs_diff": diff,
+            variants = {"loop": run(loop_outputs), "stacked": run(stacked_outputs),
+                        "budget": budget(run(stacked_outputs))}
+            variants.update({f"budget_{mib}": budget(run(stacked_outputs), mib) for mib in a.budgets_mib})
+            t, outs = _time_interleaved(variants, a.repeats)
+            ref = outs["loop"]
+            diff = max(float((out - ref).abs().max()) for out in outs.values())
+            print(json.dumps({"model": a.model, "threads": threads, "teachers": k, "images": a.images,
+                              "loop_s": round(t["loop"], 4), "stacked_s": round(t["stacked"], 4),
+                              "stacked_budget_s": round(t["budget"], 4),
+                              **{f"budget_{mib}_mib_s": round(t[f"budget_{mib}"], 4) for mib in a.budgets_mib},
+                              "speedup": round(t["loop"] / t["stacked"], 2), "max_abs_diff": diff,
                               "loadavg": os.getloadavg()}))
 
 

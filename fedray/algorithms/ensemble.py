@@ -23,10 +23,13 @@ shared buffers; it is never needed here).
 Memory: the stacked activations of G teachers on a chunk of n images are those of one model on G x n
 images. The chunk is sized so that G x n rows stay within ``batch_size`` (the caller's evaluation batch,
 ``federation.eval_batch_size``): no more activation memory than the loop's one model on one batch. On a
-GPU (:data:`BUDGET_DEVICES`) larger kernels are what pays, so there the bound is raised to what
-:data:`ACTIVATION_BUDGET_BYTES` allows for this model (an estimate from one single-image forward: 3x the
-largest layer output, for the input, the output and a residual branch held at once), at most K x
-``batch_size``. Not on a CPU: measured here (``benchmarks/server_ensemble.py``, LeNet-5, 1 thread),
+GPU (:data:`BUDGET_DEVICES`) larger kernels are what pays, so there the bound is raised to what the
+activation budget (:func:`activation_budget`) allows for this model (an estimate from one single-image
+forward: 3x the largest layer output, for the input, the output and a residual branch held at once), at
+most K x ``batch_size``. On CUDA the budget is :data:`FREE_MEMORY_SHARE` of the device's free memory, within
+:data:`ACTIVATION_BUDGET_BYTES` .. :data:`MAX_ACTIVATION_BUDGET_BYTES`: a fixed 512 MiB cut 32 ResNet-11
+teachers' chunks to 27 images, ~190 vmapped forwards a DaFKD round (its diagnostics included), each one a few
+hundred kernels issued by the host; the share leaves room for other workers sharing the GPU. Not on a CPU: measured here (``benchmarks/server_ensemble.py``, LeNet-5, 1 thread),
 chunks beyond ~1,000 rows are slower, cache-bound (8 teachers on 1,000 images: 0.52 s in chunks of
 1,024 rows, 1.06 s grown to the budget; ``benchmarks/README.md``).
 Stacked weights are a copy of the uploads: groups hold at most :data:`STACKED_WEIGHTS_BYTES` of them
@@ -50,8 +53,12 @@ from torch.func import functional_call, vmap
 from fedray.algorithms.base import Weights
 
 #: Activation memory one stacked forward may use beyond one evaluation batch of one model (an estimate),
-#: on the device types of BUDGET_DEVICES.
+#: on the device types of BUDGET_DEVICES; on CUDA the least of the budget (see activation_budget).
 ACTIVATION_BUDGET_BYTES = 512 * 2**20
+#: On CUDA: the share of the device's free memory a stacked forward's activations may take, at most
+#: MAX_ACTIVATION_BUDGET_BYTES.
+FREE_MEMORY_SHARE = 1 / 8
+MAX_ACTIVATION_BUDGET_BYTES = 4 * 2**30
 #: Devices on which chunks grow to the activation budget (bigger kernels); elsewhere rows <= batch_size.
 BUDGET_DEVICES: tuple[str, ...] = ("cuda",)
 #: Stacked copies of the teachers' weights held at once per architecture group.
@@ -92,6 +99,14 @@ def row_bytes(module: nn.Module, sample: Tensor) -> int:
     return 3 * largest[0]
 
 
+def activation_budget(device: torch.device) -> int:
+    """Bytes of activations one stacked forward on ``device`` may hold (see the module docstring)."""
+    if device.type != "cuda":
+        return ACTIVATION_BUDGET_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(min(max(ACTIVATION_BUDGET_BYTES, free * FREE_MEMORY_SHARE), MAX_ACTIVATION_BUDGET_BYTES))
+
+
 def _weights_bytes(weights: Weights) -> int:
     return sum(t.numel() * t.element_size() for t in weights.values())
 
@@ -122,7 +137,7 @@ def _group_outputs(module: nn.Module, weights: Sequence[Weights], x: Tensor, bat
     rows = batch_size
     if dev.type in BUDGET_DEVICES:
         per_row = row_bytes(module, prepare(x[:1]))
-        rows = max(batch_size, min(len(weights) * batch_size, ACTIVATION_BUDGET_BYTES // max(per_row, 1)))
+        rows = max(batch_size, min(len(weights) * batch_size, activation_budget(dev) // max(per_row, 1)))
     per_group = max(1, STACKED_WEIGHTS_BYTES // max(_weights_bytes(weights[0]), 1))
     call = vmap(lambda w, xb: tuple(_leaves(functional_call(module, w, (xb,)))), in_dims=(0, None))
     parts: list[list[Tensor]] = []  # per sub-group of teachers: one (g, N, ...) tensor per output
