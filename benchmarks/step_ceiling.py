@@ -12,6 +12,9 @@ ResNet-8; 1x28x28 uint8 images normalised on the device, batch 32, cross-entropy
   graph and replayed each step (the step's batch index copied into the graph's input first).
 - ``vmap graph/round``: all ``--steps`` steps of a round captured as one graph (every step's index on the
   device up front), replayed once a round.
+- ``sequential graph/step``: the K clients' steps one after another, no ``vmap`` (each client ``grad`` of its
+  own slice of the stacked parameters, plain convolutions), captured as one graph and replayed each step: whether
+  vmap's batched kernels (a convolution over K weight sets is a grouped one) or the launches are what costs.
 
 Times are wall time per step with the GPU synchronised before and after ``--reps`` steps (a graph's replay is
 the GPU's own time, give or take a launch). The graph rows need CUDA; on a CPU run they are skipped.
@@ -133,6 +136,23 @@ def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device
         row["graph_step_ms"] = timed(graph_step, reps, device)
         whole = capture(lambda: [functional_step(index[s]) for s in range(steps)])
         row["graph_round_ms"] = timed(lambda i: whole.replay(), reps, device, per_call=steps)
+        grad_one = grad(one_loss)
+        own_p = [{n: t[i] for n, t in stacked.items()} for i in range(k)]  # views: the steps move the stack
+        own_b = [{n: t[i] for n, t in buffers.items()} for i in range(k)]
+
+        def clients_step(idx: torch.Tensor) -> None:
+            for i in range(k):
+                x, y = batch(idx[i])
+                g = grad_one(own_p[i], own_b[i], x, y)
+                torch._foreach_add_(list(own_p[i].values()), [g[n] for n in own_p[i]], alpha=-LR)
+
+        one_by_one = capture(lambda: clients_step(static_index))
+
+        def seq_graph_step(i: int) -> None:
+            static_index.copy_(index[i % steps])
+            one_by_one.replay()
+
+        row["seq_graph_step_ms"] = timed(seq_graph_step, reps, device)
     except Exception as exc:  # the eager figures still count; say why the graph ones are missing
         row["graph"] = f"failed: {type(exc).__name__}: {exc}"[:300]
     return row
@@ -143,13 +163,15 @@ def write(record: dict, out: Path) -> None:
     (out / "step_ceiling.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [f"# One local step of K clients ({record['device']}, torch {record['torch']}, {record['date']})", "",
              "ms per step of all K clients (batch 32 each, plain SGD); speed-ups against `sequential`.", "",
-             "| model | K | sequential | vmap eager | vmap graph/step | vmap graph/round | best speed-up |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| model | K | sequential | vmap eager | vmap graph/step | vmap graph/round | sequential graph/step "
+             "| best speed-up |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in record["rows"]:
         if r.get("error"):
-            lines.append(f"| {r['model']} | {r['clients']} | failed: {r['error'][:150].replace('|', '/')} | | | | |")
+            lines.append(f"| {r['model']} | {r['clients']} | failed: {r['error'][:150].replace('|', '/')} | | | | | |")
             continue
-        cells = [r.get(key) for key in ("sequential_ms", "vmap_eager_ms", "graph_step_ms", "graph_round_ms")]
+        cells = [r.get(key) for key in ("sequential_ms", "vmap_eager_ms", "graph_step_ms", "graph_round_ms",
+                                        "seq_graph_step_ms")]
         shown = [f"{c:.3f}" if c is not None else r.get("graph", "-")[:60] for c in cells]
         best = min(c for c in cells[1:] if c is not None)
         lines.append(f"| {r['model']} | {r['clients']} | " + " | ".join(shown) + f" | {cells[0] / best:.1f}x |")

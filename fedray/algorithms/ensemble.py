@@ -1,4 +1,4 @@
-"""Teacher ensembles on the server as one stacked forward per architecture, not a loop over client models.
+"""Teacher ensembles on the server: one stacked forward per architecture (teacher by teacher on CUDA).
 
 Every distillation method's server runs each uploaded client model as a teacher on the same images:
 DaFKD's Eq. 7-8 (classifier outputs s_k(x_i) and discriminator scores f_k(x_i) of every local model on the
@@ -20,16 +20,20 @@ Those are buffers, stacked per teacher like the parameters, so every teacher use
 (train-mode BatchNorm under vmap would also update running statistics in place, which vmap cannot do on
 shared buffers; it is never needed here).
 
+On CUDA (:data:`LOOP_DEVICES`) the teachers are run one by one instead, each on whole evaluation batches (a
+functional call with its weights, no module loaded): measured on an H200 (``benchmarks/server_ensemble.py``,
+ResNet-11, 1,024 images), 8 teachers took 0.10 s one by one against 0.12 s stacked (0.32 s with chunks grown
+to 4 GiB of activations), 32 teachers 0.35 s against 0.70 s (1.35 s). Vmapped, a convolution over K weight
+sets is a grouped convolution, which cuDNN runs far below a plain one; and with a thousand images a teacher
+a forward's kernels are already large, so the loop's few hundred launches a teacher cost little.
+
 Memory: the stacked activations of G teachers on a chunk of n images are those of one model on G x n
 images. The chunk is sized so that G x n rows stay within ``batch_size`` (the caller's evaluation batch,
 ``federation.eval_batch_size``): no more activation memory than the loop's one model on one batch. On a
-GPU (:data:`BUDGET_DEVICES`) larger kernels are what pays, so there the bound is raised to what the
-activation budget (:func:`activation_budget`) allows for this model (an estimate from one single-image
-forward: 3x the largest layer output, for the input, the output and a residual branch held at once), at
-most K x ``batch_size``. On CUDA the budget is :data:`FREE_MEMORY_SHARE` of the device's free memory, within
-:data:`ACTIVATION_BUDGET_BYTES` .. :data:`MAX_ACTIVATION_BUDGET_BYTES`: a fixed 512 MiB cut 32 ResNet-11
-teachers' chunks to 27 images, ~190 vmapped forwards a DaFKD round (its diagnostics included), each one a few
-hundred kernels issued by the host; the share leaves room for other workers sharing the GPU. Not on a CPU: measured here (``benchmarks/server_ensemble.py``, LeNet-5, 1 thread),
+GPU (:data:`BUDGET_DEVICES`) larger kernels are what pays, so there the bound is raised to what
+:data:`ACTIVATION_BUDGET_BYTES` allows for this model (an estimate from one single-image forward: 3x the
+largest layer output, for the input, the output and a residual branch held at once), at most K x
+``batch_size``. Not on a CPU: measured here (``benchmarks/server_ensemble.py``, LeNet-5, 1 thread),
 chunks beyond ~1,000 rows are slower, cache-bound (8 teachers on 1,000 images: 0.52 s in chunks of
 1,024 rows, 1.06 s grown to the budget; ``benchmarks/README.md``).
 Stacked weights are a copy of the uploads: groups hold at most :data:`STACKED_WEIGHTS_BYTES` of them
@@ -53,14 +57,12 @@ from torch.func import functional_call, vmap
 from fedray.algorithms.base import Weights
 
 #: Activation memory one stacked forward may use beyond one evaluation batch of one model (an estimate),
-#: on the device types of BUDGET_DEVICES; on CUDA the least of the budget (see activation_budget).
+#: on the device types of BUDGET_DEVICES.
 ACTIVATION_BUDGET_BYTES = 512 * 2**20
-#: On CUDA: the share of the device's free memory a stacked forward's activations may take, at most
-#: MAX_ACTIVATION_BUDGET_BYTES.
-FREE_MEMORY_SHARE = 1 / 8
-MAX_ACTIVATION_BUDGET_BYTES = 4 * 2**30
 #: Devices on which chunks grow to the activation budget (bigger kernels); elsewhere rows <= batch_size.
 BUDGET_DEVICES: tuple[str, ...] = ("cuda",)
+#: Devices on which a group's teachers run one by one on whole batches rather than vmapped (see above).
+LOOP_DEVICES: tuple[str, ...] = ("cuda",)
 #: Stacked copies of the teachers' weights held at once per architecture group.
 STACKED_WEIGHTS_BYTES = 1 * 2**30
 
@@ -99,14 +101,6 @@ def row_bytes(module: nn.Module, sample: Tensor) -> int:
     return 3 * largest[0]
 
 
-def activation_budget(device: torch.device) -> int:
-    """Bytes of activations one stacked forward on ``device`` may hold (see the module docstring)."""
-    if device.type != "cuda":
-        return ACTIVATION_BUDGET_BYTES
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(min(max(ACTIVATION_BUDGET_BYTES, free * FREE_MEMORY_SHARE), MAX_ACTIVATION_BUDGET_BYTES))
-
-
 def _weights_bytes(weights: Weights) -> int:
     return sum(t.numel() * t.element_size() for t in weights.values())
 
@@ -129,15 +123,18 @@ def _group_outputs(module: nn.Module, weights: Sequence[Weights], x: Tensor, bat
     module.eval()
     dev = _device(module)
     n = len(x)
-    if len(weights) == 1:  # nothing to stack: a plain functional call, bit-identical to the loop
-        w = {k: v.to(dev) for k, v in weights[0].items()}
-        chunks = [_leaves(functional_call(module, w, (prepare(x[i : i + batch_size]),)))
-                  for i in range(0, n, batch_size)]
-        return [torch.cat([c[j] for c in chunks]).unsqueeze(0) for j in range(len(chunks[0]))]
+    if len(weights) == 1 or dev.type in LOOP_DEVICES:  # plain functional calls, bit-identical to the loop
+        per_teacher = []
+        for weights_k in weights:
+            w = {k: v.to(dev) for k, v in weights_k.items()}
+            chunks = [_leaves(functional_call(module, w, (prepare(x[i : i + batch_size]),)))
+                      for i in range(0, n, batch_size)]
+            per_teacher.append([torch.cat([c[j] for c in chunks]) for j in range(len(chunks[0]))])
+        return [torch.stack([t[j] for t in per_teacher]) for j in range(len(per_teacher[0]))]
     rows = batch_size
     if dev.type in BUDGET_DEVICES:
         per_row = row_bytes(module, prepare(x[:1]))
-        rows = max(batch_size, min(len(weights) * batch_size, activation_budget(dev) // max(per_row, 1)))
+        rows = max(batch_size, min(len(weights) * batch_size, ACTIVATION_BUDGET_BYTES // max(per_row, 1)))
     per_group = max(1, STACKED_WEIGHTS_BYTES // max(_weights_bytes(weights[0]), 1))
     call = vmap(lambda w, xb: tuple(_leaves(functional_call(module, w, (xb,)))), in_dims=(0, None))
     parts: list[list[Tensor]] = []  # per sub-group of teachers: one (g, N, ...) tensor per output

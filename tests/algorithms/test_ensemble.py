@@ -62,6 +62,18 @@ def test_heterogeneous_groups_keep_upload_order_and_subgroups(monkeypatch):
     _close(stacked_outputs(mixed, x, batch_size=8)[0], loop)
 
 
+def test_on_a_loop_device_teachers_run_one_by_one_exactly_as_the_loop(monkeypatch):
+    """CUDA's setting (``LOOP_DEVICES``): every teacher a functional call on whole batches, in upload order, BatchNorm
+    teachers with their own statistics: the loop's numbers to the bit."""
+    monkeypatch.setattr(ensemble, "LOOP_DEVICES", ("cpu", "cuda"))
+    module, teachers = _teachers("resnet8_bn", (3, 16, 16), 3)
+    _, lenets = _teachers("lenet5", (3, 16, 16), 2, seed=10)
+    mixed = [teachers[0], lenets[0], teachers[1], teachers[2], lenets[1]]
+    x = torch.randn(37, 3, 16, 16)
+    stacked, loop = stacked_outputs(mixed, x, batch_size=16)[0], loop_outputs(mixed, x, batch_size=16)[0]
+    assert stacked.shape == (5, 37, 10) and torch.equal(stacked, loop)
+
+
 def test_prepare_and_single_teacher_is_the_loop_exactly():
     module, teachers = _teachers("lenet5", (1, 28, 28), 1)
     x = torch.randint(0, 256, (10, 1, 28, 28), dtype=torch.uint8)
@@ -69,12 +81,14 @@ def test_prepare_and_single_teacher_is_the_loop_exactly():
     assert torch.equal(stacked_outputs(teachers, x, 4, prep)[0], loop_outputs(teachers, x, 4, prep)[0])
 
 
-@pytest.mark.parametrize("sharing", [True, False])
-def test_dafkd_stacked_client_outputs_equal_client_outputs(sharing):
+@pytest.mark.parametrize("sharing, loop", [(True, False), (False, False), (True, True)])
+def test_dafkd_stacked_client_outputs_equal_client_outputs(monkeypatch, sharing, loop):
     from fedray.algorithms.dafkd import DaFKD, DaFKDUpload
     from fedray.algorithms.dafkd_server import stacked_client_outputs
     from tests.algorithms.test_dafkd import dafkd_config
 
+    if loop:  # CUDA's setting: teacher by teacher, two outputs (logits, discriminator logit) kept apart
+        monkeypatch.setattr(ensemble, "LOOP_DEVICES", ("cpu", "cuda"))
     cfg = dafkd_config(model__name="resnet8_bn", algorithm__sharing=sharing)
     spec = DataSpec(input_shape=(1, 16, 16), num_classes=10, num_clients=6, mean=(0.5,), std=(0.25,))
     algo = DaFKD(cfg, spec)
