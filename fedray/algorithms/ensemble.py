@@ -20,12 +20,15 @@ Those are buffers, stacked per teacher like the parameters, so every teacher use
 (train-mode BatchNorm under vmap would also update running statistics in place, which vmap cannot do on
 shared buffers; it is never needed here).
 
-On CUDA (:data:`LOOP_DEVICES`) the teachers are run one by one instead, each on whole evaluation batches (a
-functional call with its weights, no module loaded): measured on an H200 (``benchmarks/server_ensemble.py``,
-ResNet-11, 1,024 images), 8 teachers took 0.10 s one by one against 0.12 s stacked (0.32 s with chunks grown
-to 4 GiB of activations), 32 teachers 0.35 s against 0.70 s (1.35 s). Vmapped, a convolution over K weight
-sets is a grouped convolution, which cuDNN runs far below a plain one; and with a thousand images a teacher
-a forward's kernels are already large, so the loop's few hundred launches a teacher cost little.
+On CUDA (:data:`LOOP_DEVICES`) the teachers of a model whose forward is not small (an estimated
+:data:`LOOP_FROM_ROW_BYTES` of activations per image or more, see Memory) run one by one instead, each on whole
+evaluation batches (a functional call with its weights, no module loaded). Measured on an H200
+(``benchmarks/server_ensemble.py``, 1,024 images, second run): ResNet-11 (~600 KiB a row), 8 teachers 0.080 s
+one by one against 0.117 s stacked (0.318 s with chunks grown to 4 GiB of activations), 32 teachers 0.33 s
+against 0.67 s (1.36 s): vmapped, a convolution over K weight sets is a grouped convolution, which cuDNN runs far
+below a plain one, and a thousand images make a teacher's own kernels large. LeNet-5 (~60 KiB a row) goes the
+other way, 8 teachers 0.0065 s one by one against 0.0034 s stacked, 32 teachers 0.026 s against 0.0096 s: its
+kernels are small and their launches are what costs.
 
 Memory: the stacked activations of G teachers on a chunk of n images are those of one model on G x n
 images. The chunk is sized so that G x n rows stay within ``batch_size`` (the caller's evaluation batch,
@@ -63,6 +66,8 @@ ACTIVATION_BUDGET_BYTES = 512 * 2**20
 BUDGET_DEVICES: tuple[str, ...] = ("cuda",)
 #: Devices on which a group's teachers run one by one on whole batches rather than vmapped (see above).
 LOOP_DEVICES: tuple[str, ...] = ("cuda",)
+#: On LOOP_DEVICES, the estimated activation bytes per image (row_bytes) from which teachers run one by one.
+LOOP_FROM_ROW_BYTES = 256 * 2**10
 #: Stacked copies of the teachers' weights held at once per architecture group.
 STACKED_WEIGHTS_BYTES = 1 * 2**30
 
@@ -123,7 +128,13 @@ def _group_outputs(module: nn.Module, weights: Sequence[Weights], x: Tensor, bat
     module.eval()
     dev = _device(module)
     n = len(x)
-    if len(weights) == 1 or dev.type in LOOP_DEVICES:  # plain functional calls, bit-identical to the loop
+    rows, one_by_one = batch_size, len(weights) == 1
+    if not one_by_one and dev.type in BUDGET_DEVICES + LOOP_DEVICES:
+        per_row = row_bytes(module, prepare(x[:1]))
+        one_by_one = dev.type in LOOP_DEVICES and per_row >= LOOP_FROM_ROW_BYTES
+        if dev.type in BUDGET_DEVICES:
+            rows = max(batch_size, min(len(weights) * batch_size, ACTIVATION_BUDGET_BYTES // max(per_row, 1)))
+    if one_by_one:  # plain functional calls on whole batches, bit-identical to the loop
         per_teacher = []
         for weights_k in weights:
             w = {k: v.to(dev) for k, v in weights_k.items()}
@@ -131,10 +142,6 @@ def _group_outputs(module: nn.Module, weights: Sequence[Weights], x: Tensor, bat
                       for i in range(0, n, batch_size)]
             per_teacher.append([torch.cat([c[j] for c in chunks]) for j in range(len(chunks[0]))])
         return [torch.stack([t[j] for t in per_teacher]) for j in range(len(per_teacher[0]))]
-    rows = batch_size
-    if dev.type in BUDGET_DEVICES:
-        per_row = row_bytes(module, prepare(x[:1]))
-        rows = max(batch_size, min(len(weights) * batch_size, ACTIVATION_BUDGET_BYTES // max(per_row, 1)))
     per_group = max(1, STACKED_WEIGHTS_BYTES // max(_weights_bytes(weights[0]), 1))
     call = vmap(lambda w, xb: tuple(_leaves(functional_call(module, w, (xb,)))), in_dims=(0, None))
     parts: list[list[Tensor]] = []  # per sub-group of teachers: one (g, N, ...) tensor per output

@@ -63,15 +63,32 @@ def test_heterogeneous_groups_keep_upload_order_and_subgroups(monkeypatch):
 
 
 def test_on_a_loop_device_teachers_run_one_by_one_exactly_as_the_loop(monkeypatch):
-    """CUDA's setting (``LOOP_DEVICES``): every teacher a functional call on whole batches, in upload order, BatchNorm
-    teachers with their own statistics: the loop's numbers to the bit."""
+    """CUDA's setting for a model with large activations (``LOOP_DEVICES``, ``LOOP_FROM_ROW_BYTES``; here every
+    model counts as large): every teacher a functional call on whole batches, in upload order, BatchNorm teachers
+    with their own statistics: the loop's numbers to the bit."""
     monkeypatch.setattr(ensemble, "LOOP_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(ensemble, "LOOP_FROM_ROW_BYTES", 0)
     module, teachers = _teachers("resnet8_bn", (3, 16, 16), 3)
     _, lenets = _teachers("lenet5", (3, 16, 16), 2, seed=10)
     mixed = [teachers[0], lenets[0], teachers[1], teachers[2], lenets[1]]
     x = torch.randn(37, 3, 16, 16)
     stacked, loop = stacked_outputs(mixed, x, batch_size=16)[0], loop_outputs(mixed, x, batch_size=16)[0]
     assert stacked.shape == (5, 37, 10) and torch.equal(stacked, loop)
+
+
+def test_on_a_loop_device_small_models_stay_stacked(monkeypatch):
+    """Below ``LOOP_FROM_ROW_BYTES`` of activations a row (LeNet-5: ~60 KiB), teachers stay vmapped on CUDA too."""
+    calls = []
+    monkeypatch.setattr(ensemble, "LOOP_DEVICES", ("cpu", "cuda"))
+    monkeypatch.setattr(ensemble, "vmap", lambda f, **kw: calls.append(1) or torch.func.vmap(f, **kw))
+    _, lenets = _teachers("lenet5", (1, 28, 28), 3)
+    x = torch.randn(10, 1, 28, 28)
+    assert ensemble.row_bytes(lenets[0][0], x) < ensemble.LOOP_FROM_ROW_BYTES
+    _close(stacked_outputs(lenets, x, batch_size=8)[0], loop_outputs(lenets, x, batch_size=8)[0])
+    assert calls == [1]
+    monkeypatch.setattr(ensemble, "LOOP_FROM_ROW_BYTES", 1)  # now LeNet-5 counts as large: one by one, no vmap
+    stacked_outputs(lenets, x, batch_size=8)
+    assert calls == [1]
 
 
 def test_prepare_and_single_teacher_is_the_loop_exactly():
@@ -87,8 +104,9 @@ def test_dafkd_stacked_client_outputs_equal_client_outputs(monkeypatch, sharing,
     from fedray.algorithms.dafkd_server import stacked_client_outputs
     from tests.algorithms.test_dafkd import dafkd_config
 
-    if loop:  # CUDA's setting: teacher by teacher, two outputs (logits, discriminator logit) kept apart
+    if loop:  # CUDA's setting for a large model: teacher by teacher, the two outputs (logits, discriminator) apart
         monkeypatch.setattr(ensemble, "LOOP_DEVICES", ("cpu", "cuda"))
+        monkeypatch.setattr(ensemble, "LOOP_FROM_ROW_BYTES", 0)
     cfg = dafkd_config(model__name="resnet8_bn", algorithm__sharing=sharing)
     spec = DataSpec(input_shape=(1, 16, 16), num_classes=10, num_clients=6, mean=(0.5,), std=(0.25,))
     algo = DaFKD(cfg, spec)
