@@ -14,7 +14,8 @@ Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 8
 
 ``--graph-check``: before the rows, one round of 8 clients of FedAvg (LeNet-5; ResNet-8 with momentum and
 weight decay; ResNet-8 with BatchNorm; LeNet-5 with Adam), FedProx, DaFKD (ResNet-11: the clients' two updates
-a step and the server's distillation) and FedKF (LeNet-5: the student's and the generator's updates), eager, with CUDA graphs, and eager again, from one seed, with
+a step and the server's distillation), FedKF (LeNet-5: the student's and the generator's updates) and, with 32
+clients, FedAvg on ResNet-8 with BatchNorm (a masked graph), eager, with CUDA graphs, and eager again, from one seed, with
 cuDNN's default algorithms and with ``cudnn.deterministic``: the largest weight difference of graphs against
 eager and of eager against eager (what the GPU's own non-determinism gives), in a table of ``OUT/gpu.md``.
 

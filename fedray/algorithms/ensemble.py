@@ -1,4 +1,4 @@
-"""Teacher ensembles on the server: one stacked forward per architecture (teacher by teacher on CUDA).
+"""Teacher ensembles on the server: one stacked forward per architecture (large models teacher by teacher on CUDA).
 
 Every distillation method's server runs each uploaded client model as a teacher on the same images:
 DaFKD's Eq. 7-8 (classifier outputs s_k(x_i) and discriminator scores f_k(x_i) of every local model on the

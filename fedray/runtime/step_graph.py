@@ -37,7 +37,8 @@ class StepGraph:
     rows repeating its first, all clients' rows being independent under ``vmap``), the clients outside that
     group end it as they began (their parameters, buffers, optimizer state and figures put back inside the
     graph, by the input ``mask``), and they then take their own step eagerly (:meth:`plan`). Each client's
-    numbers are still those of its eager step; the put-back costs a copy of the state a step.
+    numbers are those of its eager step up to float rounding (a replay runs a client in a larger vmapped call
+    than its eager group); the put-back costs a copy of the state a step.
     """
 
     #: the share of a round's steps split by batch length above which the round's graph is masked
