@@ -103,9 +103,10 @@ class StackedOptimizer:
 
     def _count_together(self, keys: list[str]) -> None:
         torch._foreach_add_([self.steps[k] for k in keys], 1.0)  # host tensors: one op, as torch.optim counts
-        for k in keys:
-            if k in self._device_count:
-                self._device_count[k] += 1.0
+        if self._device_count:  # Adam's device counts (none for SGD: nothing to walk on a replay's host path)
+            for k in keys:
+                if k in self._device_count:
+                    self._device_count[k] += 1.0
         self.multi_tensor_steps += 1
 
     def _step_together(self, spec: OptimSpec, keys: list[str]) -> None:
