@@ -195,8 +195,12 @@ class StackedOptimizer:
         buf = self.state[key][0]
         if spec.momentum:
             # torch.optim.SGD starts a parameter's buffer at its first gradient
-            first = g.clone()
-            buf = first if buf is None else torch.where(self._rows(before > 0, p), buf.mul(spec.momentum).add_(g), first)
+            if buf is None:
+                buf = g.clone()
+            elif bool((before > 0).all()):  # every client past its first step (host counts: no device mask needed)
+                buf = buf.mul(spec.momentum).add_(g)
+            else:
+                buf = torch.where(self._rows(before > 0, p), buf.mul(spec.momentum).add_(g), g.clone())
             g = buf
         return torch.add(p, g, alpha=-spec.lr), [buf, None]
 
