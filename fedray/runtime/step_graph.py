@@ -84,7 +84,7 @@ class StepGraph:
         index = batched.full_step(s) if self.masked else None
         if index is None:
             return None
-        full = [g for g in groups if batched.index[g[2]].shape[2] == index.shape[2]]
+        full = [g for g in groups if batched.width(g[2]) == index.shape[2]]
         if not full:
             return None
         main = max(full, key=lambda g: len(groups[g]))

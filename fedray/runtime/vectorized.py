@@ -87,7 +87,7 @@ class _RoundBatches:
     :data:`IGNORE_LABEL`, which the losses (``paddable``) leave out, so the whole step is one group.
     """
 
-    def __init__(self, plans: list[StepwiseTraining], device: torch.device, pad: bool):
+    def __init__(self, plans: list[StepwiseTraining], device: torch.device, pad: bool, masked_from: float | None = None):
         data = [p.batches for p in plans]
         sizes = [len(d.y) for d in data]
         self.mean, self.std = data[0].mean, data[0].std
@@ -111,8 +111,12 @@ class _RoundBatches:
             rows = src[np.where(valid, starts[:, None] + np.arange(width), starts[:, None])]
             x_rows[:k, i], y_rows[:k, i], lengths[:k, i] = rows, np.where(valid, rows, y_rows[:k, i]), lens
         self.groups: list[dict[int, tuple[int, list[int]]]] = []  # per step: client -> (group, its members)
-        # per step split by batch length with every client active: the block of all clients' rows at the step's
-        # longest length, a short batch's missing rows repeating its first (a masked replay's inputs, see full_step)
+        # With ``masked_from`` (a CUDA graph's rounds), when more than that share of the steps is split by batch
+        # length with every client active: for each such step the block of all clients' rows at its longest
+        # length, a short batch's missing rows repeating its first (a masked replay's inputs, see full_step).
+        split = set() if pad else {s for s in range(x_rows.shape[0]) if (s < steps).all()
+                                   and len(np.unique(lengths[s])) > 1}
+        masked = masked_from is not None and len(split) > masked_from * x_rows.shape[0]
         self.full: dict[int, int] = {}
         blocks: list[np.ndarray] = []
         for s in range(x_rows.shape[0]):
@@ -124,7 +128,7 @@ class _RoundBatches:
                 w = int(lengths[s, members].max())
                 step.update((int(i), (len(blocks), members.tolist())) for i in members)
                 blocks.append(np.stack([x_rows[s, members, :w], y_rows[s, members, :w]]))
-            if len(np.unique(keys)) > 1 and len(active) == len(plans):
+            if masked and s in split:
                 # y rows as x's: real labels where a short batch repeats rows (a loss may index by the label)
                 self.full[s] = len(blocks)
                 blocks.append(np.stack([x_rows[s, :, :int(lengths[s].max())]] * 2))
@@ -158,10 +162,9 @@ class _RoundBatches:
         with every client active (else None); a short batch's rows beyond its end repeat its first row."""
         return self.index[self.full[step]] if step in self.full else None
 
-    @property
-    def split_share(self) -> float:
-        """The share of the round's steps split by batch length with every client active."""
-        return len(self.full) / max(len(self.groups), 1)
+    def width(self, group: int) -> int:
+        """The rows of a batch of ``group`` (a group id of :attr:`groups`)."""
+        return self.index[group].shape[2]
 
 
 def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[bool, ...]] | None]]:
@@ -205,8 +208,9 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     sums: dict[str, torch.Tensor] = {}
     group_count = step_count = 0
     assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
-    batched = _RoundBatches(plans, device, pad and plans[0].paddable and not _couples_rows(modules)) \
-        if plans[0].batches is not None else None
+    graphs = cuda_graphs and StepGraph.possible(device)
+    batched = _RoundBatches(plans, device, pad and plans[0].paddable and not _couples_rows(modules),
+                            StepGraph.MASKED_FROM if graphs else None) if plans[0].batches is not None else None
 
     def sum_of(key: str) -> torch.Tensor:
         """Figure ``key``'s per-client sum over the steps (made once, not a zeros kernel every step)."""
@@ -288,8 +292,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
                         params[k].grad = None
             opts[u].step_device()
 
-    graph = StepGraph(device, graph_body, masked=batched.split_share > StepGraph.MASKED_FROM) \
-        if cuda_graphs and batched is not None and StepGraph.possible(device) else None
+    graph = StepGraph(device, graph_body, masked=bool(batched.full)) if graphs and batched is not None else None
     total_steps = max(p.steps for p in plans)
     with graph.running() if graph is not None else contextlib.nullcontext():
         for s, step_inputs in enumerate(_lockstep(plans)):
