@@ -143,6 +143,13 @@ class FederationConfig(_Strict):
     weight_decay: float = Field(default=0.0, ge=0)
     eval_every: int = Field(default=1, ge=1, description="evaluate every N rounds and after the last")
     eval_batch_size: int = Field(default=1024, ge=1)
+    diag_every: int = Field(
+        default=1, ge=1, description="simulation-only diag/* figures every N rounds and after the last; they are "
+        "server time a real deployment would not spend (DaFKD's probe: ~a quarter of a graphed GPU round)")
+
+    def diagnoses(self, round_: int) -> bool:
+        """Whether ``round_`` (1-based) computes the simulation-only ``diag/*`` figures (``diag_every``)."""
+        return round_ % self.diag_every == 0 or round_ == self.rounds
 
     def lr_at(self, round_: int) -> float:
         """The local learning rate of ``round_`` (1-based) under ``lr_schedule``."""

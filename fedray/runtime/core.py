@@ -213,9 +213,12 @@ class ServerCore:
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs)
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
-        diag = self.algo.server_diagnostics(ctx, self.server_labels) if self.server_labels is not None else {}
-        if self.probe is not None:
-            diag.update(self.algo.probe_diagnostics(ctx, self.probe, kept_ids))
+        diag: dict[str, float] = {}
+        if self.cfg.federation.diagnoses(round_):
+            if self.server_labels is not None:
+                diag.update(self.algo.server_diagnostics(ctx, self.server_labels))
+            if self.probe is not None:
+                diag.update(self.algo.probe_diagnostics(ctx, self.probe, kept_ids))
         assert all(k.startswith("diag/") for k in diag), "simulation-only diagnostics are logged under diag/*"
         metrics.update(diag)
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}

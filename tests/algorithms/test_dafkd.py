@@ -441,6 +441,12 @@ def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
     assert not any(k in row for row in without.history for k in keys)
     for k in ("eval/accuracy", "train/loss", "server/kd_loss"):  # diagnostics never feed back into the method
         assert [r.get(k) for r in with_diag.history] == [r.get(k) for r in without.history], k
+    # federation.diag_every: every 2nd round and the last; the rounds diagnosed give the same figures
+    sparse = run_experiment(dafkd_config(algorithm__diag_samples=20, federation__rounds=3, federation__diag_every=2),
+                            progress=False).history
+    assert [all(k in row for k in keys) for row in sparse] == [False, True, True]
+    assert not any(k in sparse[0] for k in keys)
+    assert {k: sparse[1][k] for k in keys} == {k: with_diag.history[1][k] for k in keys}
 
 
 def test_conditional_generator_makes_images_of_the_asked_class_and_balanced_distillation_sets():
