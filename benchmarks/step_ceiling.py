@@ -19,7 +19,19 @@ ResNet-8; 1x28x28 uint8 images normalised on the device, batch 32, cross-entropy
 Times are wall time per step with the GPU synchronised before and after ``--reps`` steps (a graph's replay is
 the GPU's own time, give or take a launch). The graph rows need CUDA; on a CPU run they are skipped.
 
+``--variants``: the same rows under other kernel settings, to find what lifts the ceiling where the batched
+convolutions (not the launches) set it (ResNet-11, or any model at 32 clients):
+
+- ``default``: torch's defaults (cuDNN's heuristic algorithm choice, float32 with cuDNN's TF32 convolutions);
+- ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark`` (cuDNN times its algorithms for each shape, a
+  grouped convolution's included, and keeps the fastest);
+- ``bf16``: the forward under ``torch.autocast(dtype=bfloat16)`` (weights, gradients and the update stay
+  float32; ``cache_enabled=False``, as a CUDA graph's capture needs).
+
+(``torch.channels_last`` is not among them: ``vmap`` refuses it, "NYI: querying is_contiguous inside of vmap".)
+
     python benchmarks/step_ceiling.py --out results/gpu [--clients 8 32] [--models lenet5 resnet8]
+    python benchmarks/step_ceiling.py --out results/gpu --models resnet11 --variants default cudnn_benchmark bf16
     .venv/bin/python benchmarks/step_ceiling.py --device cpu --clients 4 --reps 5 --out /tmp/g  # dry run
 
 Writes ``OUT/step_ceiling.json`` and ``OUT/step_ceiling.md`` after every row.
@@ -28,10 +40,11 @@ Writes ``OUT/step_ceiling.json`` and ``OUT/step_ceiling.md`` after every row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +69,21 @@ def timed(step: Callable[[int], None], reps: int, device: torch.device, per_call
     return 1000 * (time.perf_counter() - t0) / (calls * per_call)
 
 
-def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device) -> dict:
+VARIANTS = ("default", "cudnn_benchmark", "bf16")
+
+
+@contextlib.contextmanager
+def settings(variant: str) -> Iterator[None]:
+    """The process-wide flags of ``variant`` while its rows run (the default ones restored after)."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = variant == "cudnn_benchmark"
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device, variant: str = "default") -> dict:
     torch.manual_seed(0)
     model = build_model(model_name, (1, 28, 28), 10).to(device)
     data_x = torch.randint(0, 256, (k * ROWS_PER_CLIENT, 1, 28, 28), dtype=torch.uint8, device=device)
@@ -68,13 +95,18 @@ def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device
     def batch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (data_x[idx].float() / 255 - 0.5) / 0.5, data_y[idx]
 
-    row: dict = {"model": model_name, "clients": k}
+    def forward(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``fn(x)`` as ``variant`` runs a forward: under its autocast, or as it is."""
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=variant == "bf16", cache_enabled=False):
+            return fn(x).float()
+
+    row: dict = {"model": model_name, "clients": k, "variant": variant}
 
     params = [p for p in model.parameters()]
 
     def sequential(i: int) -> None:
         x, y = batch(index[i % steps, 0])
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(forward(model, x), y).backward()
         with torch.no_grad():
             torch._foreach_add_(params, [p.grad for p in params], alpha=-LR)
         for p in params:
@@ -87,7 +119,7 @@ def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device
     leaves = {n: p.clone().requires_grad_(True) for n, p in stacked.items()}
 
     def one_loss(p: dict, b: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(functional_call(model, (p, b), (x,)), y)
+        return F.cross_entropy(forward(lambda v: functional_call(model, (p, b), (v,)), x), y)
 
     eager_call = vmap(one_loss, randomness="different")
 
@@ -162,19 +194,23 @@ def write(record: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "step_ceiling.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [f"# One local step of K clients ({record['device']}, torch {record['torch']}, {record['date']})", "",
-             "ms per step of all K clients (batch 32 each, plain SGD); speed-ups against `sequential`.", "",
-             "| model | K | sequential | vmap eager | vmap graph/step | vmap graph/round | sequential graph/step "
-             "| best speed-up |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "ms per step of all K clients (batch 32 each, plain SGD); speed-ups against `sequential` under "
+             "the default settings (the first variant row of the model and K).", "",
+             "| model | K | variant | sequential | vmap eager | vmap graph/step | vmap graph/round "
+             "| sequential graph/step | best speed-up |",
+             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    baseline: dict[tuple, float] = {}
     for r in record["rows"]:
+        head = f"| {r['model']} | {r['clients']} | {r.get('variant', 'default')} |"
         if r.get("error"):
-            lines.append(f"| {r['model']} | {r['clients']} | failed: {r['error'][:150].replace('|', '/')} | | | | | |")
+            lines.append(f"{head} failed: {r['error'][:150].replace('|', '/')} | | | | | |")
             continue
         cells = [r.get(key) for key in ("sequential_ms", "vmap_eager_ms", "graph_step_ms", "graph_round_ms",
                                         "seq_graph_step_ms")]
         shown = [f"{c:.3f}" if c is not None else r.get("graph", "-")[:60] for c in cells]
+        base = baseline.setdefault((r["model"], r["clients"]), cells[0])
         best = min(c for c in cells[1:] if c is not None)
-        lines.append(f"| {r['model']} | {r['clients']} | " + " | ".join(shown) + f" | {cells[0] / best:.1f}x |")
+        lines.append(f"{head} " + " | ".join(shown) + f" | {base / best:.1f}x |")
     (out / "step_ceiling.md").write_text("\n".join(lines) + "\n")
 
 
@@ -186,19 +222,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="steps of a round (the graph/round row)")
     ap.add_argument("--reps", type=int, default=60, help="steps timed per figure")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--variants", nargs="+", default=["default"], choices=VARIANTS,
+                    help="kernel settings to time each row under (the first is the speed-ups' baseline)")
     args = ap.parse_args()
     device = torch.device(args.device if args.device == "cpu" or torch.cuda.is_available() else "cpu")
     record = {"benchmark": "step_ceiling", "date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
               "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "rows": []}
     for model_name in args.models:
         for k in args.clients:
-            try:
-                row = measure(model_name, k, args.steps, args.reps, device)
-            except Exception as exc:  # one broken row must not cost the others (device time is scarce)
-                row = {"model": model_name, "clients": k, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            record["rows"].append(row)
-            print(json.dumps(row), flush=True)
-            write(record, Path(args.out))
+            for variant in args.variants:
+                try:
+                    with settings(variant):
+                        row = measure(model_name, k, args.steps, args.reps, device, variant)
+                except Exception as exc:  # one broken row must not cost the others (device time is scarce)
+                    row = {"model": model_name, "clients": k, "variant": variant,
+                           "error": f"{type(exc).__name__}: {exc}"[:300]}
+                record["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                write(record, Path(args.out))
     print((Path(args.out) / "step_ceiling.md").read_text())
 
 
