@@ -11,15 +11,19 @@ client: no dropout or other randomness in ``forward`` (the same weights and inpu
 in every worker), no in-place activations or residual adds (they break ``torch.func`` transforms and
 autograd on shared tensors), no state outside parameters and buffers (so ``state_dict`` round-trips
 exactly and the module pickles and deep-copies), and the rows of a batch do not interact in ``forward``
-except through BatchNorm (vectorised clients pad short batches of models without BatchNorm, see
-``fedray.runtime.vectorized``).
+except through BatchNorm (vectorised clients pad short batches; under BatchNorm the padded rows are left out of
+the batch statistics, see :func:`batch_rows` and ``fedray.runtime.vectorized``).
 """
 
 from __future__ import annotations
 
+import math
+import types
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Iterator
 
+import torch
 from torch import Tensor, nn
 
 
@@ -89,3 +93,64 @@ def frozen_bn_stats(module: nn.Module) -> Iterator[nn.Module]:
     finally:
         for m, keep in zip(layers, saved):
             m.track_running_stats = keep
+
+
+# The real rows of the batch the module calls inside a batch_rows block see (None: all of them)
+_ROWS: ContextVar[Tensor | None] = ContextVar("fedray_batch_rows", default=None)
+
+
+@contextmanager
+def batch_rows(valid: Tensor | None) -> Iterator[None]:
+    """Inside the block, a batch of ``len(valid)`` rows holds real rows where ``valid`` (bool, (N,)) is True and
+    padding elsewhere: BatchNorm layers made row-aware by :func:`row_masked_batchnorm` normalise it by the real
+    rows' statistics and update their running statistics from those alone, so the real rows come out as they would
+    without the padding (up to float rounding). None, or a layer that is not row-aware: a no-op. Under ``vmap``
+    ``valid`` is one client's row mask, as the batch is one client's batch."""
+    token = _ROWS.set(valid)
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+@contextmanager
+def row_masked_batchnorm(module: nn.Module) -> Iterator[nn.Module]:
+    """The BatchNorm layers of ``module`` honour :func:`batch_rows` while the block runs (their class's
+    ``forward`` otherwise, and again after it). The vectorised runtime's padded steps of BatchNorm models run so."""
+    layers = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    for m in layers:
+        m.forward = types.MethodType(_row_masked_forward, m)  # an instance attribute: the class's is untouched
+    try:
+        yield module
+    finally:
+        for m in layers:
+            del m.forward
+
+
+def _row_masked_forward(self: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
+    """``_BatchNorm.forward`` in training, with the batch statistics (and the running statistics' update, its
+    variance unbiased by the real values' count) over the rows :func:`batch_rows` marks real."""
+    valid = _ROWS.get()
+    if valid is None or not self.training or x.shape[0] != valid.shape[0]:
+        return type(self).forward(self, x)
+    self._check_input_dim(x)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    weights = valid.to(x.dtype).reshape((-1,) + (1,) * (x.dim() - 1))
+    dims = [0, *range(2, x.dim())]
+    count = weights.sum() * math.prod(x.shape[2:])  # values per channel
+    mean = (x * weights).sum(dims) / count
+    centred = x - mean.reshape(shape)
+    var = (centred.square() * weights).sum(dims) / count
+    out = centred * torch.rsqrt(var + self.eps).reshape(shape)
+    if self.affine:
+        out = out * self.weight.reshape(shape) + self.bias.reshape(shape)
+    if self.track_running_stats and self.running_mean is not None:  # not under frozen_bn_stats
+        with torch.no_grad():
+            factor: float | Tensor = self.momentum if self.momentum is not None else 0.0
+            if self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+                if self.momentum is None:  # a cumulative moving average, as the class's forward keeps it
+                    factor = 1.0 / self.num_batches_tracked
+            self.running_mean.mul_(1 - factor).add_(mean.detach() * factor)
+            self.running_var.mul_(1 - factor).add_(var.detach() * (count / (count - 1)) * factor)
+    return out

@@ -15,8 +15,11 @@ modules per step: DaFKD, FedKF); clients that share modules and losses are train
   client's loss did not reach is not stepped for it;
 - a step's batches of all clients are one gather from the clients' data, concatenated once a round
   (:class:`_RoundBatches`); a client whose batch of a step is shorter (a pass ending on a short batch) has it
-  padded with rows its loss ignores when the loss allows it and the model's rows do not interact (no
-  BatchNorm), else it runs as its own vmap group in that step, as does a client whose step runs other updates.
+  padded with rows its loss ignores when the loss allows it (``paddable``), else it runs as its own vmap group
+  in that step, as does a client whose step runs other updates. Under BatchNorm a padded row would change the
+  batch statistics: such a round is padded only when more than :data:`PAD_BATCHNORM_FROM` of its steps would
+  split (many clients at alpha = 0.1), and its BatchNorm layers then normalise by the real rows alone
+  (:func:`~fedray.models.base.batch_rows`); otherwise its short batches run as groups of their own.
 
 So the numbers are those of the sequential runner up to float rounding. On a GPU one batched kernel
 replaces K small ones (kernel launches, not arithmetic, set the pace of small models), and the usual step is
@@ -38,8 +41,14 @@ from fedray.algorithms.base import ClientContext, ClientResult
 from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update,
                                        is_weights_only, split_loss, step_means, weights_only)
 from fedray.data.federated import to_device, to_float
+from fedray.models.base import batch_rows, row_masked_batchnorm
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray.runtime.step_graph import StepGraph
+
+#: A round of a BatchNorm model and a ``paddable`` loss is padded, its BatchNorm layers masked to the real rows, when
+#: more than this share of its steps would split by batch length: then one vmapped call (and one plain CUDA graph) a
+#: step replaces several; with fewer, the masking's extra work in every step would cost more than the splits.
+PAD_BATCHNORM_FROM = 0.5
 
 
 class _LossModule(torch.nn.Module):
@@ -62,7 +71,9 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
     the client's batches as inputs; ``finish`` gets the figures' means over the client's steps."""
 
     def loss(modules: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):
-        out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"]))
+        # the model reads the batch only as model(x) (paddable): its padded rows, if any, are those labelled so
+        with batch_rows(inp["y"] != IGNORE_LABEL):
+            out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"]))
         return out, {"train/loss": out, **aux}
 
     def finish(modules: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
@@ -84,10 +95,12 @@ class _RoundBatches:
     up front and sent to the device in one copy, so a step's batches cost one gather and ``to_float`` instead of
     several ops per client (on a GPU each is a kernel launch the host has to issue). A step's clients are grouped
     by batch length; with ``pad``, the short batches of a step are filled up to its longest with rows labelled
-    :data:`IGNORE_LABEL`, which the losses (``paddable``) leave out, so the whole step is one group.
+    :data:`IGNORE_LABEL`, which the losses (``paddable``) leave out, so the whole step is one group; with
+    ``pad_from``, so they are when more than that share of the steps would split (:attr:`padded` says which).
     """
 
-    def __init__(self, plans: list[StepwiseTraining], device: torch.device, pad: bool, masked_from: float | None = None):
+    def __init__(self, plans: list[StepwiseTraining], device: torch.device, pad: bool, masked_from: float | None = None,
+                 pad_from: float | None = None):
         data = [p.batches for p in plans]
         sizes = [len(d.y) for d in data]
         self.mean, self.std = data[0].mean, data[0].std
@@ -114,9 +127,9 @@ class _RoundBatches:
         # With ``masked_from`` (a CUDA graph's rounds), when more than that share of the steps is split by batch
         # length with every client active: for each such step the block of all clients' rows at its longest
         # length, a short batch's missing rows repeating its first (a masked replay's inputs, see full_step).
-        split = set() if pad else {s for s in range(x_rows.shape[0]) if (s < steps).all()
-                                   and len(np.unique(lengths[s])) > 1}
-        masked = masked_from is not None and len(split) > masked_from * x_rows.shape[0]
+        split = {s for s in range(x_rows.shape[0]) if (s < steps).all() and len(np.unique(lengths[s])) > 1}
+        self.padded = pad = pad or (pad_from is not None and len(split) > pad_from * x_rows.shape[0])
+        masked = not pad and masked_from is not None and len(split) > masked_from * x_rows.shape[0]
         self.full: dict[int, int] = {}
         blocks: list[np.ndarray] = []
         for s in range(x_rows.shape[0]):
@@ -209,8 +222,11 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     group_count = step_count = 0
     assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
     graphs = cuda_graphs and StepGraph.possible(device)
-    batched = _RoundBatches(plans, device, pad and plans[0].paddable and not _couples_rows(modules),
-                            StepGraph.MASKED_FROM if graphs else None) if plans[0].batches is not None else None
+    paddable, couples = pad and plans[0].paddable, _couples_rows(modules)
+    batched = _RoundBatches(plans, device, paddable and not couples, StepGraph.MASKED_FROM if graphs else None,
+                            PAD_BATCHNORM_FROM if paddable and couples else None) if plans[0].batches is not None else None
+    # padded rows under BatchNorm: its layers normalise by the rows the losses mark real (batch_rows)
+    masked_rows = row_masked_batchnorm(modules) if batched is not None and batched.padded and couples else None
 
     def sum_of(key: str) -> torch.Tensor:
         """Figure ``key``'s per-client sum over the steps (made once, not a zeros kernel every step)."""
@@ -294,7 +310,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
 
     graph = StepGraph(device, graph_body, masked=bool(batched.full)) if graphs and batched is not None else None
     total_steps = max(p.steps for p in plans)
-    with graph.running() if graph is not None else contextlib.nullcontext():
+    with graph.running() if graph is not None else contextlib.nullcontext(), masked_rows or contextlib.nullcontext():
         for s, step_inputs in enumerate(_lockstep(plans)):
             groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
             for i, item in enumerate(step_inputs):
@@ -373,7 +389,7 @@ def _host_rows(stacked: list[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 def _couples_rows(modules: torch.nn.Module) -> bool:
     """Whether a batch's rows interact in ``modules``' training forward (BatchNorm's batch statistics): then a
-    padded row would change the others', and short batches are not padded."""
+    padded row would change the others' unless the layers are masked to the real rows (``PAD_BATCHNORM_FROM``)."""
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules.modules())
 
 

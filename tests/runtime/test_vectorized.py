@@ -124,6 +124,9 @@ COVERED = {
     # (batches of 16) amplifies rounding ~100x within two steps, so far that the batched and the sequential rounding
     # differ by 1e-5 on some CPUs (AVX-512 here) and not on others - no longer a check of the batching
     "fedavg_batchnorm": dict(model__name="resnet8_bn", federation__momentum=0.9, federation__batch_size=12),
+    # batches of 30: 3 of the 4 steps split by a short batch, so the round is padded with BatchNorm masked to the
+    # real rows (vectorized.PAD_BATCHNORM_FROM)
+    "fedavg_batchnorm_padded": dict(model__name="resnet8_bn", federation__momentum=0.9, federation__batch_size=30),
     "fedavg_unequal_epochs": dict(federation__local_epochs=1, federation__batch_size=48),  # masked, short batches
     "fedprox": dict(algorithm__name="fedprox", algorithm__mu=0.5),
     "qffl": dict(algorithm__name="qffl", algorithm__q=1.0),
@@ -168,7 +171,11 @@ def test_one_vectorised_round_equals_the_sequential_one(name):
     (dict(), 1.0),
     # not padded, the short batch is a call of its own: 5 calls over 4 steps
     (dict(runtime__vectorize_pad=False), 1.25),
-    (dict(model__name="resnet8_bn"), 1.25),  # BatchNorm: a padded row would change the batch statistics
+    # BatchNorm with 1 of 4 steps split: not worth masking its statistics to the real rows, so not padded
+    (dict(model__name="resnet8_bn"), 1.25),
+    # batches of 30 (35: 30, 5, 30, 5; 70: 30, 30, 10, 30; 114: 30, 30, 30, 24): 3 of 4 steps split, padded
+    (dict(model__name="resnet8_bn", federation__batch_size=30), 1.0),
+    (dict(model__name="resnet8_bn", federation__batch_size=30, runtime__vectorize_pad=False), 2.0),
     (dict(algorithm__name="fedgkd"), 1.25),  # its distillation term averages over every row
     (dict(federation__batch_size=5), 1.0),  # 35, 114, 70: 4 full batches of 5 each
 ])
@@ -479,8 +486,10 @@ def _max_relative_difference(a: dict, b: dict) -> float:
     (dict(runtime__vectorize_pad=False, federation__optimizer="adam", federation__lr=1e-3), 1e-6),
     (COVERED["dafkd"], 1e-6),  # two updates a step, Adam for the generator (BatchNorm), noise drawn on the host
     # a ResNet's BatchNorm over 5-row batches amplifies rounding: the eager steps differ from the sequential
-    # ones by ~2e-4 here too; a client stepped twice or a statistic not put back moves by ~1e-2
-    (dict(model__name="resnet8_bn", federation__momentum=0.9, federation__weight_decay=1e-3), 2e-4),
+    # ones by ~2e-4 here too; a client stepped twice or a statistic not put back moves by ~1e-2 (unpadded: padded,
+    # this round would be one group a step, as the next test shows)
+    (dict(model__name="resnet8_bn", federation__momentum=0.9, federation__weight_decay=1e-3,
+          runtime__vectorize_pad=False), 2e-4),
 ])
 def test_a_masked_graph_replays_split_steps_with_the_eager_numbers(graphs_on_cpu, kw, tolerance):
     """Batches of 30 over 35, 114 and 70 samples, unpadded: steps 1, 2, 3, 5 and 7 of 8 are split by a short
@@ -496,3 +505,20 @@ def test_a_masked_graph_replays_split_steps_with_the_eager_numbers(graphs_on_cpu
     for e, g in zip(eager_info, graph_info):
         assert g["train/loss"] == pytest.approx(e["train/loss"], rel=10 * tolerance)
         assert g["vec/groups_per_step"] == e["vec/groups_per_step"] > 1.5 and g["vec/graph_steps"] == 6 / 8
+
+
+def test_a_padded_batchnorm_round_is_one_call_a_step_and_replays_as_a_plain_graph(graphs_on_cpu):
+    """The batches of the test above, padded: its BatchNorm layers normalise by the real rows, each step is one
+    vmapped call, and every step from the third is replayed by the plain graph, with the eager steps' numbers."""
+    kw = dict(model__name="resnet8_bn", federation__momentum=0.9, federation__local_steps=8, federation__batch_size=30)
+    eager_w, eager_info = _one_round(True, runtime__cuda_graphs=False, **kw)
+    graph_w, graph_info = _one_round(True, **kw)
+    assert all(torch.equal(eager_w[0][k], graph_w[0][k]) for k in eager_w[0])
+    assert [i["vec/groups_per_step"] for i in eager_info] == [1.0] * 3
+    assert [(i["vec/groups_per_step"], i["vec/graph_steps"]) for i in graph_info] == [(1.0, 6 / 8)] * 3
+    # the padding's BatchNorm masking is the round's only: the worker's modules are plain BatchNorm again
+    data = build_federated_data(validate_experiment(tiny_config(**kw)).data, 0)
+    with make_runtime(validate_experiment(tiny_config(runtime__vectorize=True, **kw)), data) as rt:
+        rt.run_round(1, [3, 4, 5])
+        norms = [m for m in rt.worker.modules.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        assert norms and not any("forward" in vars(m) for m in norms)
