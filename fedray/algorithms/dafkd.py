@@ -64,7 +64,7 @@ from fedray.algorithms.dafkd_client import batched_local_step
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_device
 from fedray.models import FedModel, build_model
-from fedray.models.base import frozen_bn_stats
+from fedray.models.base import batch_rows, frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
 from fedray.seeding import derive_seed
 
@@ -246,11 +246,11 @@ class DaFKD(Algorithm):
         return ((grad.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
 
     @staticmethod
-    def fake_count(b: int) -> int:
+    def fake_count(b: int | torch.Tensor) -> int | torch.Tensor:
         """Generated samples n_hat drawn against a real batch of ``b`` (Eq. 2): as many, but at least 2. The
         generator's BatchNorm runs on batch statistics, which one sample cannot give (a pass over a client's
-        data may end on a one-sample batch)."""
-        return max(b, 2)
+        data may end on a one-sample batch). ``b`` may be a count on the device (a padded batch's real rows)."""
+        return b.clamp_min(2) if isinstance(b, torch.Tensor) else max(b, 2)
 
     def _labels(self, n: int, rng: torch.Generator, device: torch.device) -> torch.Tensor | None:
         """Classes for the conditional generator, uniform (class-balanced); None for the DCGAN, which draws
@@ -259,24 +259,36 @@ class DaFKD(Algorithm):
             return None
         return to_device(torch.randint(self.spec.num_classes, (n,), generator=rng), device)
 
-    def _disc_loss(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor,
-                   fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _disc_loss(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor, fake: torch.Tensor,
+                   real_rows: torch.Tensor | None = None, fake_rows: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Eq. 9's adversarial part (Eq. 1 + Eq. 2): the discriminator's BCE on real ``x`` (features ``feats``)
-        against generated ``fake``; (loss, real logits, fake logits)."""
+        against generated ``fake``; (loss, real logits, fake logits). ``real_rows``/``fake_rows`` (bool): the
+        rows of padded batches that count (:func:`~fedray.models.base.batch_rows`); None: all of them."""
         b = x.shape[0]
-        d_real = self.disc_logits(m, x, feats)
-        with frozen_bn_stats(m.model):  # generated images never enter the running statistics
+        with batch_rows(real_rows):
+            d_real = self.disc_logits(m, x, feats)
+        with frozen_bn_stats(m.model), batch_rows(fake_rows):  # generated images never enter the running statistics
             d_fake = self.disc_logits(m, fake)
         target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
-        return F.binary_cross_entropy_with_logits(torch.cat([d_real, d_fake]), target), d_real, d_fake
+        logits = torch.cat([d_real, d_fake])
+        if real_rows is None:
+            return F.binary_cross_entropy_with_logits(logits, target), d_real, d_fake
+        return _row_mean(F.binary_cross_entropy_with_logits(logits, target, reduction="none"),
+                         torch.cat([real_rows, fake_rows])), d_real, d_fake
 
-    def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        """Eq. 3 (or the non-saturating variant) of generated images against the discriminator."""
-        with frozen_bn_stats(m.model):
+    def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 3 (or the non-saturating variant) of generated images against the discriminator; ``rows`` as
+        :meth:`_disc_loss`'s ``fake_rows``."""
+        with frozen_bn_stats(m.model), batch_rows(rows):
             d_gen = self.disc_logits(m, m.generator(z, labels))
-        if self.params.gen_loss == "nonsaturating":
-            return F.binary_cross_entropy_with_logits(d_gen, torch.ones_like(d_gen))  # -log f(G(z))
-        return -F.binary_cross_entropy_with_logits(d_gen, torch.zeros_like(d_gen))  # log(1 - f(G(z))), Eq. 3
+        nonsaturating = self.params.gen_loss == "nonsaturating"  # -log f(G(z)); Eq. 3: log(1 - f(G(z)))
+        target = torch.ones_like(d_gen) if nonsaturating else torch.zeros_like(d_gen)
+        sign = 1.0 if nonsaturating else -1.0
+        if rows is None:
+            return sign * F.binary_cross_entropy_with_logits(d_gen, target)
+        return sign * _row_mean(F.binary_cross_entropy_with_logits(d_gen, target, reduction="none"), rows)
 
     def _adversarial_steps(self, ctx: ClientContext, state: DaFKDClientState) -> tuple[bool, bool, int]:
         """(train D this round, train G this round, local steps with D/G updates)."""
@@ -390,3 +402,9 @@ class DaFKD(Algorithm):
     def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
         uploads, self._round_uploads = self._round_uploads, None
         return probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}
+
+
+def _row_mean(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` over the rows where ``rows`` (bool) holds: a padded batch's loss over its real rows."""
+    weights = rows.to(values.dtype)
+    return (values * weights).sum() / weights.sum()

@@ -3,6 +3,12 @@
 (2) the generator on Eq. 3 against the just-updated discriminator, on the batch and the noise drawn in
 the order ``DaFKD.client_update`` draws them. ``client_update`` is the sequential reference; the losses are
 its own pieces (``DaFKD._disc_loss``, ``DaFKD._gen_loss``), so the two cannot drift apart.
+
+The step is ``paddable``: a short batch may come padded to the step's longest (rows labelled ``IGNORE_LABEL``),
+its noise (and conditional labels) with zero rows to the longest client's. The losses then count the real rows
+only: the batch's real rows are those not labelled so, and of the generated ones the first ``fake_count`` of
+them, as drawn; BatchNorm layers normalise by those rows alone (``batch_rows``), as do the means of the losses
+and the discriminator's accuracy counts.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedray.algorithms.base import ClientContext, ClientResult
-from fedray.algorithms.training import OptimSpec, StepwiseTraining, Update, module_dict, weights_only
+from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, StepwiseTraining, Update, module_dict, weights_only
+from fedray.models.base import batch_rows
 
 if TYPE_CHECKING:
     from fedray.algorithms.dafkd import DaFKD, DaFKDClientState, DaFKDPayload
@@ -49,20 +56,28 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
     def view(mods: nn.ModuleDict) -> DaFKDModules:
         return DaFKDModules(model=mods["model"], generator=mods["generator"], disc=mods["disc"])
 
+    def rows(inp: dict[str, torch.Tensor], noise: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The real rows of the step's batch and of its generated batch from ``inp[noise]`` (bool masks)."""
+        real = inp["y"] != IGNORE_LABEL
+        drawn = algo.fake_count(real.sum())
+        return real, torch.arange(inp[noise].shape[0], device=real.device) < drawn
+
     def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
         mm = view(mods)
-        feats = mm.model.features(inp["x"])
-        ce = F.cross_entropy(mm.model.head(feats), inp["y"])
+        real, fake_rows = rows(inp, "z_fake") if flags[2] else (inp["y"] != IGNORE_LABEL, None)
+        with batch_rows(real):
+            feats = mm.model.features(inp["x"])
+        ce = F.cross_entropy(mm.model.head(feats), inp["y"])  # IGNORE_LABEL rows left out
         if not flags[2]:
             return ce, {"ce": ce}
-        with torch.no_grad():
+        with torch.no_grad(), batch_rows(fake_rows):
             fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
-        adv, d_real, d_fake = algo._disc_loss(mm, inp["x"], feats, fake)
-        return ce + adv, {"ce": ce, "adv": adv, "real_ok": (d_real.detach() > 0).sum().float(),
-                          "fake_ok": (d_fake.detach() < 0).sum().float(), "n": torch.ones_like(d_real).sum()}
+        adv, d_real, d_fake = algo._disc_loss(mm, inp["x"], feats, fake, real, fake_rows)
+        return ce + adv, {"ce": ce, "adv": adv, "real_ok": ((d_real.detach() > 0) & real).sum().float(),
+                          "fake_ok": ((d_fake.detach() < 0) & fake_rows).sum().float(), "n": real.sum().float()}
 
     def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
-        g_loss = algo._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"))
+        g_loss = algo._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
         return g_loss, {"gen": g_loss}
 
     def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
@@ -78,4 +93,4 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
         updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
                         trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
                  Update(generator_loss, {"generator": gen_spec})],
-        steps=ctx.num_local_steps(), inputs=inputs, finish=finish, batches=batches)
+        steps=ctx.num_local_steps(), inputs=inputs, finish=finish, batches=batches, paddable=True)

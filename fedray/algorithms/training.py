@@ -19,8 +19,8 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
   for further per-step figures, averaged over the client's steps into its metrics.
 - ``paddable``: the loss reads the batch only through ``F.cross_entropy(model(x), y)`` with its default
   mean over the rows not labelled :data:`IGNORE_LABEL` (other terms may read the model, not the batch).
-  Then, for models whose rows do not interact (no BatchNorm in training), the runtime may pad a short
-  batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full ones: exact up to rounding.
+  Then the runtime may pad a short batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full
+  ones, BatchNorm normalising by the other rows (:func:`~fedray.models.base.batch_rows`): exact up to rounding.
 - ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
   it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
   logits on the shared batch). A ``finish`` marked :func:`weights_only` reads the model only through
@@ -102,8 +102,11 @@ class StepwiseTraining:
 
     ``batches``: when set, the ``x`` and ``y`` inputs of step ``s`` are the client's ``s``-th batch, which the
     runtime gathers for all clients of the step at once; ``inputs(step)`` then gives the other inputs only.
-    ``paddable``: as :class:`LocalTraining`'s, for losses that read ``x``/``y`` only through a row-mean
-    cross-entropy.
+    ``paddable``: the losses count only a batch's rows not labelled :data:`IGNORE_LABEL` (a row-mean cross-entropy
+    as :class:`LocalTraining`'s, or masks of their own) and run the modules on a padded batch inside
+    :func:`~fedray.models.base.batch_rows` of its real rows (BatchNorm); the runtime may then pad a short batch, and
+    zero-pad the other inputs along their first dimension to the step's longest, the loss counting the rows it drew
+    (DaFKD's generated samples).
 
     ``optimizer_state`` continues an optimizer of an earlier round (FedKF's generator keeps its Adam moments):
     by parameter name (``"<module>.<parameter>"``), ``{"step": n, "exp_avg": m, "exp_avg_sq": v}`` (Adam) or

@@ -312,6 +312,8 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     total_steps = max(p.steps for p in plans)
     with graph.running() if graph is not None else contextlib.nullcontext(), masked_rows or contextlib.nullcontext():
         for s, step_inputs in enumerate(_lockstep(plans)):
+            if batched is not None and batched.padded:
+                step_inputs = _padded(step_inputs)
             groups: dict[tuple, list[int]] = {}  # clients whose inputs have the same shapes and flags
             for i, item in enumerate(step_inputs):
                 if item is not None:
@@ -385,6 +387,19 @@ def _host_rows(stacked: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             for j, part in zip(members, flat[i].split(sizes)):
                 rows[i][j] = part.view(stacked[j].shape[1:])
     return rows
+
+
+def _padded(step_inputs: list[tuple[dict, tuple[bool, ...]] | None]) -> list[tuple[dict, tuple[bool, ...]] | None]:
+    """A padded step's host inputs (DaFKD's noise for a batch's generated samples, whose count follows the batch's):
+    each zero-padded along its first dimension to the step's longest, so that the step's clients stay one group.
+    A ``paddable`` loss counts the drawn rows only (it knows how many from its batch's real rows)."""
+    longest: dict[str, int] = {}
+    for item in step_inputs:
+        for k, v in (item[0] if item is not None else {}).items():
+            longest[k] = max(longest.get(k, 0), v.shape[0])
+    return [None if item is None else
+            ({k: v if v.shape[0] == longest[k] else torch.cat([v, v.new_zeros((longest[k] - v.shape[0], *v.shape[1:]))])
+              for k, v in item[0].items()}, item[1]) for item in step_inputs]
 
 
 def _couples_rows(modules: torch.nn.Module) -> bool:

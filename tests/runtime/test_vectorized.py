@@ -17,6 +17,8 @@ from fedray.runtime import make_runtime
 from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only, weights_only
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray import cuda_graphs
+from fedray.data import federated as fed_data
+from fedray.runtime import vectorized
 from fedray.runtime.step_graph import StepGraph
 from fedray.runtime.vectorize_policy import vectorize_enabled
 from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized
@@ -152,6 +154,10 @@ COVERED = {
     # client 3's 35 samples end a pass on a one-sample batch: the conditional generator's BatchNorm1d still gets
     # two generated samples (DaFKD.fake_count)
     "dafkd_one_sample_batch": dict(DAFKD, algorithm__generator="conditional", federation__batch_size=17),
+    # padded (3 of 4 steps split): the noise too, the generator's BatchNorm and the losses over the drawn rows only;
+    # batches of 34 end client 3's passes on one sample, padded to 34 rows, its noise (2 rows) to 34 (more padded
+    # rounds: test_a_padded_round_is_exact_in_double_precision)
+    "dafkd_padded_one_sample": dict(DAFKD, algorithm__generator="conditional", federation__batch_size=34),
 }
 
 
@@ -484,7 +490,9 @@ def _max_relative_difference(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("kw, tolerance", [
     (dict(runtime__vectorize_pad=False, federation__momentum=0.9, federation__weight_decay=1e-3), 1e-6),
     (dict(runtime__vectorize_pad=False, federation__optimizer="adam", federation__lr=1e-3), 1e-6),
-    (COVERED["dafkd"], 1e-6),  # two updates a step, Adam for the generator (BatchNorm), noise drawn on the host
+    # two updates a step, Adam for the generator (BatchNorm), noise drawn on the host (unpadded: padded, the round
+    # would be one group a step)
+    (dict(COVERED["dafkd"], runtime__vectorize_pad=False), 1e-6),
     # a ResNet's BatchNorm over 5-row batches amplifies rounding: the eager steps differ from the sequential
     # ones by ~2e-4 here too; a client stepped twice or a statistic not put back moves by ~1e-2 (unpadded: padded,
     # this round would be one group a step, as the next test shows)
@@ -507,10 +515,11 @@ def test_a_masked_graph_replays_split_steps_with_the_eager_numbers(graphs_on_cpu
         assert g["vec/groups_per_step"] == e["vec/groups_per_step"] > 1.5 and g["vec/graph_steps"] == 6 / 8
 
 
-def test_a_padded_batchnorm_round_is_one_call_a_step_and_replays_as_a_plain_graph(graphs_on_cpu):
+@pytest.mark.parametrize("kw", [dict(model__name="resnet8_bn", federation__momentum=0.9), DAFKD])
+def test_a_padded_batchnorm_round_is_one_call_a_step_and_replays_as_a_plain_graph(graphs_on_cpu, kw):
     """The batches of the test above, padded: its BatchNorm layers normalise by the real rows, each step is one
     vmapped call, and every step from the third is replayed by the plain graph, with the eager steps' numbers."""
-    kw = dict(model__name="resnet8_bn", federation__momentum=0.9, federation__local_steps=8, federation__batch_size=30)
+    kw = dict(kw, federation__local_steps=8, federation__batch_size=30)
     eager_w, eager_info = _one_round(True, runtime__cuda_graphs=False, **kw)
     graph_w, graph_info = _one_round(True, **kw)
     assert all(torch.equal(eager_w[0][k], graph_w[0][k]) for k in eager_w[0])
@@ -520,5 +529,36 @@ def test_a_padded_batchnorm_round_is_one_call_a_step_and_replays_as_a_plain_grap
     data = build_federated_data(validate_experiment(tiny_config(**kw)).data, 0)
     with make_runtime(validate_experiment(tiny_config(runtime__vectorize=True, **kw)), data) as rt:
         rt.run_round(1, [3, 4, 5])
-        norms = [m for m in rt.worker.modules.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        modules = rt.worker.modules
+        norms = [m for part in (modules.model, getattr(modules, "generator", modules.model)) for m in part.modules()
+                 if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         assert norms and not any("forward" in vars(m) for m in norms)
+
+
+@pytest.mark.parametrize("kw", [
+    COVERED["fedavg_batchnorm_padded"],
+    *[dict(DAFKD, algorithm__diag_samples=0, federation__batch_size=30, **extra) for extra in (
+        {},  # LeNet-5, the DCGAN generator's BatchNorm
+        dict(algorithm__generator="conditional", algorithm__sharing=False),  # a discriminator of its own
+        dict(algorithm__generator="conditional", model__name="resnet8_bn", federation__optimizer="adam",
+             federation__lr=1e-3))],
+    dict(COVERED["dafkd_padded_one_sample"], algorithm__diag_samples=0)])
+def test_a_padded_round_is_exact_in_double_precision(monkeypatch, kw):
+    """In float32 a padded round sits 1e-7-1e-4 from the sequential one, as far as BatchNorm over a few rows
+    amplifies rounding (an unpadded vectorised round too); in float64 the amplified rounding is ~1e-16, so a padded
+    row that leaks into a real one (statistics, a loss's mean, a discriminator's count) would show. (DaFKD's
+    diag/* probe holds float32 images: off.)"""
+    to_float = fed_data.to_float
+    monkeypatch.setattr(fed_data, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
+    monkeypatch.setattr(vectorized, "to_float", fed_data.to_float)
+    torch.set_default_dtype(torch.float64)
+    try:
+        seq_w, seq_info = _one_round(False, **kw)
+        vec_w, vec_info = _one_round(True, **kw)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert [i["vec/groups_per_step"] for i in vec_info] == [1.0] * 3  # padded
+    assert all(v.dtype == torch.float64 for v in seq_w[0].values() if torch.is_floating_point(v))
+    assert _max_relative_difference(seq_w[0], vec_w[0]) < 1e-12
+    for s, v in zip(seq_info, vec_info):
+        assert all(v[k] == pytest.approx(s[k], rel=1e-12) for k in s if k.startswith("train/")), (s, v)
