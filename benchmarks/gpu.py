@@ -15,7 +15,8 @@ Targets (issue 13): vectorised in-process >= 5x faster than sequential, and >= 8
 ``--graph-check``: before the rows, one round of 8 clients of FedAvg (LeNet-5; ResNet-8 with momentum and
 weight decay; ResNet-8 with BatchNorm; LeNet-5 with Adam), FedProx, DaFKD (ResNet-11: the clients' two updates
 a step and the server's distillation), FedKF (LeNet-5: the student's and the generator's updates) and, with 32
-clients, FedAvg on ResNet-8 with BatchNorm (a masked graph), eager, with CUDA graphs, and eager again, from one seed, with
+clients, FedAvg on ResNet-8 with BatchNorm (unpadded: a masked graph; padded) and DaFKD (padded), eager, with CUDA
+graphs, and eager again, from one seed, with
 cuDNN's default algorithms and with ``cudnn.deterministic``: the largest weight difference of graphs against
 eager and of eager against eager (what the GPU's own non-determinism gives), in a table of ``OUT/gpu.md``.
 
@@ -171,10 +172,16 @@ GRAPH_CHECKS = {  # FedAvg as gpu.py runs it, with momentum and weight decay, Fe
     "dafkd resnet11": ["algorithm.name=dafkd", "model.name=resnet11"],
     # two updates a step (the student with SGD, the generator with Adam), host noise (warmup_rounds 0: round 1 distils)
     "fedkf lenet5": ["algorithm.name=fedkf", "model.name=lenet5"],
-    # 32 clients of alpha = 0.1 under BatchNorm: most steps split by a short batch, so the graph is masked (the
-    # replay runs the other clients in a larger vmapped call than the eager step: equal up to rounding, not bits)
+    # 32 clients of alpha = 0.1 under BatchNorm: most steps split by a short batch. Unpadded, the graph is masked
+    # (the replay runs the other clients in a larger vmapped call than the eager step: equal up to rounding, not
+    # bits); padded (the default), each step is one call, BatchNorm over the real rows, replayed by a plain graph
     "fedavg resnet8_bn, 32 clients, masked graph": ["algorithm.name=fedavg", "model.name=resnet8_bn",
-                                                    "data.num_clients=80", "federation.clients_per_round=32"],
+                                                    "data.num_clients=80", "federation.clients_per_round=32",
+                                                    "runtime.vectorize_pad=false"],
+    "fedavg resnet8_bn, 32 clients, padded": ["algorithm.name=fedavg", "model.name=resnet8_bn",
+                                              "data.num_clients=80", "federation.clients_per_round=32"],
+    "dafkd resnet11, 32 clients, padded": ["algorithm.name=dafkd", "model.name=resnet11",
+                                           "data.num_clients=80", "federation.clients_per_round=32"],
 }
 
 

@@ -396,10 +396,11 @@ def _padded(step_inputs: list[tuple[dict, tuple[bool, ...]] | None]) -> list[tup
     longest: dict[str, int] = {}
     for item in step_inputs:
         for k, v in (item[0] if item is not None else {}).items():
-            longest[k] = max(longest.get(k, 0), v.shape[0])
+            longest[k] = max(longest.get(k, 0), v.shape[0] if v.dim() else 0)
     return [None if item is None else
-            ({k: v if v.shape[0] == longest[k] else torch.cat([v, v.new_zeros((longest[k] - v.shape[0], *v.shape[1:]))])
-              for k, v in item[0].items()}, item[1]) for item in step_inputs]
+            ({k: v if not v.dim() or v.shape[0] == longest[k]
+              else torch.cat([v, v.new_zeros((longest[k] - v.shape[0], *v.shape[1:]))]) for k, v in item[0].items()},
+             item[1]) for item in step_inputs]
 
 
 def _couples_rows(modules: torch.nn.Module) -> bool:
