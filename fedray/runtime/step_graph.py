@@ -28,7 +28,8 @@ class StepGraph:
     optimizer at one step count for all clients. A step that does not (a short batch left unpadded under
     BatchNorm, another width) runs eagerly and the graph is kept (eager steps write the optimizer state in place);
     once the optimizer state the graph was recorded on has been replaced (state made after the capture), it is
-    dropped for the rest of the round. Clients done early leave the step counts uneven: eager steps from there.
+    dropped for the rest of the round. (Clients done early end a lockstep: the rest train in a lockstep of their
+    own, with a graph of its own.)
     Replays run the eager step's kernels on the same tensors, so the numbers are the eager steps'.
 
     A *masked* graph (``masked``: chosen for a round where more than :data:`MASKED_FROM` of the steps are split
