@@ -75,7 +75,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = f"lockstep_e{args.epochs}" if args.epochs else "lockstep"
     (out / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    budget = f"{args.epochs} local epochs" if args.epochs else "20 local steps"
+    budget = f"{args.epochs} local epoch{'s' * (args.epochs != 1)}" if args.epochs else "20 local steps"
     lines = [f"# The lockstep of gpu.py's DaFKD workload, {budget}, on a CPU ({record['date']}, torch {record['torch']})",
              "", "LeNet-5 for ResNet-11, CUDA graphs by the CPU stand-in; per round: vmapped calls a step, share of the "
              "steps replayed from a graph, seconds (this CPU's).", "",
