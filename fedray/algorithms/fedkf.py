@@ -59,12 +59,12 @@ from fedray.algorithms.base import ClientContext, ClientResult, ClientState, Pay
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelPayload
-from fedray.algorithms.training import (OptimSpec, StepwiseTraining, Update, is_weights_only, make_optimizer, module_dict,
-                                       weights_only)
+from fedray.algorithms.training import (IGNORE_LABEL, OptimSpec, StepwiseTraining, Update, is_weights_only,
+                                       make_optimizer, module_dict, weights_only)
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_device
 from fedray.models import build_model
-from fedray.models.base import frozen_bn_stats
+from fedray.models.base import batch_rows, frozen_bn_stats
 from fedray.models.dafl import DAFLGenerator
 from fedray.seeding import derive_seed
 
@@ -238,7 +238,8 @@ class FedKF(FedAvg):
                 x_hat = m["generator"](inp["z"])
                 t_logits = teacher(x_hat)
             student = m["model"]
-            ce = F.cross_entropy(student(inp["x"]), inp["y"])
+            with batch_rows(inp["y"] != IGNORE_LABEL):  # a padded batch (paddable): BatchNorm over its real rows
+                ce = F.cross_entropy(student(inp["x"]), inp["y"])
             kl = kl_teacher_student(student(x_hat), t_logits)
             loss = ce + p.gamma * kl
             return loss, {"train/loss": loss, "train/ce": ce, "train/kl": kl}
@@ -276,7 +277,7 @@ class FedKF(FedAvg):
             updates=[Update(student_loss, {"model": OptimSpec.of(ctx.fed)}),
                      Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)})],
             steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept,
-            batches=ctx.batch_plan())
+            batches=ctx.batch_plan(), paddable=True)  # the batch is read only by the cross-entropy, as above
 
     def client_update(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
         if not self.distills(ctx.round):  # warm-up: plain local training, the generator is left as it is
