@@ -66,7 +66,7 @@ class StepGraph:
     def plan(self, groups: dict[tuple, list[int]], host: dict[tuple, dict[str, torch.Tensor]], batched: Any, s: int,
              n: int) -> tuple[tuple, dict[str, torch.Tensor], dict[tuple, list[int]], torch.Tensor | None] | None:
         """Step ``s`` (its clients' ``groups`` keyed by (flags, input shapes, batch group) and their stacked host
-        inputs ``host``; ``batched``: the round's ``_RoundBatches``) as a graph step: (key, inputs, the groups left
+        inputs ``host``; ``batched``: the round's ``RoundBatches``) as a graph step: (key, inputs, the groups left
         to the eager path, the clients left out as a host bool mask or None), or None when it cannot be one.
 
         A step of one group of all clients is the plain step. A split step, in a masked graph, runs its largest

@@ -18,10 +18,11 @@ from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only,
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray import cuda_graphs
 from fedray.data import federated as fed_data
-from fedray.runtime import vectorized
+from fedray.runtime import round_batches
 from fedray.runtime.step_graph import StepGraph
 from fedray.runtime.vectorize_policy import vectorize_enabled
-from fedray.runtime.vectorized import _RoundBatches, as_stepwise, train_vectorized
+from fedray.runtime.round_batches import RoundBatches
+from fedray.runtime.vectorized import as_stepwise, train_vectorized
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
@@ -205,7 +206,7 @@ def test_batched_inputs_are_each_clients_batches_and_padded_rows_are_ignored():
     plans = [as_stepwise(c, rt.worker.algo.local_training(c, rt.worker.algo.broadcast(rt.server.state, 1), None))
              for c in ctxs]
     for pad in (False, True):
-        rows = _RoundBatches(plans, torch.device("cpu"), pad)
+        rows = RoundBatches(plans, torch.device("cpu"), pad)
         for i, (ctx, plan) in enumerate(zip(ctxs, plans)):
             seen = []
             for s, (x, y) in enumerate(ctx.batches()):
@@ -559,7 +560,7 @@ def test_a_padded_round_is_exact_in_double_precision(monkeypatch, kw):
     diag/* probe holds float32 images: off.)"""
     to_float = fed_data.to_float
     monkeypatch.setattr(fed_data, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
-    monkeypatch.setattr(vectorized, "to_float", fed_data.to_float)
+    monkeypatch.setattr(round_batches, "to_float", fed_data.to_float)
     torch.set_default_dtype(torch.float64)
     try:
         seq_w, seq_info = _one_round(False, **kw)
