@@ -13,7 +13,7 @@ updates' flags, which decide the grouping, are the same.
 Setting: ``gpu.py``'s (synthetic 1x28x28 data, 60,000 images, alpha = 0.1, 2.5x as many clients as per round, 20
 local steps of 32), DaFKD without its ``diag/*`` probe, one torch thread, ``--rounds`` rounds. ``--epochs E``: E
 local epochs instead of 20 steps (as DaFKD's paper budget, E = 20, has it): clients hold unequal data, so they are
-done after unequal numbers of steps (the lockstep's phases, ``fedray.runtime.vectorized._in_phases``).
+done after unequal numbers of steps (the lockstep's phases, ``fedray.runtime.phases.in_phases``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lockstep.py [--per-round 8 32] [--rounds 2] [--epochs 1]
 

@@ -271,11 +271,8 @@ class DaFKD(Algorithm):
         with frozen_bn_stats(m.model), batch_rows(fake_rows):  # generated images never enter the running statistics
             d_fake = self.disc_logits(m, fake)
         target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
-        logits = torch.cat([d_real, d_fake])
-        if real_rows is None:
-            return F.binary_cross_entropy_with_logits(logits, target), d_real, d_fake
-        return _row_mean(F.binary_cross_entropy_with_logits(logits, target, reduction="none"),
-                         torch.cat([real_rows, fake_rows])), d_real, d_fake
+        rows = None if real_rows is None else torch.cat([real_rows, fake_rows])
+        return _bce(torch.cat([d_real, d_fake]), target, rows), d_real, d_fake
 
     def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None,
                   rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -283,12 +280,9 @@ class DaFKD(Algorithm):
         :meth:`_disc_loss`'s ``fake_rows``."""
         with frozen_bn_stats(m.model), batch_rows(rows):
             d_gen = self.disc_logits(m, m.generator(z, labels))
-        nonsaturating = self.params.gen_loss == "nonsaturating"  # -log f(G(z)); Eq. 3: log(1 - f(G(z)))
-        target = torch.ones_like(d_gen) if nonsaturating else torch.zeros_like(d_gen)
-        sign = 1.0 if nonsaturating else -1.0
-        if rows is None:
-            return sign * F.binary_cross_entropy_with_logits(d_gen, target)
-        return sign * _row_mean(F.binary_cross_entropy_with_logits(d_gen, target, reduction="none"), rows)
+        if self.params.gen_loss == "nonsaturating":
+            return _bce(d_gen, torch.ones_like(d_gen), rows)  # -log f(G(z))
+        return -_bce(d_gen, torch.zeros_like(d_gen), rows)  # log(1 - f(G(z))), Eq. 3
 
     def _adversarial_steps(self, ctx: ClientContext, state: DaFKDClientState) -> tuple[bool, bool, int]:
         """(train D this round, train G this round, local steps with D/G updates)."""
@@ -404,7 +398,10 @@ class DaFKD(Algorithm):
         return probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}
 
 
-def _row_mean(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The mean of ``values`` over the rows where ``rows`` (bool) holds: a padded batch's loss over its real rows."""
-    weights = rows.to(values.dtype)
-    return (values * weights).sum() / weights.sum()
+def _bce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """Binary cross-entropy with logits, the mean over the rows where ``rows`` (bool) holds (a padded batch's real
+    rows); None: over every row."""
+    if rows is None:
+        return F.binary_cross_entropy_with_logits(logits, target)
+    weights = rows.to(logits.dtype)
+    return (F.binary_cross_entropy_with_logits(logits, target, reduction="none") * weights).sum() / weights.sum()

@@ -11,7 +11,7 @@ modules per step: DaFKD, FedKF); clients that share modules and losses are train
   SGD (momentum, weight decay) and Adam (L2 weight decay, betas) step for step;
 - BatchNorm running statistics are buffers of the stack: every client keeps its own;
 - a client with fewer steps (``local_epochs`` over less data) is done early, never padded with extra updates:
-  the round runs in phases, each a lockstep of the clients still training (:func:`_in_phases`); a module a
+  the round runs in phases, each a lockstep of the clients still training (``fedray.runtime.phases``); a module a
   client's loss did not reach is not stepped for it (its rows masked in that step);
 - a step's batches of all clients are one gather from the clients' data, concatenated once a round
   (:class:`~fedray.runtime.round_batches.RoundBatches`); a client whose batch of a step is shorter (a pass ending on a short batch) has it
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from fedray.algorithms.training import (IGNORE_LABEL, LocalTraining, OptimSpec, 
                                        is_weights_only, split_loss, step_means, weights_only)
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, row_masked_batchnorm
+from fedray.runtime.phases import Tally, in_phases, reported
 from fedray.runtime.round_batches import RoundBatches, pad_host_inputs
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray.runtime.step_graph import StepGraph
@@ -102,102 +102,22 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
     with a stand-in holding them on the host: all clients' weights leave the device in one copy). ``pad``: short batches
     of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``); ``cuda_graphs``:
     the usual step is replayed as a CUDA graph where :class:`StepGraph` allows (``runtime.cuda_graphs``).
-    Clients with fewer steps than others train in phases (:func:`_in_phases`)."""
+    Clients with fewer steps than others train in phases (:func:`~fedray.runtime.phases.in_phases`)."""
     # a LocalTraining's finish takes no optimizer state: none is read out for it
     keeps_optimizer = [not isinstance(p, LocalTraining) for p in plans]
     plans = [as_stepwise(c, p) if isinstance(p, LocalTraining) else p for c, p in zip(ctxs, plans)]
     ends = sorted({p.steps for p in plans})
     if len(ends) > 1 and ends[0] > 0:
-        return _in_phases(ctxs, plans, keeps_optimizer, ends, pad, cuda_graphs)
+        return in_phases(ctxs, plans, keeps_optimizer, ends,
+                         lambda c, p, k: _lockstep_round(c, p, k, pad, cuda_graphs))
     results, tally = _lockstep_round(ctxs, plans, keeps_optimizer, pad, cuda_graphs)
-    return _reported(results, [tally])
-
-
-def _in_phases(ctxs: list[ClientContext], plans: list[StepwiseTraining], keeps_optimizer: list[bool], ends: list[int],
-               pad: bool, cuda_graphs: bool) -> list[ClientResult]:
-    """Clients with fewer steps (``local_epochs`` over unequal data, as every paper budget has) done early: the round
-    as phases, each a lockstep of the clients still training until the next of them is done (``ends``: the clients'
-    step counts). A client's weights, buffers, optimizer state and figure sums pass from one phase to the next, and its
-    ``finish`` is called at the end of its last phase with the figures summed over all of them. So every step of a
-    phase is a step of all its clients (torch.optim's multi-tensor step, a CUDA graph's plain replay), where one
-    lockstep would carry the finished clients' rows along, masked, in every later step (an element-wise optimizer
-    step per parameter, no replays); the same numbers up to float rounding (fewer clients in a vmapped call)."""
-    start = [p.start for p in plans]
-    optimizer_state = [p.optimizer_state for p in plans]
-    sums: list[dict[str, float]] = [{} for _ in plans]
-    results: list[Any] = [None] * len(plans)
-    tallies, begin = [], 0
-    for end in ends:
-        members = [i for i, p in enumerate(plans) if p.steps >= end]
-        phase = [_phase(plans[i], begin, end, start[i], optimizer_state[i],
-                        _final(plans[i], sums[i]) if plans[i].steps == end else _carry(i, start, optimizer_state, sums))
-                 for i in members]
-        out, tally = _lockstep_round([ctxs[i] for i in members], phase,
-                                     [keeps_optimizer[i] or plans[i].steps > end for i in members], pad, cuda_graphs)
-        tallies.append(tally)
-        for i, result in zip(members, out):
-            if plans[i].steps == end:
-                results[i] = result
-        begin = end
-    return _reported(results, tallies)
-
-
-def _phase(plan: StepwiseTraining, begin: int, end: int, start: dict, optimizer_state: dict,
-           finish: Any) -> StepwiseTraining:
-    """Steps ``begin`` to ``end`` of ``plan``, from ``start`` and ``optimizer_state``, ended by ``finish``."""
-    return StepwiseTraining(modules=plan.modules, start=start, updates=plan.updates, steps=end - begin,
-                            inputs=lambda step: plan.inputs(step + begin), finish=finish, group=plan.group,
-                            optimizer_state=optimizer_state, paddable=plan.paddable,
-                            batches=None if plan.batches is None else replace(plan.batches,
-                                                                              index=plan.batches.index[begin:end]))
-
-
-def _carry(i: int, start: list, optimizer_state: list, sums: list[dict[str, float]]):
-    """A phase's ``finish`` of client ``i`` when it trains on: its weights and optimizer state are where the next
-    phase starts, its figures are added to its sums."""
-
-    def finish(modules: torch.nn.ModuleDict, figures: dict[str, float], state: dict) -> None:
-        start[i] = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in modules.items()}
-        optimizer_state[i] = state
-        _add(sums[i], figures)
-    return finish
-
-
-def _final(plan: StepwiseTraining, sums: dict[str, float]):
-    """The last phase's ``finish`` of ``plan``'s client: its own, with the figures summed over the phases."""
-
-    def finish(modules: Any, figures: dict[str, float], state: dict) -> ClientResult:
-        _add(sums, figures)
-        return plan.finish(modules, {**sums, "steps": float(plan.steps)}, state)
-    if is_weights_only(plan.finish):
-        weights_only(finish)
-    return finish
-
-
-def _add(sums: dict[str, float], figures: dict[str, float]) -> None:
-    for key, value in figures.items():
-        if key != "steps":
-            sums[key] = sums.get(key, 0.0) + value
-
-
-def _reported(results: list[ClientResult], tallies: list[tuple[int, int, int | None]]) -> list[ClientResult]:
-    """``results`` with how well the lockstep batched, over the round's ``tallies`` ((vmapped calls, steps, steps
-    replayed or None without a graph) of each lockstep): ``vec/groups_per_step``, 1 when every step was one vmapped
-    call per update (each short batch or differing flag splits a step into one more call), and on a GPU
-    ``vec/graph_steps``, the share of steps replayed from a CUDA graph (benchmarks/gpu.py reports both)."""
-    steps = max(sum(t[1] for t in tallies), 1)
-    replays = [t[2] for t in tallies if t[2] is not None]
-    for result in results:
-        result.metrics["vec/groups_per_step"] = sum(t[0] for t in tallies) / steps
-        if replays:
-            result.metrics["vec/graph_steps"] = sum(replays) / steps
-    return results
+    return reported(results, [tally])
 
 
 def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], keeps_optimizer: list[bool], pad: bool,
-                    cuda_graphs: bool) -> tuple[list[Any], tuple[int, int, int | None]]:
+                    cuda_graphs: bool) -> tuple[list[Any], Tally]:
     """One lockstep of ``plans`` from their starts (see :func:`train_vectorized`): the clients' ``finish`` results,
-    and (vmapped calls, steps, steps replayed or None) for :func:`_reported`."""
+    and (vmapped calls, steps, steps replayed or None) for :func:`~fedray.runtime.phases.reported`."""
     modules, device, n = plans[0].modules, ctxs[0].device, len(plans)
     for name, weights in plans[0].start.items():  # non-persistent buffers, if any, come from here
         modules[name].load_state_dict(weights)
