@@ -31,15 +31,24 @@ def kl_rows(teacher_probs: Tensor, log_q: Tensor) -> Tensor:
     return (torch.xlogy(teacher_probs, teacher_probs) - teacher_probs * log_q).sum(-1)
 
 
-def kd_kl_probs(student_logits: Tensor, teacher_probs: Tensor, temperature: float = 1.0) -> Tensor:
-    """KL(teacher_probs || softmax(student / T)) * T^2, batch-mean. ``teacher_probs`` rows sum to 1."""
-    log_q = F.log_softmax(student_logits / temperature, dim=-1)
-    return kl_rows(teacher_probs, log_q).mean() * (temperature**2)
+def kd_kl_probs(student_logits: Tensor, teacher_probs: Tensor, temperature: float = 1.0,
+                rows: Tensor | None = None) -> Tensor:
+    """KL(teacher_probs || softmax(student / T)) * T^2, batch-mean. ``teacher_probs`` rows sum to 1.
+
+    ``rows`` (bool, one per row): the mean over the rows where it holds only (a padded batch's real rows; the
+    sum over them divided by their count, which on all rows is the plain mean's arithmetic)."""
+    per_row = kl_rows(teacher_probs, F.log_softmax(student_logits / temperature, dim=-1))
+    if rows is None:
+        return per_row.mean() * (temperature**2)
+    weights = rows.to(per_row.dtype)
+    return (per_row * weights).sum() / weights.sum() * (temperature**2)
 
 
-def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """KL(softmax(t / T) || softmax(s / T)) * T^2, batch-mean: the convention's temperature KD."""
-    return kd_kl_probs(student_logits, soft_targets(teacher_logits, temperature), temperature)
+def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0,
+          rows: Tensor | None = None) -> Tensor:
+    """KL(softmax(t / T) || softmax(s / T)) * T^2, batch-mean: the convention's temperature KD (``rows``: as
+    :func:`kd_kl_probs`)."""
+    return kd_kl_probs(student_logits, soft_targets(teacher_logits, temperature), temperature, rows)
 
 
 def normalised_entropy(weights: Tensor, dim: int = 0) -> Tensor:

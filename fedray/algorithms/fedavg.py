@@ -102,9 +102,9 @@ class FedAvg(Algorithm):
         return {"aca": state.weights, "oca": state.cache.oca}
 
     # --- client -------------------------------------------------------------------------------------
-    # Beside each local_loss: whether it reads the batch only through F.cross_entropy's row mean (LocalTraining.
-    # paddable). Honoured only from the class that defines the local_loss in use, so a subclass that overrides
-    # local_loss (FedGKD's distillation term) is not padded unless it says so itself.
+    # Beside each local_loss: whether every term that reads the batch averages over its rows not labelled
+    # IGNORE_LABEL only, as F.cross_entropy's row mean does (LocalTraining.paddable). Honoured only from the class
+    # that defines the local_loss in use, so a subclass that overrides local_loss is not padded unless it says so.
     local_loss_paddable = True
 
     def local_loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, anchor: Any) -> torch.Tensor:

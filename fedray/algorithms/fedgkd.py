@@ -29,6 +29,7 @@ from fedray.algorithms.base import Payload, ServerContext, Weights
 from fedray.algorithms.cached import CacheParams
 from fedray.algorithms.distill import kd_kl
 from fedray.algorithms.fedavg import FedAvg, ModelState, ModelUpload
+from fedray.algorithms.training import IGNORE_LABEL
 from fedray.algorithms.weights import weighted_average
 from fedray.models import build_model
 
@@ -94,6 +95,10 @@ class FedGKD(FedAvg):
         teacher.eval()
         return teacher
 
+    # Paddable: both terms average over the rows not labelled IGNORE_LABEL (a padded batch's real rows); the
+    # teacher runs in eval mode, so its BatchNorm does not read the padded rows either.
+    local_loss_paddable = True
+
     def local_loss(self, model, x, y, anchor) -> torch.Tensor:
         logits = model(x)
         ce = F.cross_entropy(logits, y)
@@ -101,7 +106,8 @@ class FedGKD(FedAvg):
             return ce
         with torch.no_grad():
             t = anchor(x)
-        return ce + 0.5 * self.params.gamma * kd_kl(logits, t)  # KL(teacher || student), T = 1, batch-mean
+        # KL(teacher || student), T = 1, the mean over the batch's real rows
+        return ce + 0.5 * self.params.gamma * kd_kl(logits, t, rows=y != IGNORE_LABEL)
 
     # --- server -----------------------------------------------------------------------------------
     def server_update(self, state: GKDState, uploads: list[ModelUpload], ctx: ServerContext):

@@ -17,8 +17,9 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
 - ``loss`` is traceable by ``torch.func.vmap``: no ``.item()``/``float()``/``bool()`` of a tensor, no
   data-dependent shapes (mask, don't index). It returns the loss, or ``(loss, {"train/name": tensor})``
   for further per-step figures, averaged over the client's steps into its metrics.
-- ``paddable``: the loss reads the batch only through ``F.cross_entropy(model(x), y)`` with its default
-  mean over the rows not labelled :data:`IGNORE_LABEL` (other terms may read the model, not the batch).
+- ``paddable``: every term of the loss that reads the batch averages over its rows not labelled
+  :data:`IGNORE_LABEL` only, as ``F.cross_entropy(model(x), y)``'s default mean does (FedGKD's distillation
+  term masks its own mean; other terms may read the model, not the batch).
   Then the runtime may pad a short batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full
   ones, BatchNorm normalising by the other rows (:func:`~fedray.models.base.batch_rows`): exact up to rounding.
 - ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
@@ -53,7 +54,7 @@ class LocalTraining:
     loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], LossOut]
     finish: Callable[[torch.nn.Module, dict[str, float]], ClientResult]
     group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
-    paddable: bool = False  # the loss ignores rows labelled IGNORE_LABEL and reads the batch nowhere else
+    paddable: bool = False  # every term reading the batch averages over its rows not labelled IGNORE_LABEL
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from fedray.algorithms import DataSpec, ServerContext
 from fedray.algorithms.fedavg import ModelUpload
 from fedray.algorithms.fedgkd import FedGKD, GKDModules
 from fedray.algorithms.qffl import QFFL, QFFLUpload, qffl_terms
+from fedray.algorithms.training import IGNORE_LABEL
 from fedray.data import build_federated_data
 from fedray.runtime.core import ClientWorkerCore, ServerCore
 from fedray.simulation import run_experiment
@@ -147,6 +148,10 @@ def test_fedgkd_local_loss_is_ce_plus_half_gamma_kl():
         ce = float(F.cross_entropy(model(x), y))
     assert float(algo.local_loss(model, x, y, teacher).detach()) == pytest.approx(ce + 0.2 * kl, rel=1e-6)
     assert float(algo.local_loss(model, x, y, None).detach()) == pytest.approx(ce, rel=1e-6)
+    # padded with 3 rows labelled IGNORE_LABEL (the vectorised runtime's short batch): both terms are the means over
+    # the 5 real rows, whatever the padded rows hold
+    padded_x, padded_y = torch.cat([x, 50 * torch.randn(3, 3)]), torch.cat([y, torch.full((3,), IGNORE_LABEL)])
+    assert float(algo.local_loss(model, padded_x, padded_y, teacher).detach()) == pytest.approx(ce + 0.2 * kl, rel=1e-6)
 
 
 # --- two-round runs --------------------------------------------------------------------------------------
