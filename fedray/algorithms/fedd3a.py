@@ -53,7 +53,7 @@ from fedray.algorithms.distill import kd_kl, normalised_entropy, soft_targets
 from fedray.algorithms.feddf import require_server_data
 from fedray.algorithms.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
 from fedray.algorithms.subspace import projection_cosine, projector, subspace_weights
-from fedray.algorithms.training import LocalTraining, run_local_training, weights_only
+from fedray.algorithms.training import IGNORE_LABEL, LocalTraining, run_local_training, weights_only
 from fedray.algorithms.weights import clone_weights, weighted_average
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
@@ -176,8 +176,9 @@ class FedD3A(Algorithm):
         def loss_fn(m, x, y):  # CE + KL(global teacher || own), the paper's heterogeneous local training
             z = m(x)
             with torch.no_grad():
-                t = glob(x)
-            return F.cross_entropy(z, y) + w * kd_kl(z, t, self.params.temperature)
+                t = glob(x)  # eval mode: a padded batch's rows do not reach its BatchNorm
+            # both means over the rows not labelled IGNORE_LABEL (paddable)
+            return F.cross_entropy(z, y) + w * kd_kl(z, t, self.params.temperature, rows=y != IGNORE_LABEL)
 
         @weights_only
         def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
@@ -186,7 +187,8 @@ class FedD3A(Algorithm):
                                   projector=proj)
             return ClientResult(upload=upload, state=new, metrics=metrics)
 
-        return LocalTraining(model=ctx.own_model(), start=state.weights, loss=loss_fn, finish=own_finish)
+        return LocalTraining(model=ctx.own_model(), start=state.weights, loss=loss_fn, finish=own_finish,
+                             paddable=True)
 
     def client_update(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> ClientResult:
         return run_local_training(ctx, self.local_training(ctx, payload, state))

@@ -37,7 +37,7 @@ from fedray.algorithms.base import (
     Upload,
 )
 from fedray.algorithms.distill import kl_rows, soft_targets
-from fedray.algorithms.training import LocalTraining, run_local_training
+from fedray.algorithms.training import IGNORE_LABEL, LocalTraining, run_local_training
 from fedray.data.federated import to_float
 
 
@@ -92,10 +92,12 @@ class FedDistill(PersonalisedAlgorithm):
 
             def loss_fn(m, x, y):
                 # KD on the samples whose label some client holds, batch-mean over them; masked rather than
-                # indexed (no data-dependent shapes), so the loss also runs batched over clients.
+                # indexed (no data-dependent shapes), so the loss also runs batched over clients. A padded batch's
+                # rows labelled IGNORE_LABEL (paddable) are left out like the cross-entropy's.
                 z = m(x)
-                keep = present[y].to(z.dtype)
-                per_sample = kl_rows(soft_targets(table[y], p.temperature), F.log_softmax(z / p.temperature, dim=-1))
+                label = y.clamp_min(0)
+                keep = (present[label] & (y != IGNORE_LABEL)).to(z.dtype)
+                per_sample = kl_rows(soft_targets(table[label], p.temperature), F.log_softmax(z / p.temperature, dim=-1))
                 kd = (keep * per_sample).sum() / keep.sum().clamp_min(1.0) * p.temperature**2
                 return F.cross_entropy(z, y) + p.lambda_kd * kd
 
@@ -108,7 +110,7 @@ class FedDistill(PersonalisedAlgorithm):
             means, counts = label_means(torch.cat(outs), ctx.y.cpu(), self.spec.num_classes)
             return ClientResult(upload=LabelLogitsUpload(logits=means, counts=counts), state=new, metrics=metrics)
 
-        return self.own_training(ctx, state, loss_fn, finish)
+        return self.own_training(ctx, state, loss_fn, finish, paddable=True)
 
     def client_update(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> ClientResult:
         return run_local_training(ctx, self.local_training(ctx, payload, state))

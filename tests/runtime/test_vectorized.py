@@ -3,10 +3,12 @@ method one round's averaged (or own) weights and 5 rounds' accuracy against the 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
-from fedray.algorithms import validate_experiment
+from fedray.algorithms import ALGORITHMS, validate_experiment
 from fedray.algorithms.base import Algorithm
 from fedray.algorithms.dafkd import DaFKD
 from fedray.algorithms.fedavg import FedAvg
@@ -18,7 +20,6 @@ from fedray.algorithms.training import IGNORE_LABEL, OptimSpec, is_weights_only,
 from fedray.runtime.stacked_optimizer import StackedOptimizer
 from fedray import cuda_graphs
 from fedray.data import federated as fed_data
-from fedray.runtime import round_batches
 from fedray.runtime.step_graph import StepGraph
 from fedray.runtime.vectorize_policy import vectorize_enabled
 from fedray.runtime.round_batches import RoundBatches
@@ -96,12 +97,14 @@ def test_a_step_of_every_client_is_torch_optims_multi_tensor_step_per_client(opt
             assert sopt.client_state(c)["a"]["step"] == len(grads)
             torch.testing.assert_close(sopt.client_state(c)["a"]["exp_avg_sq"], topt.state[w[0]]["exp_avg_sq"])
 
-def _one_round(vectorize, **kw):
+def _one_round(vectorize, rounds=1, **kw):
+    """The global (or each client's) weights and the clients' figures after round ``rounds`` (the last)."""
     cfg = validate_experiment(tiny_config(runtime__vectorize=vectorize, **kw))
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
         assert rt.worker.vectorize is vectorize
-        out = rt.run_round(1, sample_clients(cfg.seed, 1, data.num_clients, cfg.federation.clients_per_round))
+        for r in range(1, rounds + 1):
+            out = rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
         weights = rt.global_weights()
         return ({c: w for c, w in weights.items()} if rt.personalised else {0: weights}), out.client_infos
 
@@ -552,6 +555,9 @@ def test_a_padded_batchnorm_round_is_one_call_a_step_and_replays_as_a_plain_grap
     *[dict(algorithm__name="fedkf", federation__batch_size=30, **extra) for extra in ({}, dict(model__name="resnet8_bn"))],
     # FedGKD: its distillation term's mean over the real rows (the padded ones copy a real image, so their KL is not 0)
     *[dict(algorithm__name="fedgkd", federation__batch_size=30, **extra) for extra in ({}, dict(model__name="resnet8_bn"))],
+    # FedD3A's heterogeneous clients distil from the global model, FedDistill's (round 2) from the label logits
+    dict(COVERED["fedd3a_heterogeneous"], federation__batch_size=30),
+    dict(COVERED["feddistill"], federation__batch_size=30, rounds=2),
     # phases (clients done early, 12, 32 and 20 steps): weights, optimizer state and sums carried between them
     *[dict(kw, federation__local_epochs=4, federation__batch_size=16, federation__momentum=0.9) for kw in (
         dict(model__name="resnet8_bn"), dict(DAFKD, algorithm__diag_samples=0))]])
@@ -561,8 +567,9 @@ def test_a_padded_round_is_exact_in_double_precision(monkeypatch, kw):
     row that leaks into a real one (statistics, a loss's mean, a discriminator's count) would show. (DaFKD's
     diag/* probe holds float32 images: off.)"""
     to_float = fed_data.to_float
-    monkeypatch.setattr(fed_data, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
-    monkeypatch.setattr(round_batches, "to_float", fed_data.to_float)
+    list(ALGORITHMS.values())  # every method's module imported now, so each one's to_float is patched and restored
+    for module in [m for n, m in sys.modules.items() if n.startswith("fedray.") and vars(m).get("to_float") is to_float]:
+        monkeypatch.setattr(module, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
     torch.set_default_dtype(torch.float64)
     try:
         seq_w, seq_info = _one_round(False, **kw)
@@ -570,8 +577,9 @@ def test_a_padded_round_is_exact_in_double_precision(monkeypatch, kw):
     finally:
         torch.set_default_dtype(torch.float32)
     assert [i["vec/groups_per_step"] for i in vec_info] == [1.0 if "federation__local_epochs" not in kw else 35 / 32] * 3
-    assert all(v.dtype == torch.float64 for v in seq_w[0].values() if torch.is_floating_point(v))
-    assert _max_relative_difference(seq_w[0], vec_w[0]) < 1e-12
+    for c in seq_w:
+        assert all(v.dtype == torch.float64 for v in seq_w[c].values() if torch.is_floating_point(v))
+        assert _max_relative_difference(seq_w[c], vec_w[c]) < 1e-12
     for s, v in zip(seq_info, vec_info):
         assert all(v[k] == pytest.approx(s[k], rel=1e-12) for k in s if k.startswith("train/")), (s, v)
 
