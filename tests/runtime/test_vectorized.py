@@ -400,7 +400,10 @@ def test_auto_trains_too_few_clients_one_by_one(monkeypatch, setting, min_client
 
 @pytest.mark.ray
 def test_ray_batches_a_workers_clients_with_the_in_process_numbers(ray_local):
-    cfg = dict(runtime__vectorize=True, model__name="resnet8_bn", federation__rounds=2)
+    """One local epoch of batch 30 over unequal clients (2-4 steps): a worker's round runs as phases, the one whose
+    step is split padded under BatchNorm, in a Ray actor as in-process."""
+    cfg = dict(runtime__vectorize=True, model__name="resnet8_bn", federation__rounds=2, federation__local_epochs=1,
+               federation__batch_size=30)
     local = run_experiment(tiny_config(**cfg), progress=False)
     on_ray = run_experiment(tiny_config(runtime__backend="ray", runtime__num_workers=2, **cfg), progress=False)
     for a, b in zip(local.history, on_ray.history):
