@@ -47,7 +47,7 @@ def test_client_projector_is_eq5_over_the_clients_batches():
     with make_runtime(cfg, data) as rt:
         payload, _ = rt.server.broadcast(1)
         upload, _, info = rt.worker.train(1, 2, payload, None)
-        algo, model = rt.worker.algo, rt.worker.modules.model
+        model = rt.worker.modules.model
         model.load_state_dict(payload.weights)
         model.eval()
         ctx_x = torch.from_numpy(data.train_x[data.client_train[2]])

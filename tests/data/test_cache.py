@@ -2,9 +2,7 @@
 rebuilt, an unwritable folder only warns."""
 
 import logging
-import os
 
-import numpy as np
 import pytest
 
 from fedray.config import DataConfig
