@@ -61,6 +61,7 @@ from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, Clie
 from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
 from fedray.algorithms.dafkd_client import batched_local_step
+from fedray.algorithms.training import row_mean
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_device
 from fedray.models import FedModel, build_model
@@ -403,5 +404,4 @@ def _bce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None) 
     rows); None: over every row."""
     if rows is None:
         return F.binary_cross_entropy_with_logits(logits, target)
-    weights = rows.to(logits.dtype)
-    return (F.binary_cross_entropy_with_logits(logits, target, reduction="none") * weights).sum() / weights.sum()
+    return row_mean(F.binary_cross_entropy_with_logits(logits, target, reduction="none"), rows)

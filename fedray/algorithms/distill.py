@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedray.algorithms import optim
+from fedray.algorithms.training import row_mean
 from fedray.cuda_graphs import GraphedStep
 
 
@@ -35,13 +36,9 @@ def kd_kl_probs(student_logits: Tensor, teacher_probs: Tensor, temperature: floa
                 rows: Tensor | None = None) -> Tensor:
     """KL(teacher_probs || softmax(student / T)) * T^2, batch-mean. ``teacher_probs`` rows sum to 1.
 
-    ``rows`` (bool, one per row): the mean over the rows where it holds only (a padded batch's real rows; the
-    sum over them divided by their count, which on all rows is the plain mean's arithmetic)."""
-    per_row = kl_rows(teacher_probs, F.log_softmax(student_logits / temperature, dim=-1))
-    if rows is None:
-        return per_row.mean() * (temperature**2)
-    weights = rows.to(per_row.dtype)
-    return (per_row * weights).sum() / weights.sum() * (temperature**2)
+    ``rows`` (bool, one per row): the mean over the rows where it holds only (a padded batch's real rows,
+    :func:`~fedray.algorithms.training.row_mean`)."""
+    return row_mean(kl_rows(teacher_probs, F.log_softmax(student_logits / temperature, dim=-1)), rows) * temperature**2
 
 
 def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0,

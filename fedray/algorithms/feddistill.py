@@ -37,7 +37,7 @@ from fedray.algorithms.base import (
     Upload,
 )
 from fedray.algorithms.distill import kl_rows, soft_targets
-from fedray.algorithms.training import IGNORE_LABEL, LocalTraining, run_local_training
+from fedray.algorithms.training import IGNORE_LABEL, LocalTraining, row_mean, run_local_training
 from fedray.data.federated import to_float
 
 
@@ -96,9 +96,9 @@ class FedDistill(PersonalisedAlgorithm):
                 # rows labelled IGNORE_LABEL (paddable) are left out like the cross-entropy's.
                 z = m(x)
                 label = y.clamp_min(0)
-                keep = (present[label] & (y != IGNORE_LABEL)).to(z.dtype)
-                per_sample = kl_rows(soft_targets(table[label], p.temperature), F.log_softmax(z / p.temperature, dim=-1))
-                kd = (keep * per_sample).sum() / keep.sum().clamp_min(1.0) * p.temperature**2
+                log_q = F.log_softmax(z / p.temperature, dim=-1)
+                per_sample = kl_rows(soft_targets(table[label], p.temperature), log_q)
+                kd = row_mean(per_sample, present[label] & (y != IGNORE_LABEL)) * p.temperature**2
                 return F.cross_entropy(z, y) + p.lambda_kd * kd
 
         def finish(model: torch.nn.Module, metrics: dict[str, float], new: PersonalModel) -> ClientResult:

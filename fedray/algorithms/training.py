@@ -45,6 +45,15 @@ IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index: a padded row's la
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
+def row_mean(values: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``values`` (one per row) over the rows where ``rows`` (bool) holds, e.g. a padded batch's real
+    rows: their sum divided by their count (at least 1; on all rows, the plain mean's arithmetic). None: every row."""
+    if rows is None:
+        return values.mean()
+    weights = rows.to(values.dtype)
+    return (values * weights).sum() / weights.sum().clamp_min(1.0)
+
+
 @dataclass
 class LocalTraining:
     """One client's local supervised training: what the runtime needs to run it alone or batched."""
