@@ -60,7 +60,7 @@ from fedray.algorithms.base import (Algorithm, ClientContext, ClientResult, Clie
                                     ServerContext, ServerState, Upload, Weights)
 from fedray.algorithms.dafkd_server import probe_diagnostics, server_round
 from fedray.algorithms.distill import soft_targets
-from fedray.algorithms.dafkd_client import batched_local_step
+from fedray.algorithms.dafkd_client import batched_local_step, sequential_update
 from fedray.algorithms.training import row_mean
 from fedray.algorithms.weights import clone_weights
 from fedray.data.federated import to_device
@@ -297,90 +297,12 @@ class DaFKD(Algorithm):
 
     def local_training(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState):
         """Lines 19-25 as data, for the runtime to batch over clients (:mod:`fedray.algorithms.dafkd_client`);
-        None with the gradient penalty. ``client_update`` below is the sequential reference."""
+        None with the gradient penalty. ``client_update`` (``dafkd_client.sequential_update``) is the sequential
+        reference."""
         return batched_local_step(self, ctx, payload, state)
 
     def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
-        assert state.client_id == ctx.client_id, "a client received another client's discriminator"
-        p, m, fed, dev = self.params, ctx.modules, ctx.fed, ctx.device
-        m.model.load_state_dict(payload.weights)  # line 17: w_t^k = w_t, theta^g_k = theta^g_t
-        m.generator.load_state_dict(payload.generator)
-        m.disc.load_state_dict(state.disc)  # line 18: theta^d_k from this client's previous round
-        for module in (m.model, m.generator, m.disc):
-            module.train()
-        opt = self._local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
-                                     {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
-        gen_params = list(m.generator.parameters())
-        opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
-        noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
-        tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
-        round_d, round_g, adv_steps = self._adversarial_steps(ctx, state)
-        for x, y in ctx.batches():  # lines 19-25
-            train_d = round_d and tot["steps"] < adv_steps
-            train_g = round_g and tot["steps"] < adv_steps
-            b = x.shape[0]
-            opt.zero_grad()
-            feats = m.model.features(x)
-            ce = F.cross_entropy(m.model.head(feats), y)
-            loss = ce
-            if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
-                with torch.no_grad():
-                    nf = self.fake_count(b)
-                    fake = m.generator(to_device(torch.randn(nf, p.noise_dim, generator=noise), dev),
-                                       self._labels(nf, noise, dev))
-                adv, d_real, d_fake = self._disc_loss(m, x, feats, fake)
-                if p.gp_weight > 0:
-                    with frozen_bn_stats(m.model):
-                        adv = adv + p.gp_weight * self._gradient_penalty(m, x, fake, gp_rng)
-                loss = ce + adv
-                tot["adv"] += float(adv.detach())
-                tot["real_ok"] += float((d_real.detach() > 0).sum())
-                tot["fake_ok"] += float((d_fake.detach() < 0).sum())
-                tot["n"] += b
-            loss.backward()
-            opt.step()
-            if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
-                nf = self.fake_count(b)
-                z = to_device(torch.randn(nf, p.noise_dim, generator=noise), dev)
-                g_loss = self._gen_loss(m, z, self._labels(nf, noise, dev))
-                for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
-                    prm.grad = g
-                opt_g.step()
-                tot["gen"] += float(g_loss.detach())
-            tot["ce"] += float(ce.detach())
-            tot["steps"] += 1
-
-        return self._result(ctx, m, payload, state, self._metrics(tot, round_d, round_g, adv_steps))
-
-    @staticmethod
-    def _metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_steps: int) -> dict[str, float]:
-        """``train/*`` from the local steps' sums (ce, adv, gen, real_ok, fake_ok, n; steps)."""
-        steps = max(int(tot["steps"]), 1)
-        metrics = {"train/loss": tot["ce"] / steps}
-        if round_d and tot.get("n"):
-            metrics.update({"train/disc_loss": tot["adv"] / min(steps, adv_steps), "train/disc_acc_real": tot["real_ok"] / tot["n"],
-                            "train/disc_acc_fake": tot["fake_ok"] / tot["n"]})
-        if round_g and adv_steps:
-            metrics["train/gen_loss"] = tot["gen"] / min(steps, adv_steps)
-        return metrics
-
-    def _result(self, ctx: ClientContext, m: DaFKDModules, payload: DaFKDPayload, state: DaFKDClientState,
-                metrics: dict[str, float]) -> ClientResult:
-        """Upload and new state from the trained modules ``m`` (Alg. 1 line 26; Appendix B's outputs)."""
-        p, dev = self.params, ctx.device
-        disc_w = clone_weights(m.disc)
-        upload = DaFKDUpload(weights=clone_weights(m.model), generator=clone_weights(m.generator),
-                             num_samples=ctx.num_samples)
-        if p.private_discriminator:  # Appendix B: the same seeded samples as the server, from theta^g_t
-            x_hat = self.distillation_set(m, payload.generator, payload.distill_seed, dev)
-            s, f = self.client_outputs(m, x_hat)  # m still holds this client's trained w and theta^d
-            w = None if f is None else (f + p.alpha_eps)
-            upload.weighted_outputs = (s if w is None else w.unsqueeze(1) * s).cpu()
-            upload.output_weights = None if w is None else w.cpu()
-        elif p.correlation:
-            upload.disc = disc_w
-        new_state = DaFKDClientState(client_id=ctx.client_id, disc=disc_w, rounds=state.rounds + 1)
-        return ClientResult(upload=upload, state=new_state, metrics=metrics)
+        return sequential_update(self, ctx, payload, state)
 
     # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
     #: This round's uploads, kept for probe_diagnostics (only when diag_samples > 0; not server state)
