@@ -187,6 +187,11 @@ class RuntimeConfig(_Strict):
         default=True, description="on a GPU: replay the usual local step of batched clients (every client, its "
         "updates, SGD or Adam) and the server's SGD distillation steps (DaFKD, FedDF, FedD3A) as CUDA graphs "
         "instead of issuing their kernels one by one: the same kernels on the same tensors (benchmarks/README.md)")
+    malloc_tuning: bool = Field(
+        default=True, description="on glibc (Linux), processes that train keep up to 256 MiB of the memory they free "
+        "for their next batches instead of returning it to the OS at once, which made every large batch's "
+        "activations page-fault in again (CPU ResNet-8 rounds 1.24x, evaluations 1.5x faster; fedray/runtime/malloc.py)"
+    )
     checkpoint_every: int | None = Field(
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"

@@ -16,6 +16,7 @@ import torch
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+from fedray.runtime.malloc import keep_freed_memory
 
 
 class WorkerNotAttached(RuntimeError):
@@ -46,6 +47,7 @@ class ClientWorker:
 
     def __init__(self, cfg: ExperimentConfig, algo_cls: type):
         torch.set_num_threads(torch_threads(cfg))
+        keep_freed_memory(cfg.runtime.malloc_tuning)
         self.cfg, self.algo_cls = cfg, algo_cls
         self.core: ClientWorkerCore | None = None
 
@@ -85,6 +87,7 @@ class ServerActor:
 
     def __init__(self, cfg: ExperimentConfig, algo_cls: type):
         torch.set_num_threads(torch_threads(cfg))
+        keep_freed_memory(cfg.runtime.malloc_tuning)
         self.cfg, self.algo_cls = cfg, algo_cls
         self.core: ServerCore | None = None
         self.inbox: dict[int, Any] = {}

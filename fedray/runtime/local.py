@@ -13,6 +13,7 @@ from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, personal_evaluation, personal_models,
                                  torch_threads)
+from fedray.runtime.malloc import keep_freed_memory
 from fedray.runtime.vectorize_policy import describe_vectorised
 
 
@@ -23,6 +24,7 @@ class LocalRuntime(Runtime):
         self._threads_before = torch.get_num_threads()
         self.threads = torch_threads(cfg)
         torch.set_num_threads(self.threads)
+        keep_freed_memory(cfg.runtime.malloc_tuning)
         self.algo_cls = get_algorithm(cfg.algorithm.name)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
         self.personalised = self.algo_cls.personalised

@@ -9,7 +9,7 @@ import pytest
 from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.errors import ResourceError
-from fedray.runtime import make_runtime
+from fedray.runtime import make_runtime, malloc
 from fedray.runtime.placement import plan_pool
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
@@ -17,6 +17,12 @@ from tests.conftest import tiny_config
 from tests.runtime import stateful
 
 cloudpickle.register_pickle_by_value(stateful)  # Ray workers cannot import tests/; ship the class by value
+
+def _malloc_applied(actor) -> bool:
+    from fedray.runtime import malloc as in_actor
+
+    return in_actor._applied
+
 
 FIGURES = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "eval/best_accuracy", "comm/bytes_up",
            "comm/bytes_down", "rounds")
@@ -135,6 +141,9 @@ def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
         assert rt.spread_eval
         rt.run_round(1, [0, 2, 4])
         remote = rt.evaluate()
+        # Every actor set its malloc thresholds (runtime.malloc_tuning, on by default) where glibc has them.
+        applied = ray.get([a.__ray_call__.remote(_malloc_applied) for a in [rt.server, *rt.pool.workers]])
+        assert applied == [malloc.glibc()] * 3
     with make_runtime(cfg, data) as local:
         local.run_round(1, [0, 2, 4])
         assert local.evaluate() == remote
