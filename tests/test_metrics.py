@@ -177,3 +177,36 @@ def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny):
         lo = index.local_start[cid]
         assert (own_c, own_n) == (int(whole[lo : lo + len(idx)].sum()), len(idx))
         assert (glob_c, glob_n) == (int(glob.sum()), len(glob))
+
+
+@pytest.mark.parametrize("name,channels_last", [("lenet5", True), ("resnet8_bn", True), ("resnet8", False),
+                                                ("mlp", False)])
+def test_evaluation_models_take_the_faster_layout_on_a_cpu_and_predict_the_same(tiny, name, channels_last):
+    """``eval_layout``: channels-last on a CPU for convolutional models without GroupNorm, kept through
+    ``load_state_dict``; the figures are those of the model as built, scored image by image; a GPU's
+    evaluation model stays as built."""
+    import torch
+
+    from fedray.data import build_federated_data
+    from fedray.metrics import Evaluator, eval_layout
+    from fedray.models import build_model
+
+    def last_conv(m):  # one whose layouts differ (a 1x1 or one-channel kernel is both)
+        return [p for p in m.parameters() if p.dim() == 4 and p.shape[1] > 1 and p.shape[2] > 1][-1:]
+
+    cfg = tiny(data__num_clients=4)
+    data = build_federated_data(cfg.data, cfg.seed)
+    torch.manual_seed(2)
+    model = build_model(name, data.input_shape, data.num_classes).eval()
+    for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):  # statistics that matter
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    fast = eval_layout(build_model(name, data.input_shape, data.num_classes), torch.device("cpu"))
+    _, want = _plain_eval(model, data)
+    assert Evaluator(data, fast, torch.device("cpu"), 64).evaluate(model.state_dict()) == pytest.approx(want)
+    assert [w.is_contiguous(memory_format=torch.channels_last) for w in last_conv(fast)] == [channels_last] * len(
+        last_conv(fast))
+    assert len(last_conv(fast)) == (name != "mlp")
+    built = build_model(name, data.input_shape, data.num_classes)
+    assert eval_layout(built, torch.device("cuda")) is built
+    assert all(p.is_contiguous() for p in built.parameters())

@@ -20,7 +20,7 @@ from fedray.algorithms.base import (ClientResult, ClientState, DiagnosticProbe, 
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
-from fedray.metrics import Evaluator, personal_metrics
+from fedray.metrics import Evaluator, eval_layout, personal_metrics
 from fedray.models import build_model
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
@@ -80,7 +80,7 @@ class ClientWorkerCore:
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device, type(self.algo))
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
         self._evaluator: Evaluator | None = None
-        self._eval_model: torch.nn.Module | None = None
+        self._eval_models: dict[str, torch.nn.Module] = {}  # per architecture, apart from the modules clients train in
         self.server_x = None  # only methods whose clients hold the server data's images get them
         if self.algo.clients_hold_server_images and data.server is not None:
             self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
@@ -160,10 +160,15 @@ class ClientWorkerCore:
         rows = []
         for cid, state in zip(client_ids, states):
             own = self.algo.personal_model(state if state is not None else self.algo.init_client_state(cid))
-            model = self.models.get(own.architecture)
+            model = self._eval_model(own.architecture)
             model.load_state_dict(own.weights)
             rows.append(self._evaluator.personal_counts(model, cid))
         return rows
+
+    def _eval_model(self, architecture: str) -> torch.nn.Module:
+        if architecture not in self._eval_models:
+            self._eval_models[architecture] = eval_model(self.cfg, self.algo, self.device, architecture)
+        return self._eval_models[architecture]
 
     def evaluate_global(self, models: dict[str, Weights], part: int, parts: int) -> dict[str, list]:
         """Part ``part`` of ``parts`` of a global-model evaluation spread over the workers (Ray): for each
@@ -172,13 +177,12 @@ class ClientWorkerCore:
         scores in-process, so the figures are the same wherever the batches run."""
         if self._evaluator is None:
             self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
-        if self._eval_model is None:  # the global architecture, apart from the modules clients train in
-            self._eval_model = eval_model(self.cfg, self.algo, self.device)
+        model = self._eval_model(self.cfg.model.name)
         ranges = self._evaluator.chunks()[part::parts]
         out = {}
         for suffix, weights in models.items():
-            self._eval_model.load_state_dict(weights)
-            ok = self._evaluator.correct(self._eval_model.eval(), ranges)
+            model.load_state_dict(weights)
+            ok = self._evaluator.correct(model.eval(), ranges)
             out[suffix] = [(start, stop, o) for (start, stop), o in zip(ranges, ok)]
         return out
 
@@ -243,11 +247,14 @@ class ServerCore:
         return self.algo.global_weights(self.state)
 
 
-def eval_model(cfg: ExperimentConfig, algo: Algorithm, device: torch.device) -> torch.nn.Module:
-    """A module of the global architecture to load weights into for evaluation. Built on first use, so
+def eval_model(cfg: ExperimentConfig, algo: Algorithm, device: torch.device,
+               architecture: str | None = None) -> torch.nn.Module:
+    """A module of the global architecture (or ``architecture``) to load weights into for evaluation only, in
+    the memory layout its inference is fastest in (:func:`fedray.metrics.eval_layout`). Built on first use, so
     under ``fork_rng``: when it is built never moves the global RNG (its initial weights are overwritten)."""
     with torch.random.fork_rng(devices=[]):
-        return build_model(cfg.model.name, algo.spec.input_shape, algo.spec.num_classes).to(device)
+        model = build_model(architecture or cfg.model.name, algo.spec.input_shape, algo.spec.num_classes)
+    return eval_layout(model.to(device), device)
 
 
 def eval_models(algo: Algorithm, state: Any) -> tuple[dict[str, Weights], dict[str, str]]:
