@@ -49,8 +49,11 @@ def test_a_tuned_process_stops_page_faulting_its_activations_in_again():
 
 
 def test_no_tuning_off_glibc_or_when_disabled(monkeypatch):
+    def not_gnu(name):  # what os.confstr does where the C library has no such name (macOS, musl)
+        raise ValueError(f"unrecognized configuration name {name!r}")
+
     monkeypatch.setattr(malloc, "_applied", False)
-    monkeypatch.setattr(malloc.os, "confstr", lambda name: (_ for _ in ()).throw(ValueError(name)))
+    monkeypatch.setattr(malloc.os, "confstr", not_gnu)
     assert not malloc.glibc()
     assert not malloc.keep_freed_memory(True)
     monkeypatch.undo()
