@@ -37,12 +37,15 @@ def _passes(mode: str) -> tuple[bool, list[int]]:
 
 @pytest.mark.skipif(not malloc.glibc(), reason="mallopt's thresholds are glibc's")
 def test_a_tuned_process_stops_page_faulting_its_activations_in_again():
-    """Fresh processes (the setting is process-wide and one-way): with glibc's defaults every pass faults its
+    """Fresh processes (the setting is process-wide and one-way): with glibc's defaults the passes fault their
     activations in again (their memory went back to the OS when the pass freed them); tuned, the passes after
     the first two reuse the heap."""
-    applied, default = _passes("off")
-    assert not applied
-    assert sum(default[3:]) > 3000  # the control: the cost the tuning removes is there (6,000-11,000 here)
+    # The control: the cost the tuning removes is there. How much of it glibc's dynamic thresholds leave varies
+    # from process to process (15 runs here: 4,600-15,500 faults over passes 4-6, one earlier run under load
+    # fewer), so the largest of three runs.
+    runs = [_passes("off") for _ in range(3)]
+    assert not any(applied for applied, _ in runs)
+    assert max(sum(faults[3:]) for _, faults in runs) > 3000
     applied, tuned = _passes("on")
     assert applied
     assert sum(tuned[3:]) < 100
