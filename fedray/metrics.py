@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from fedray.data.federated import FederatedData, to_float
+from fedray.models.base import channels_last_if_faster
 
 
 def client_metrics(correct: np.ndarray, total: np.ndarray) -> dict[str, float]:
@@ -54,20 +55,15 @@ CPU_EVAL_BATCH = 512
 
 def eval_layout(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``model`` (an evaluation-only copy: it is changed in place) in the memory layout its inference is
-    fastest in on ``device``. On a CPU that is channels-last for convolutional models without GroupNorm:
-    oneDNN's convolutions and pooling then run on NHWC. Measured on one thread (Intel Xeon, 2,048 images of
-    batch 512): LeNet-5 1.65x, VGG-small 1.63x, MobileNetV3-Small 1.42x, ResNet-11 1.42x, ResNet-8x4 1.39x,
-    ResNet-8-BN and ResNet-20 1.27x, ResNet-18 1.11x faster; FedKF's GroupNorm ResNet-8 0.63x (slower),
-    so it stays as it is, as do models without convolutions and every GPU. Logits agree to float rounding
-    (<= 3e-5 in those runs; no prediction changed). Weights loaded later keep the layout
-    (``load_state_dict`` copies into the existing parameters). Training keeps the default layout: its
-    float rounding is what the recorded results and the vectorised-vs-sequential tests pin."""
-    if device.type != "cpu":
-        return model
-    mods = list(model.modules())
-    if any(isinstance(m, torch.nn.Conv2d) for m in mods) and not any(isinstance(m, torch.nn.GroupNorm) for m in mods):
-        model.to(memory_format=torch.channels_last)
-    return model
+    fastest in on ``device``: on a CPU, channels-last where that measured faster (convolutional models without
+    GroupNorm, :func:`fedray.models.base.channels_last_if_faster`). Inference alone, one thread (Intel Xeon,
+    2,048 images of batch 512): LeNet-5 1.65x, VGG-small 1.63x, MobileNetV3-Small 1.42x, ResNet-11 1.42x,
+    ResNet-8x4 1.39x, ResNet-8-BN and ResNet-20 1.27x, ResNet-18 1.11x faster; FedKF's GroupNorm ResNet-8
+    0.63x, so it stays as it is, as do models without convolutions and every GPU. Logits agree to float
+    rounding (<= 3e-5 in those runs; no prediction changed). Training keeps the default layout unless
+    ``runtime.cpu_channels_last``: its float rounding is what the recorded results and the
+    vectorised-vs-sequential tests pin."""
+    return channels_last_if_faster(model) if device.type == "cpu" else model
 
 
 #: Normalised float copies of the evaluation images stay on the evaluator's device up to this many bytes

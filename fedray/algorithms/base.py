@@ -106,16 +106,18 @@ class ModelBank:
     (a worker swaps clients' weights into it, as it does for a shared model), so a worker's memory grows
     with the architectures it has seen, not with the clients it serves."""
 
-    def __init__(self, spec: DataSpec, device: torch.device):
+    def __init__(self, spec: DataSpec, device: torch.device, channels_last: bool = False):
         self.spec, self.device = spec, device
+        self.channels_last = channels_last  # runtime.cpu_channels_last, on a CPU
         self._modules: dict[str, torch.nn.Module] = {}
 
     def get(self, architecture: str) -> torch.nn.Module:
         from fedray.models import build_model
+        from fedray.models.base import channels_last_if_faster
 
         if architecture not in self._modules:
-            model = build_model(architecture, self.spec.input_shape, self.spec.num_classes)
-            self._modules[architecture] = model.to(self.device)
+            model = build_model(architecture, self.spec.input_shape, self.spec.num_classes).to(self.device)
+            self._modules[architecture] = channels_last_if_faster(model) if self.channels_last else model
         return self._modules[architecture]
 
 

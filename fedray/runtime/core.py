@@ -22,6 +22,7 @@ from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
 from fedray.metrics import Evaluator, eval_layout, personal_metrics
 from fedray.models import build_model
+from fedray.models.base import channels_last_if_faster
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
 from fedray.runtime.vectorize_policy import vectorize_enabled, vectorize_min_clients
@@ -47,13 +48,21 @@ def torch_threads(cfg: ExperimentConfig) -> int:
     return max(1, int(cfg.runtime.num_cpus_per_worker))
 
 
-def _to_device(modules: Any, device: torch.device) -> Any:
+def _to_device(modules: Any, device: torch.device, channels_last: bool = False) -> Any:
+    """The method's modules moved to ``device``; with ``channels_last`` (``runtime.cpu_channels_last`` on a
+    CPU) also to the channels-last layout where that is faster (:func:`channels_last_if_faster`)."""
     for value in (vars(modules).values() if modules is not None else ()):
         if isinstance(value, torch.nn.Module):
             value.to(device)
+            if channels_last:
+                channels_last_if_faster(value)
         elif isinstance(value, ModelBank):  # builds its modules later, on this device
-            value.device = device
+            value.device, value.channels_last = device, channels_last
     return modules
+
+
+def cpu_channels_last(cfg: ExperimentConfig, device: torch.device) -> bool:
+    return cfg.runtime.cpu_channels_last and device.type == "cpu"
 
 
 def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
@@ -62,7 +71,7 @@ def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
     algo = (algo_cls or get_algorithm(cfg.algorithm.name))(cfg, data_spec(data))
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
-    return algo, _to_device(algo.build_modules(), device)
+    return algo, _to_device(algo.build_modules(), device, cpu_channels_last(cfg, device))
 
 
 class ClientWorkerCore:
@@ -76,7 +85,7 @@ class ClientWorkerCore:
                  algo_cls: type[Algorithm] | None = None):
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
-        self.models = ModelBank(self.algo.spec, device)
+        self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device, type(self.algo))
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
         self._evaluator: Evaluator | None = None
