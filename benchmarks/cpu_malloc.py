@@ -1,11 +1,13 @@
-"""CPU training rounds and evaluation with and without fedray's malloc tuning and channels-last evaluation.
+"""CPU training rounds and evaluation with and without fedray's malloc tuning and channels-last layouts.
 
-Two choices of fedray's, measured against what they replace, on this machine's CPU, one torch thread, in-process:
+Choices of fedray's, measured against what they replace, on this machine's CPU, one torch thread, in-process:
 
 - ``runtime.malloc_tuning`` (``fedray/runtime/malloc.py``): glibc keeps the memory a batch frees for the next
   batch instead of returning it to the OS and page-faulting it in again;
 - the evaluation model's memory layout (``fedray.metrics.eval_layout``): channels-last for convolutional
-  models without GroupNorm on a CPU.
+  models without GroupNorm on a CPU;
+- and the opt-in ``runtime.cpu_channels_last``: training in that layout too (float rounding differs, so its
+  accuracy may differ from the others' in the last digits and beyond).
 
 Workload: real Fashion-MNIST, Dirichlet alpha = 0.1, 20 clients, 8 per round, SGD batch 32 (LeNet-5: 20 local
 steps, as ``overhead.py``; the ResNets: 5, to keep the run short), one evaluation of the global model on the
@@ -33,10 +35,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from overhead import WORKLOAD, _cpu_name  # noqa: E402
 
-VARIANTS = {  # name: (runtime.malloc_tuning, channels-last evaluation)
-    "glibc_defaults": (False, False),
-    "malloc_tuning": (True, False),
-    "malloc_tuning+channels_last_eval": (True, True),  # fedray's default
+VARIANTS = {  # name: (runtime.malloc_tuning, channels-last evaluation, runtime.cpu_channels_last)
+    "glibc_defaults": (False, False, False),
+    "malloc_tuning": (True, False, False),
+    "malloc_tuning+channels_last_eval": (True, True, False),  # fedray's default
+    "+cpu_channels_last (opt-in)": (True, True, True),  # training channels-last too
 }
 
 _CHILD = """
@@ -73,8 +76,9 @@ print(json.dumps({"round_s": float(np.mean(rounds)), "round_faults": float(np.me
 """
 
 
-def run_variant(model: str, tuning: bool, channels_last: bool, data_dir: str | None) -> dict:
-    overrides = [*WORKLOAD, f"model.name={model}", "tracking.enabled=false", f"runtime.malloc_tuning={tuning}"]
+def run_variant(model: str, tuning: bool, channels_last: bool, train_channels_last: bool, data_dir: str | None) -> dict:
+    overrides = [*WORKLOAD, f"model.name={model}", "tracking.enabled=false", f"runtime.malloc_tuning={tuning}",
+                 f"runtime.cpu_channels_last={train_channels_last}"]
     if model != "lenet5":
         overrides.append("federation.local_steps=5")
     if data_dir:
@@ -96,8 +100,8 @@ def main() -> None:
     results: dict[str, dict[str, list[dict]]] = {m: {v: [] for v in VARIANTS} for m in args.models}
     for _ in range(args.repeats):
         for model in args.models:
-            for name, (tuning, cl) in VARIANTS.items():
-                results[model][name].append(run_variant(model, tuning, cl, args.data_dir))
+            for name, (tuning, cl, train_cl) in VARIANTS.items():
+                results[model][name].append(run_variant(model, tuning, cl, train_cl, args.data_dir))
                 print(model, name, results[model][name][-1], flush=True)
     rows = []
     lines = [f"{'model':<11} {'variant':<34} {'round s':>8} {'faults/round':>12} {'eval s':>7} {'faults/eval':>11} "
