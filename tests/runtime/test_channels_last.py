@@ -1,17 +1,13 @@
 """``runtime.cpu_channels_last``: the same training in the channels-last layout, to float rounding."""
 
-import sys
-
 import pytest
 import torch
 
-from fedray.algorithms import ALGORITHMS
 from fedray.data import build_federated_data
-from fedray.data import federated as fed_data
 from fedray.runtime import make_runtime
 from fedray.seeding import sample_clients
 from tests.conftest import tiny_config
-from tests.runtime.test_vectorized import COVERED, _max_relative_difference, _one_round
+from tests.runtime.test_vectorized import COVERED, _max_relative_difference, _one_round, float64_runs
 
 # A method per way its modules are built: the shared model (LeNet-5, BatchNorm), a model bank of client
 # architectures (GroupNorm ResNet-8 stays as built), a generator beside the student, DaFKD's GAN.
@@ -31,16 +27,9 @@ def test_a_channels_last_round_equals_the_default_one(monkeypatch, name):
     float32) gives the default layout's weights; in float32 the worker's modules with 2-d convolutions and no
     GroupNorm are channels-last after a round, and the rest as built."""
     kw = COVERED[name]
-    to_float = fed_data.to_float
-    list(ALGORITHMS.values())  # every method's module imported now, so each one's to_float is patched and restored
-    for module in [m for n, m in sys.modules.items() if n.startswith("fedray.") and vars(m).get("to_float") is to_float]:
-        monkeypatch.setattr(module, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
-    torch.set_default_dtype(torch.float64)
-    try:
+    with float64_runs(monkeypatch):
         default_w, _ = _one_round(False, **kw)
         fast_w, _ = _one_round(False, runtime__cpu_channels_last=True, **kw)
-    finally:
-        torch.set_default_dtype(torch.float32)
     for c in default_w:
         assert _max_relative_difference(default_w[c], fast_w[c]) < 1e-12
     monkeypatch.undo()

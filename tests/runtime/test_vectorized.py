@@ -4,6 +4,7 @@ method one round's averaged (or own) weights and 5 rounds' accuracy against the 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -490,6 +491,21 @@ def test_no_graph_on_a_cpu():
     assert all("vec/graph_steps" not in i for i in infos)
 
 
+@contextmanager
+def float64_runs(monkeypatch):
+    """Runs in float64 inside: models built in it and every method's normalised batches (each fedray module's
+    ``to_float``, patched, restored by ``monkeypatch``)."""
+    to_float = fed_data.to_float
+    list(ALGORITHMS.values())  # every method's module imported now, so each one's to_float is patched and restored
+    for module in [m for n, m in sys.modules.items() if n.startswith("fedray.") and vars(m).get("to_float") is to_float]:
+        monkeypatch.setattr(module, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def _max_relative_difference(a: dict, b: dict) -> float:
     """max |a - b| / max |a| over the floats of two models' weights."""
     keys = [k for k in a if torch.is_floating_point(a[k])]
@@ -569,16 +585,9 @@ def test_a_padded_round_is_exact_in_double_precision(monkeypatch, kw):
     amplifies rounding (an unpadded vectorised round too); in float64 the amplified rounding is ~1e-16, so a padded
     row that leaks into a real one (statistics, a loss's mean, a discriminator's count) would show. (DaFKD's
     diag/* probe holds float32 images: off.)"""
-    to_float = fed_data.to_float
-    list(ALGORITHMS.values())  # every method's module imported now, so each one's to_float is patched and restored
-    for module in [m for n, m in sys.modules.items() if n.startswith("fedray.") and vars(m).get("to_float") is to_float]:
-        monkeypatch.setattr(module, "to_float", lambda x, mean, std: to_float(x, mean, std).double())
-    torch.set_default_dtype(torch.float64)
-    try:
+    with float64_runs(monkeypatch):
         seq_w, seq_info = _one_round(False, **kw)
         vec_w, vec_info = _one_round(True, **kw)
-    finally:
-        torch.set_default_dtype(torch.float32)
     assert [i["vec/groups_per_step"] for i in vec_info] == [1.0 if "federation__local_epochs" not in kw else 35 / 32] * 3
     for c in seq_w:
         assert all(v.dtype == torch.float64 for v in seq_w[c].values() if torch.is_floating_point(v))
