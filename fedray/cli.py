@@ -108,10 +108,13 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
     def prepare():
         # torch, the methods, the round loop and MLflow: imported while Ray starts (when the run is on Ray).
-        from fedray.algorithms import validate_experiment
-        from fedray.results import MLFLOW_RUN_FILE
-        from fedray.simulation import run_experiment
-        from fedray.tracking import RunTracking
+        from fedray.gc_pause import imports_without_gc
+
+        with imports_without_gc():
+            from fedray.algorithms import validate_experiment
+            from fedray.results import MLFLOW_RUN_FILE
+            from fedray.simulation import run_experiment
+            from fedray.tracking import RunTracking
 
         checked = validate_experiment(cfg)
         # Built before any work: it checks tracking.uri.

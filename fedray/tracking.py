@@ -89,9 +89,11 @@ class MlflowTracker:
     def __init__(self, uri: str | None, experiment: str):
         import logging
 
-        from mlflow.tracking import MlflowClient
-
         from fedray.errors import ConfigError
+        from fedray.gc_pause import imports_without_gc
+
+        with imports_without_gc():  # MLflow's ~1 s of imports, after torch's, in every run that tracks
+            from mlflow.tracking import MlflowClient
 
         for name in ("mlflow", "alembic"):  # their INFO lines (creating tables ...) are noise on our console
             logging.getLogger(name).setLevel(logging.WARNING)

@@ -60,6 +60,15 @@ def test_start_up_imports_stay_light():
     assert out.stdout.strip() == ""
 
 
+def test_the_ray_actors_module_imports_no_torch_at_its_top():
+    """A Ray worker process imports ``fedray.runtime.actors`` when it receives an actor's class, before the
+    actor's ``__init__`` pauses the garbage collector for torch's, pydantic's and fedray's imports."""
+    code = ("import sys, ray, fedray.runtime.actors; "
+            "print(','.join(m for m in ('torch', 'pydantic', 'fedray.runtime.core') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
 def test_the_command_line_imports_no_torch_before_it_starts_ray():
     """``fedray run`` starts Ray before it imports torch and the methods (they load in a thread meanwhile,
     :func:`fedray.runtime.ray_start.start_ray_during`): what it imports up to there leaves torch out, and an

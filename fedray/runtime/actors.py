@@ -3,20 +3,30 @@
 ``ClientWorker`` wraps :class:`~fedray.runtime.core.ClientWorkerCore` and ``ServerActor`` wraps
 :class:`~fedray.runtime.core.ServerCore`: the same code the in-process runtime calls directly. Both are built
 from small arguments and given the dataset afterwards by ``attach`` (see :mod:`fedray.runtime.ray_runtime`).
+
+This module imports neither torch nor the rest of fedray at its top, and the actors' methods name nothing
+that does: Ray ships an actor's class by value, with the modules its methods use, so a worker process would
+import them (and pydantic and the method, for the constructor's arguments) before ``__init__`` runs. They
+load in ``__init__`` instead, from :func:`actor_spec`'s bytes, with the garbage collector paused
+(:func:`fedray.gc_pause.imports_without_gc`).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
-from fedray.config import ExperimentConfig
-from fedray.data.federated import FederatedData
-from fedray.runtime.core import ClientWorkerCore, ServerCore, torch_threads
+from fedray.gc_pause import imports_without_gc
 from fedray.runtime.malloc import keep_freed_memory
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedray.config import ExperimentConfig
+    from fedray.data.federated import FederatedData
+    from fedray.runtime.core import ClientWorkerCore, ServerCore
 
 
 class WorkerNotAttached(RuntimeError):
@@ -33,7 +43,27 @@ EVAL_CHUNK = 16  # clients per personalised-evaluation task
 READY_TIMEOUT_S = 60.0  # a restarting worker imports torch and maps the dataset: seconds, more on a busy node
 
 
+def actor_spec(cfg: ExperimentConfig, algo_cls: type) -> bytes:
+    """What a ``ClientWorker`` or ``ServerActor`` is built from: the run's config and the method's class,
+    pickled by the driver as Ray would pickle them, and unpickled by :func:`_start_actor`."""
+    return ray.cloudpickle.dumps((cfg, algo_cls))
+
+
+def _start_actor(spec: bytes) -> tuple[ExperimentConfig, type]:
+    """The actor process's start: its imports (with the collector paused), threads and malloc settings."""
+    with imports_without_gc():
+        cfg, algo_cls = ray.cloudpickle.loads(spec)  # imports pydantic, torch and the method
+        import torch
+
+        from fedray.runtime import core  # the round's code, loaded now rather than by the first task
+    torch.set_num_threads(core.torch_threads(cfg))
+    keep_freed_memory(cfg.runtime.malloc_tuning)
+    return cfg, algo_cls
+
+
 def _actor_device() -> torch.device:
+    import torch
+
     # A CPU-only actor still sees every GPU of its node; only the GPUs Ray assigned are ours.
     return torch.device("cuda") if ray.get_gpu_ids() else torch.device("cpu")
 
@@ -45,10 +75,8 @@ class ClientWorker:
     once that object is lost (ray-project/ray#53727), so after a restart the driver attaches it again,
     re-putting the dataset if its object is gone."""
 
-    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
-        torch.set_num_threads(torch_threads(cfg))
-        keep_freed_memory(cfg.runtime.malloc_tuning)
-        self.cfg, self.algo_cls = cfg, algo_cls
+    def __init__(self, spec: bytes):
+        self.cfg, self.algo_cls = _start_actor(spec)
         self.core: ClientWorkerCore | None = None
 
     def ready(self) -> tuple[int, str, bool]:
@@ -56,6 +84,8 @@ class ClientWorker:
 
     def attach(self, data: FederatedData) -> tuple[int, str, bool]:
         if self.core is None:
+            from fedray.runtime.core import ClientWorkerCore
+
             self.core = ClientWorkerCore(self.cfg, data, _actor_device(), self.algo_cls)
         return self.ready()
 
@@ -85,15 +115,15 @@ class ClientWorker:
 class ServerActor:
     """Started from small arguments, like the workers, and given the dataset by ``attach``."""
 
-    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
-        torch.set_num_threads(torch_threads(cfg))
-        keep_freed_memory(cfg.runtime.malloc_tuning)
-        self.cfg, self.algo_cls = cfg, algo_cls
+    def __init__(self, spec: bytes):
+        self.cfg, self.algo_cls = _start_actor(spec)
         self.core: ServerCore | None = None
         self.inbox: dict[int, Any] = {}
 
     def attach(self, data: FederatedData) -> tuple[int, str]:
         if self.core is None:
+            from fedray.runtime.core import ServerCore
+
             self.core = ServerCore(self.cfg, data, _actor_device(), self.algo_cls)
         return self.ready()
 

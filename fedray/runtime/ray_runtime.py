@@ -45,7 +45,7 @@ from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.metrics import EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor
+from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor, actor_spec
 from fedray.runtime.ray_start import start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
@@ -89,10 +89,11 @@ class RayRuntime(Runtime):
                 server_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                     ray.get_runtime_context().get_node_id(), soft=needs)
             # Not waited for here: they start (a process each, torch imported) while the driver loads the data.
-            self.server = ServerActor.options(**server_opts).remote(cfg, self.algo_cls)
+            spec = actor_spec(cfg, self.algo_cls)
+            self.server = ServerActor.options(**server_opts).remote(spec)
             self.pool = WorkerPool(lambda: ClientWorker.options(
                 num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
-                max_task_retries=0).remote(cfg, self.algo_cls), self.pool_size)
+                max_task_retries=0).remote(spec), self.pool_size)
         except BaseException:
             self.close()
             raise

@@ -24,6 +24,12 @@ def _malloc_applied(actor) -> bool:
     return in_actor._applied
 
 
+def _collector(actor) -> tuple[bool, int, int]:
+    import gc
+
+    return gc.isenabled(), gc.get_freeze_count(), gc.get_stats()[2]["collections"]
+
+
 FIGURES = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "eval/best_accuracy", "comm/bytes_up",
            "comm/bytes_down", "rounds")
 
@@ -144,6 +150,13 @@ def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
         # Every actor set its malloc thresholds (runtime.malloc_tuning, on by default) where glibc has them.
         applied = ray.get([a.__ray_call__.remote(_malloc_applied) for a in [rt.server, *rt.pool.workers]])
         assert applied == [malloc.glibc()] * 3
+        # Each actor imported torch, pydantic and fedray in __init__ with the garbage collector paused, then froze
+        # them (fedray.gc_pause): the collector is on, the imports' ~300,000 objects frozen, and the only full
+        # collection is the one of Ray's own start. Had Ray's shipping of the class imported torch before
+        # __init__ (it ships the class by value, with what its methods name), there would be 3 more.
+        for enabled, frozen, full_collections in ray.get([a.__ray_call__.remote(_collector)
+                                                          for a in [rt.server, *rt.pool.workers]]):
+            assert enabled and frozen > 100_000 and full_collections <= 2
     with make_runtime(cfg, data) as local:
         local.run_round(1, [0, 2, 4])
         assert local.evaluate() == remote
