@@ -50,13 +50,15 @@ def actor_spec(cfg: ExperimentConfig, algo_cls: type) -> bytes:
 
 
 def _start_actor(spec: bytes) -> tuple[ExperimentConfig, type]:
-    """The actor process's start: its imports (with the collector paused), threads and malloc settings."""
+    """The actor process's start: its imports (with the collector paused), threads, malloc settings and how
+    its tensors go into the object store (:mod:`fedray.runtime.tensor_wire`)."""
     with imports_without_gc():
         cfg, algo_cls = ray.cloudpickle.loads(spec)  # imports pydantic, torch and the method
         import torch
 
-        from fedray.runtime import core  # the round's code, loaded now rather than by the first task
+        from fedray.runtime import core, tensor_wire  # the round's code, loaded now rather than by the first task
     torch.set_num_threads(core.torch_threads(cfg))
+    tensor_wire.register()
     keep_freed_memory(cfg.runtime.malloc_tuning)
     return cfg, algo_cls
 

@@ -46,6 +46,7 @@ from fedray.errors import RunFailure
 from fedray.metrics import EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor, actor_spec
+from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
@@ -74,6 +75,7 @@ class RayRuntime(Runtime):
     def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
         self.cfg = cfg
         self.owns_ray = start_ray(cfg)
+        tensor_wire.register()  # the driver's tensors too: a resumed run's server and client states
         self.pool: WorkerPool | None = None
         self.server = None
         try:

@@ -24,6 +24,13 @@ def _malloc_applied(actor) -> bool:
     return in_actor._applied
 
 
+def _tensors_go_as_numpy(actor=None) -> bool:
+    import ray
+    import torch
+
+    return b"_from_wire" in ray.cloudpickle.dumps(torch.ones(3))  # fedray.runtime.tensor_wire's form
+
+
 def _collector(actor) -> tuple[bool, int, int]:
     import gc
 
@@ -157,6 +164,9 @@ def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
         for enabled, frozen, full_collections in ray.get([a.__ray_call__.remote(_collector)
                                                           for a in [rt.server, *rt.pool.workers]]):
             assert enabled and frozen > 100_000 and full_collections <= 2
+        # Tensors cross the object store as numpy arrays from every process of the run (fedray.runtime.tensor_wire).
+        assert ray.get([a.__ray_call__.remote(_tensors_go_as_numpy) for a in [rt.server, *rt.pool.workers]]) == [True] * 3
+        assert _tensors_go_as_numpy()
     with make_runtime(cfg, data) as local:
         local.run_round(1, [0, 2, 4])
         assert local.evaluate() == remote
