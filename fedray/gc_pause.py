@@ -2,7 +2,7 @@
 
 Importing torch, pydantic and fedray allocates ~200,000 objects that live as long as the process, and the
 collector's generational thresholds make it traverse them again and again while they load: in a Ray actor
-(whose heap already holds Ray's own modules) 0.33-0.41 s of CPU per process in ~380 young, ~35 middle and
+(whose heap already holds Ray's own modules) 0.33-0.42 s of CPU per process in ~380 young, ~35 middle and
 3 full collections, which found fewer than 200 unreachable objects among them. A run on Ray starts three
 such processes on a start-up that is CPU-bound on a small machine (``benchmarks/README.md``).
 
