@@ -8,7 +8,8 @@ broadcast to each worker and every upload to the server this way.
 
 :func:`register` installs this for ``torch.Tensor`` in the calling process (the Ray runtime's driver and each
 actor call it). It covers dense CPU tensors of the dtypes numpy has; any other tensor (CUDA, sparse, quantized,
-bfloat16, a subclass such as ``nn.Parameter``) is pickled as before. The values, dtype, shape and
+bfloat16) is pickled as before, and a subclass such as ``nn.Parameter`` keeps torch's reduction (its data, a
+plain tensor, then goes as above). The values, dtype, shape and
 ``requires_grad`` arrive unchanged; what does not is storage shared between tensors of one object (each
 arrives with its own) and a view's strides (it arrives as a contiguous copy of the view, not its base).
 A receiving process needs no registration: the object names :func:`_from_wire`.

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedray.runtime.tensor_wire import _from_wire, _to_wire
+from fedray.runtime.tensor_wire import _from_wire, _to_wire, register
 
 
 def _cases() -> dict[str, torch.Tensor]:
@@ -43,3 +43,28 @@ def test_the_received_tensor_owns_writable_memory():
     tensor = _from_wire((array, False))
     tensor.add_(1.0)  # would fail or write into the store if it were a view
     assert array[0, 0] == 0.0 and tensor[0, 0] == 1.0
+
+
+@pytest.fixture
+def registered():
+    import ray
+
+    dispatch = ray.cloudpickle.CloudPickler.dispatch
+    before = dispatch.get(torch.Tensor)
+    register()
+    yield
+    if before is None:  # as found: registration is process-wide
+        dispatch.pop(torch.Tensor, None)
+    else:
+        dispatch[torch.Tensor] = before
+
+
+def test_registered_ray_pickling_sends_tensors_and_parameters_data_as_numpy(registered):
+    import ray
+
+    weights = {"w": torch.nn.Parameter(torch.randn(4, 3)), "b": torch.arange(3.0), "n": 5}
+    blob = ray.cloudpickle.dumps(weights)
+    assert b"_from_wire" in blob and b"_load_from_bytes" not in blob  # not torch's storage pickling
+    back = ray.cloudpickle.loads(blob)
+    assert type(back["w"]) is torch.nn.Parameter and back["w"].requires_grad
+    assert torch.equal(back["w"], weights["w"]) and torch.equal(back["b"], weights["b"]) and back["n"] == 5
