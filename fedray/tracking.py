@@ -92,7 +92,9 @@ class MlflowTracker:
         from fedray.errors import ConfigError
         from fedray.gc_pause import imports_without_gc
 
-        with imports_without_gc():  # MLflow's ~1 s of imports, after torch's, in every run that tracks
+        # MLflow's ~1 s of imports, after torch's, in every run that tracks. Not frozen: this may be a caller's
+        # process (`fedray run` imports MLflow earlier, frozen with its other imports).
+        with imports_without_gc(freeze=False):
             from mlflow.tracking import MlflowClient
 
         for name in ("mlflow", "alembic"):  # their INFO lines (creating tables ...) are noise on our console

@@ -60,3 +60,16 @@ def test_the_collector_is_restored_as_it_was_also_when_the_block_raises():
         with imports_without_gc():
             import fedray.no_such_module  # noqa: F401
     assert gc.isenabled()
+
+
+def test_without_freezing_the_block_only_pauses_the_collector():
+    # For a caller's process (MLflow's import in fedray.tracking): its cycles stay collectable.
+    gc.enable()
+    gc.unfreeze()
+    with imports_without_gc(freeze=False):
+        assert not gc.isenabled()
+        one = weakref.ref(_Node())
+        assert one() is not None  # the cycle outlives its last reference while the collector is paused
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.collect()
+    assert one() is None
