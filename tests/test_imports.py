@@ -50,33 +50,31 @@ def test_module_does_not_import(module, forbidden):
     assert not _imports_any(module, forbidden), f"fedray.{module} imports {forbidden}"
 
 
+def _loaded_after(imports: str, *modules: str) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has loaded after ``import <imports>``."""
+    code = f"import sys, {imports}; print(','.join(m for m in {modules!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return [m for m in out.stdout.strip().split(",") if m]
+
+
 def test_start_up_imports_stay_light():
     """What every Ray actor and the driver import before round 1 (all methods, the runtime, the round loop)
     leaves out scipy.optimize (~0.25 s, FedCD's server only), torch's compiler stack (~1 s) and MLflow:
     every process pays for these on a start-up that is CPU-bound on a small machine."""
-    code = ("import sys, fedray.runtime.actors, fedray.simulation; "
-            "print(','.join(m for m in ('scipy.optimize', 'torch._dynamo', 'mlflow') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _loaded_after("fedray.runtime.actors, fedray.simulation", "scipy.optimize", "torch._dynamo", "mlflow") == []
 
 
 def test_the_ray_actors_module_imports_no_torch_at_its_top():
     """A Ray worker process imports ``fedray.runtime.actors`` when it receives an actor's class, before the
     actor's ``__init__`` pauses the garbage collector for torch's, pydantic's and fedray's imports."""
-    code = ("import sys, ray, fedray.runtime.actors; "
-            "print(','.join(m for m in ('torch', 'pydantic', 'fedray.runtime.core') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _loaded_after("ray, fedray.runtime.actors", "torch", "pydantic", "fedray.runtime.core") == []
 
 
 def test_the_command_line_imports_no_torch_before_it_starts_ray():
     """``fedray run`` starts Ray before it imports torch and the methods (they load in a thread meanwhile,
     :func:`fedray.runtime.ray_start.start_ray_during`): what it imports up to there leaves torch out, and an
     in-process run's leaves ray out too."""
-    code = ("import sys, fedray.cli, fedray.config, fedray.runtime, fedray.runtime.ray_start; "
-            "print(','.join(m for m in ('torch', 'ray') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _loaded_after("fedray.cli, fedray.config, fedray.runtime, fedray.runtime.ray_start", "torch", "ray") == []
 
 
 def test_a_method_module_is_imported_when_its_name_is_looked_up():

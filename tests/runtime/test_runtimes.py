@@ -18,13 +18,14 @@ from tests.runtime import stateful
 
 cloudpickle.register_pickle_by_value(stateful)  # Ray workers cannot import tests/; ship the class by value
 
+
 def _malloc_applied(actor) -> bool:
     from fedray.runtime import malloc as in_actor
 
     return in_actor._applied
 
 
-def _tensors_go_as_numpy(actor=None) -> bool:
+def _tensors_go_as_numpy(actor=None) -> bool:  # in an actor (through __ray_call__) or in the driver
     import ray
     import torch
 
@@ -154,18 +155,20 @@ def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
         assert rt.spread_eval
         rt.run_round(1, [0, 2, 4])
         remote = rt.evaluate()
+
+        def in_each_actor(fn):  # server, then the workers
+            return ray.get([a.__ray_call__.remote(fn) for a in [rt.server, *rt.pool.workers]])
+
         # Every actor set its malloc thresholds (runtime.malloc_tuning, on by default) where glibc has them.
-        applied = ray.get([a.__ray_call__.remote(_malloc_applied) for a in [rt.server, *rt.pool.workers]])
-        assert applied == [malloc.glibc()] * 3
+        assert in_each_actor(_malloc_applied) == [malloc.glibc()] * 3
         # Each actor imported torch, pydantic and fedray in __init__ with the garbage collector paused, then froze
         # them (fedray.gc_pause): the collector is on, the imports' ~300,000 objects frozen, and the only full
         # collection is the one of Ray's own start. Had Ray's shipping of the class imported torch before
         # __init__ (it ships the class by value, with what its methods name), there would be 3 more.
-        for enabled, frozen, full_collections in ray.get([a.__ray_call__.remote(_collector)
-                                                          for a in [rt.server, *rt.pool.workers]]):
+        for enabled, frozen, full_collections in in_each_actor(_collector):
             assert enabled and frozen > 100_000 and full_collections <= 2
         # Tensors cross the object store as numpy arrays from every process of the run (fedray.runtime.tensor_wire).
-        assert ray.get([a.__ray_call__.remote(_tensors_go_as_numpy) for a in [rt.server, *rt.pool.workers]]) == [True] * 3
+        assert in_each_actor(_tensors_go_as_numpy) == [True] * 3
         assert _tensors_go_as_numpy()
     with make_runtime(cfg, data) as local:
         local.run_round(1, [0, 2, 4])
