@@ -62,7 +62,10 @@ def _ensure_ray():
     import ray
 
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        from fedray.runtime.ray_start import LOCAL_SYSTEM_CONFIG
+
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 _system_config=LOCAL_SYSTEM_CONFIG)
     return ray
 
 

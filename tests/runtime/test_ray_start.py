@@ -24,6 +24,13 @@ def work():
 # The work runs in another thread while Ray starts; the runtime's start_ray then owns that Ray, once.
 assert ray_start.start_ray_during(cfg, work) == "checked" and where == [False]
 assert ray.is_initialized()
+
+# Ray's processes retry their connections every 50 ms, not every second (ray_start.LOCAL_SYSTEM_CONFIG).
+@ray.remote
+def connect_retries():
+    from ray._raylet import Config
+    return Config.raylet_client_connect_timeout_milliseconds(), Config.raylet_client_num_connect_attempts()
+assert ray.get(connect_retries.remote()) == (50, 200), ray.get(connect_retries.remote())
 assert ray_start.start_ray(cfg) is True
 assert ray_start.start_ray(cfg) is False
 ray_start.release_unclaimed()
