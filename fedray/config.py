@@ -169,6 +169,11 @@ class RuntimeConfig(_Strict):
     num_gpus_per_worker: float = Field(default=0.0, ge=0)
     server_num_cpus: float = Field(default=0.0, ge=0, description="the server actor mostly waits on clients")
     server_num_gpus: float = Field(default=0.0, ge=0)
+    server_in_driver: Literal["auto"] | bool = Field(
+        default="auto", description="on Ray, run the server in the driver's process rather than an actor of its "
+        "own; auto: when it reserves no resources (server_num_cpus = server_num_gpus = 0) and the driver is not a "
+        "Ray Client. Same figures; one process fewer to start (fedray/runtime/server_host.py)"
+    )
     address: str | None = Field(default=None, description="Ray cluster address; default starts a local one")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     vectorize: Literal["auto"] | bool = Field(
@@ -247,6 +252,14 @@ class ExperimentConfig(_Strict):
                 "federation.clients_per_round",
                 f"{self.federation.clients_per_round} exceeds data.num_clients={self.data.num_clients}; "
                 f"allowed: 1..{self.data.num_clients}",
+            )
+        rt = self.runtime
+        if rt.server_in_driver is True and (rt.server_num_cpus > 0 or rt.server_num_gpus > 0):
+            raise ConfigError(
+                "runtime.server_in_driver",
+                f"a server in the driver reserves nothing, but runtime.server_num_cpus={rt.server_num_cpus:g} and "
+                f"runtime.server_num_gpus={rt.server_num_gpus:g}; set both to 0, or runtime.server_in_driver=auto "
+                "(an actor with those resources)",
             )
         if self.runtime.num_workers is not None and self.runtime.num_workers > self.data.num_clients:
             raise ConfigError(

@@ -56,6 +56,13 @@ def test_bad_values_name_the_key_and_what_is_allowed(override, key, fragment):
     assert fragment in e.value.message
 
 
+def test_a_server_in_the_driver_reserves_nothing():
+    with pytest.raises(ConfigError) as e:
+        load_config("quickstart", ["runtime.server_in_driver=true", "runtime.server_num_gpus=0.25"])
+    assert e.value.key == "runtime.server_in_driver" and "server_num_gpus=0.25" in e.value.message
+    assert load_config("quickstart", ["runtime.server_in_driver=false", "runtime.server_num_gpus=0.25"])
+
+
 def test_fedprox_mu_is_validated():
     with pytest.raises(ConfigError) as e:
         validate_experiment(load_config("quickstart", ["algorithm.name=fedprox", "algorithm.mu=-1"]))

@@ -342,10 +342,11 @@ def test_straggler_is_dropped_after_client_timeout(ray_local, caplog):
 def test_lost_server_actor_stops_the_round_clearly(ray_local):
     from fedray.runtime.ray_runtime import RayRuntime
 
-    cfg = tiny_config(runtime__backend="ray")
+    cfg = tiny_config(runtime__backend="ray", runtime__server_in_driver=False)
     data = build_federated_data(cfg.data, cfg.seed)
     with RayRuntime(cfg, data) as rt:
         rt.run_round(1, [0, 1, 2])
+        assert rt.server_pid != os.getpid()
         os.kill(rt.server_pid, signal.SIGKILL)
         with pytest.raises(RunFailure, match="round 2: the server actor was lost"):
             rt.run_round(2, [0, 1, 2])

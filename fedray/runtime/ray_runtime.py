@@ -1,5 +1,7 @@
-"""The Ray runtime: a pool of ``ClientWorker`` actors and a ``ServerActor``.
+"""The Ray runtime: a pool of ``ClientWorker`` actors, and the server in the driver or a ``ServerActor``.
 
+- Where the server runs (:mod:`fedray.runtime.server_host`): in the driver when it reserves no resources
+  (``runtime.server_in_driver=auto``), else in a ``ServerActor`` with the CPUs / GPU fraction it reserves.
 - Start-up: the actors are created first, from small arguments, and import torch and the method while the
   driver loads and partitions the data; :meth:`RayRuntime.attach` then puts the dataset in the object store
   once and hands the server and every worker that one reference, which each maps read-only (zero-copy
@@ -9,8 +11,7 @@
 - A worker gets its clients of a round as one task (one per client only under ``runtime.client_timeout_s``,
   which is per client), trained one by one or vectorised (``runtime.vectorize``). A task returns each
   client's (upload, client state, info) as its own object. As a task finishes, its uploads are handed to
-  the server actor by reference (the server fetches them from the worker's node, never through the
-  driver); client states stay in the object store as references owned by the driver; only small infos
+  the server by reference (a server actor fetches them from the worker's node at once); client states stay in the object store as references owned by the driver; only small infos
   are fetched.
 - The pool is sized by resources, capped by the clients active in a round. When it has one actor per
   registered client, client ``k`` is always served by actor ``k``; otherwise the round's clients are dealt
@@ -22,7 +23,7 @@
   from the same inputs on a live worker, up to ``runtime.max_client_retries`` times, giving the same result
   as without the failure; then it is dropped from the round with a warning, as are clients exceeding
   ``runtime.client_timeout_s``. Workers restart in place when their node is alive; one that cannot come back
-  is removed and the pool shrinks (:mod:`fedray.runtime.worker_pool`). Losing the server actor stops the run with
+  is removed and the pool shrinks (:mod:`fedray.runtime.worker_pool`). Losing a server actor stops the run with
   :class:`~fedray.errors.RunFailure` (resumable from the last checkpoint).
 """
 
@@ -45,11 +46,12 @@ from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.metrics import EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
-from fedray.runtime.actors import EVAL_CHUNK, SYSTEM_ERRORS, WORKER_ERRORS, ClientWorker, ServerActor, actor_spec
+from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
+from fedray.runtime.server_host import ActorServer, DriverServer, server_in_driver
 from fedray.runtime.vectorize_policy import describe_vectorised, vectorize_enabled, vectorize_min_clients
 from fedray.runtime.worker_pool import WorkerPool
 
@@ -83,16 +85,19 @@ class RayRuntime(Runtime):
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
             self.algo_cls = get_algorithm(cfg.algorithm.name)
-            server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
-            if ray.util.get_current_placement_group() is None:
-                # Beside the driver: a run survives losing any other node, not the one it is driven from.
-                # Pinned when the server needs no resources; a server asking for a GPU may go elsewhere.
-                needs = rt.server_num_cpus > 0 or rt.server_num_gpus > 0
-                server_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                    ray.get_runtime_context().get_node_id(), soft=needs)
             # Not waited for here: they start (a process each, torch imported) while the driver loads the data.
             spec = actor_spec(cfg, self.algo_cls)
-            self.server = ServerActor.options(**server_opts).remote(spec)
+            if server_in_driver(cfg):
+                self.server = DriverServer(cfg, self.algo_cls)
+            else:
+                server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
+                if ray.util.get_current_placement_group() is None:
+                    # Beside the driver: a run survives losing any other node, not the one it is driven from.
+                    # Pinned when the server needs no resources; a server asking for a GPU may go elsewhere.
+                    needs = rt.server_num_cpus > 0 or rt.server_num_gpus > 0
+                    server_opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                        ray.get_runtime_context().get_node_id(), soft=needs)
+                self.server = ActorServer(spec, server_opts)
             self.pool = WorkerPool(lambda: ClientWorker.options(
                 num_cpus=rt.num_cpus_per_worker, num_gpus=rt.num_gpus_per_worker, max_restarts=-1,
                 max_task_retries=0).remote(spec), self.pool_size)
@@ -117,9 +122,9 @@ class RayRuntime(Runtime):
         """Put the dataset in the object store once and give the server and every worker that reference;
         returns when all of them are ready, so start-up is not billed to round 1."""
         try:
-            server_ready = self.server.attach.remote(self.pool.put(data))
+            self.server.attach(self.pool.put(data), data)  # in the driver: built here while the workers import
             self.pool.attach_all()
-            self.server_pid, self.server_node = ray.get(server_ready)
+            self.server_pid, self.server_node = self.server.wait_ready()
         except BaseException:
             self.close()
             raise
@@ -194,7 +199,7 @@ class RayRuntime(Runtime):
         if self.pool.check():
             self.one_actor_per_client = False
         # Clients' tasks go out before the payload's size is known: they start when the broadcast ends.
-        payload_ref, bytes_ref = self.server.broadcast.options(num_returns=2).remote(round_)
+        payload_ref = self.server.broadcast(round_)
         start, queued = time.monotonic(), [0] * len(self.pool.workers)
         jobs: dict[int, _Job] = {}
         if self.batch_clients:
@@ -208,10 +213,7 @@ class RayRuntime(Runtime):
             for cid, w in self._deal(client_ids):
                 jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
                 queued[w] += 1
-        try:
-            payload_bytes = ray.get(bytes_ref)
-        except SYSTEM_ERRORS as e:
-            raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+        payload_bytes = self.server.payload_bytes(round_)
         done: dict[int, tuple[_Job, dict, Any]] = {}
         while jobs:
             by_ref = {job.info: job for job in jobs.values()}
@@ -233,8 +235,8 @@ class RayRuntime(Runtime):
                 del jobs[j.client_id]
             try:
                 infos = ray.get([j.info for j in task])
-                # Hand the uploads to the server now, in one call: it fetches them from the worker's node at once.
-                received = self.server.receive.remote([j.client_id for j in task], *[j.upload for j in task])
+                # Hand the uploads to the server now, in one call: an actor fetches them from the worker's node at once.
+                received = self.server.receive([j.client_id for j in task], [j.upload for j in task])
                 done.update((j.client_id, (j, info, received)) for j, info in zip(task, infos))
             except WORKER_ERRORS as e:
                 for j in task:  # back, for _retry_or_drop to rerun the task's clients together
@@ -246,24 +248,14 @@ class RayRuntime(Runtime):
             if cid not in done:
                 continue
             job, info, received = done[cid]
-            try:
-                ray.get(received)
+            if self.server.confirm(received, cid, round_):
                 kept.append(cid)
-            except ray.exceptions.RayActorError as e:
-                raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
-            except SYSTEM_ERRORS:  # the upload died with its node before the server fetched it
+            else:  # the upload died with its node before the server fetched it
                 log.warning("round %d: dropped client %d: its upload was lost with its node", round_, cid)
         if not kept:
             raise RunFailure(f"round {round_}: no client finished (all dropped after failures or timeouts)")
         t0 = time.perf_counter()
-        try:
-            metrics = ray.get(self.server.aggregate.remote(round_, kept))
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, RunFailure):
-                raise e.cause from None
-            raise
-        except SYSTEM_ERRORS as e:
-            raise RunFailure(f"round {round_}: the server actor was lost ({type(e).__name__})") from None
+        metrics = self.server.aggregate(round_, kept)
         server_s = time.perf_counter() - t0
         infos = []
         for cid in kept:
@@ -280,7 +272,7 @@ class RayRuntime(Runtime):
             self._client_rows = client_table(self.cfg, rows)
             return personal_evaluation(rows)
         if not self.spread_eval:
-            return self._server_call(self.server.evaluate)
+            return self.server.call("evaluate")
         return self._evaluate_global()
 
     def _evaluate_global(self) -> dict[str, float]:
@@ -288,11 +280,7 @@ class RayRuntime(Runtime):
         models once (one object), worker k of n scores every n-th fixed batch of the evaluation set (global
         test set, then the clients' test splits), the driver turns the per-sample results into ``eval/*``.
         The same batches as in-process, so the same figures."""
-        try:
-            models_ref, report_ref = self.server.eval_models.options(num_returns=2).remote()
-            report = ray.get(report_ref)
-        except SYSTEM_ERRORS as e:
-            raise RunFailure(f"the server actor was lost ({type(e).__name__})") from None
+        models_ref, report = self.server.eval_models()
         parts = self.pool.run_on_all(lambda workers: [w.evaluate_global.remote(models_ref, k, len(workers))
                                                       for k, w in enumerate(workers)], "evaluation")
         scored = {}
@@ -318,34 +306,30 @@ class RayRuntime(Runtime):
         if self.personalised:
             cids = sorted(self.client_states)
             return personal_models(self.algo, dict(zip(cids, ray.get([self.client_states[c] for c in cids]))))
-        return self._server_call(self.server.global_weights)
-
-    def _server_call(self, method, *args):
-        try:
-            return ray.get(method.remote(*args))
-        except SYSTEM_ERRORS as e:
-            raise RunFailure(f"the server actor was lost ({type(e).__name__})") from None
+        return self.server.call("global_weights")
 
     def export_state(self):
         cids = sorted(self.client_states)
         states = ray.get([self.client_states[c] for c in cids])
-        return self._server_call(self.server.get_state), dict(zip(cids, states))
+        return self.server.call("get_state"), dict(zip(cids, states))
 
     def import_state(self, server_state, client_states) -> None:
-        self._server_call(self.server.set_state, server_state)
+        self.server.call("set_state", server_state)
         self.client_states = {cid: ray.put(st) for cid, st in client_states.items()}
 
     def describe(self) -> str:
         rt = self.cfg.runtime
+        server = ("server in the driver" if self.server.in_driver
+                  else f"server {rt.server_num_cpus:g} CPU / {rt.server_num_gpus:g} GPU")
         return (f"ray: {self.pool_size} client worker(s) x {rt.num_cpus_per_worker:g} CPU / "
-                f"{rt.num_gpus_per_worker:g} GPU, server {rt.server_num_cpus:g} CPU / {rt.server_num_gpus:g} GPU"
+                f"{rt.num_gpus_per_worker:g} GPU, {server}"
                 + describe_vectorised(self.vectorised, vectorize_min_clients(rt)))
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.kill()
         if self.server is not None:
-            ray.kill(self.server)
+            self.server.close()
         self.server = None
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()

@@ -44,16 +44,36 @@ FIGURES = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "eval/best_accura
 
 @pytest.mark.ray
 def test_local_and_ray_give_identical_summaries(ray_local, tmp_path):
+    """The same figures in-process and on Ray, with the server in the driver (the default here: it reserves no
+    resources) and in a server actor."""
     cfg = tiny_config(algorithm__name="fedprox", algorithm__mu=0.1, federation__rounds=3)
     local = run_experiment(cfg, tmp_path / "local", progress=False)
-    ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "ray"})})
-    remote = run_experiment(ray_cfg, tmp_path / "ray", progress=False)
     a = json.loads((tmp_path / "local" / "summary.json").read_text())
-    b = json.loads((tmp_path / "ray" / "summary.json").read_text())
-    assert {k: a[k] for k in FIGURES} == {k: b[k] for k in FIGURES}
-    assert b["runtime"].startswith("ray: 2 client worker(s)")
-    for ra, rb in zip(local.history, remote.history):
-        assert ra["train/loss"] == rb["train/loss"]
+    for where, server in (("driver", "auto"), ("actor", False)):
+        ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
+            update={"backend": "ray", "server_in_driver": server})})
+        remote = run_experiment(ray_cfg, tmp_path / where, progress=False)
+        b = json.loads((tmp_path / where / "summary.json").read_text())
+        assert {k: a[k] for k in FIGURES} == {k: b[k] for k in FIGURES}, where
+        assert b["runtime"].startswith("ray: 2 client worker(s)")
+        assert ("server in the driver" in b["runtime"]) == (where == "driver"), b["runtime"]
+        for ra, rb in zip(local.history, remote.history):
+            assert ra["train/loss"] == rb["train/loss"], where
+
+
+def test_the_server_runs_in_the_driver_when_it_reserves_nothing(monkeypatch):
+    from fedray.runtime.server_host import server_in_driver
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert server_in_driver(tiny_config(runtime__backend="ray"))
+    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__server_num_gpus=0.25))
+    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__server_num_cpus=1))
+    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__server_in_driver=False))
+    # A Ray Client's driver is outside the cluster: every upload would cross the network to it.
+    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__address="ray://head:10001"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert not server_in_driver(tiny_config(runtime__backend="ray"))
+    assert server_in_driver(tiny_config(runtime__backend="ray", runtime__server_in_driver=True))
 
 
 def _participations(seed, rounds, k, m):
@@ -146,18 +166,19 @@ def test_ray_actors_start_before_the_data_and_evaluate_as_in_process(ray_local):
     import ray
 
     cfg = tiny_config(federation__local_steps=2)
-    ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "ray", "num_workers": 2})})
+    ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
+        update={"backend": "ray", "num_workers": 2, "server_in_driver": False})})
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(ray_cfg) as rt:
         assert [attached for _, _, attached in ray.get([w.ready.remote() for w in rt.pool.workers])] == [False, False]
-        ray.get(rt.server.ready.remote())
+        ray.get(rt.server.actor.ready.remote())
         rt.attach(data)
         assert rt.spread_eval
         rt.run_round(1, [0, 2, 4])
         remote = rt.evaluate()
 
         def in_each_actor(fn):  # server, then the workers
-            return ray.get([a.__ray_call__.remote(fn) for a in [rt.server, *rt.pool.workers]])
+            return ray.get([a.__ray_call__.remote(fn) for a in [rt.server.actor, *rt.pool.workers]])
 
         # Every actor set its malloc thresholds (runtime.malloc_tuning, on by default) where glibc has them.
         assert in_each_actor(_malloc_applied) == [malloc.glibc()] * 3

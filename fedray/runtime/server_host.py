@@ -1,0 +1,179 @@
+"""Where the Ray runtime's server runs: a ``ServerActor`` of its own, or the driver's process.
+
+Both hold the same :class:`~fedray.runtime.core.ServerCore` (the in-process runtime's), so a run's figures do
+not depend on the choice (``runtime.server_in_driver``; ``tests/runtime/test_runtimes.py`` checks).
+
+- :class:`ActorServer`: a ``ServerActor`` with the resources ``runtime.server_num_cpus`` / ``server_num_gpus``
+  reserve (a GPU fraction on a cluster). Uploads go from the workers to it by reference.
+- :class:`DriverServer`: the server in the driver, when it reserves nothing (``auto``). Such an actor is pinned
+  to the driver's node anyway, so uploads take the same path (that node's object store); what goes is a
+  process importing torch and the method at start-up (round 1 about a second sooner on the 2-core overhead
+  workload, ``benchmarks/README.md``) and ~100 MB, and the driver holds no other process's failure: the run
+  cannot lose its server without losing its driver.
+
+The methods raise :class:`~fedray.errors.RunFailure` where the server is lost, the round named.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+from fedray.config import ExperimentConfig
+from fedray.data.federated import FederatedData
+from fedray.errors import RunFailure
+from fedray.runtime.actors import SYSTEM_ERRORS, ServerActor
+
+
+def server_in_driver(cfg: ExperimentConfig) -> bool:
+    """``runtime.server_in_driver``; ``auto``: in the driver when the server reserves no resources and the
+    driver is not a Ray Client (``ray://``), whose process sits outside the cluster."""
+    rt = cfg.runtime
+    if rt.server_in_driver != "auto":
+        return rt.server_in_driver
+    address = rt.address or os.environ.get("RAY_ADDRESS") or ""
+    return rt.server_num_cpus == 0 and rt.server_num_gpus == 0 and not address.startswith("ray://")
+
+
+def _lost(where: str, error: BaseException) -> RunFailure:
+    return RunFailure(f"{where}the server actor was lost ({type(error).__name__})")
+
+
+class ActorServer:
+    """The server in a ``ServerActor`` started from ``spec`` (:func:`~fedray.runtime.actors.actor_spec`)."""
+
+    in_driver = False
+
+    def __init__(self, spec: bytes, options: dict[str, Any]):
+        self.actor = ServerActor.options(**options).remote(spec)
+        self._ready = self._bytes = None
+
+    def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:
+        """Starts giving it the dataset; :meth:`wait_ready` waits for that."""
+        self._ready = self.actor.attach.remote(data_ref)
+
+    def wait_ready(self) -> tuple[int, str]:
+        return ray.get(self._ready)  # (pid, node id)
+
+    def broadcast(self, round_: int) -> ray.ObjectRef:
+        payload_ref, self._bytes = self.actor.broadcast.options(num_returns=2).remote(round_)
+        return payload_ref
+
+    def payload_bytes(self, round_: int) -> int:
+        return self._get(self._bytes, f"round {round_}: ")
+
+    def receive(self, client_ids: list[int], uploads: list[ray.ObjectRef]) -> ray.ObjectRef:
+        # One call: the actor resolves the references as arguments, fetching the uploads from the workers' nodes.
+        return self.actor.receive.remote(client_ids, *uploads)
+
+    def confirm(self, receipt: ray.ObjectRef, client_id: int, round_: int) -> bool:
+        """True if the server holds the upload; False if it was lost with its node before the server fetched it."""
+        try:
+            ray.get(receipt)
+            return True
+        except ray.exceptions.RayActorError as e:
+            raise _lost(f"round {round_}: ", e) from None
+        except SYSTEM_ERRORS:
+            return False
+
+    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+        try:
+            return ray.get(self.actor.aggregate.remote(round_, client_ids))
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, RunFailure):
+                raise e.cause from None
+            raise
+        except SYSTEM_ERRORS as e:
+            raise _lost(f"round {round_}: ", e) from None
+
+    def eval_models(self) -> tuple[ray.ObjectRef, dict]:
+        """The models to score (one object, for the workers) and the server's part of the report."""
+        models_ref, report_ref = self.actor.eval_models.options(num_returns=2).remote()
+        return models_ref, self._get(report_ref)
+
+    def call(self, method: str, *args: Any) -> Any:
+        """``evaluate``, ``global_weights``, ``get_state`` or ``set_state``."""
+        return self._get(getattr(self.actor, method).remote(*args))
+
+    def _get(self, ref: ray.ObjectRef, where: str = "") -> Any:
+        try:
+            return ray.get(ref)
+        except SYSTEM_ERRORS as e:
+            raise _lost(where, e) from None
+
+    def close(self) -> None:
+        ray.kill(self.actor)
+
+
+class DriverServer:
+    """The server in this (the driver's) process, on its CPU, with the threads and memory settings a
+    ``ServerActor`` would have; its uploads are fetched here by reference when the round is aggregated."""
+
+    in_driver = True
+
+    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
+        import torch
+
+        from fedray.runtime.core import torch_threads
+        from fedray.runtime.malloc import keep_freed_memory
+
+        self.cfg, self.algo_cls = cfg, algo_cls
+        self.core = None
+        self.inbox: dict[int, Any] = {}
+        self._threads_before = torch.get_num_threads()
+        torch.set_num_threads(torch_threads(cfg))
+        keep_freed_memory(cfg.runtime.malloc_tuning)
+        self._bytes = 0
+
+    def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:
+        import torch
+
+        from fedray.runtime.core import ServerCore
+
+        if self.core is None:
+            self.core = ServerCore(self.cfg, data, torch.device("cpu"), self.algo_cls)
+
+    def wait_ready(self) -> tuple[int, str]:
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+    def broadcast(self, round_: int) -> ray.ObjectRef:
+        payload, self._bytes = self.core.broadcast(round_)
+        return ray.put(payload)
+
+    def payload_bytes(self, round_: int) -> int:
+        return self._bytes
+
+    def receive(self, client_ids: list[int], uploads: list[ray.ObjectRef]) -> dict[int, ray.ObjectRef]:
+        return dict(zip(client_ids, uploads))
+
+    def confirm(self, receipt: dict[int, ray.ObjectRef], client_id: int, round_: int) -> bool:
+        try:
+            self.inbox[client_id] = ray.get(receipt[client_id])
+            return True
+        except SYSTEM_ERRORS:  # lost with its node
+            return False
+
+    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+        uploads = [self.inbox.pop(c) for c in client_ids]
+        self.inbox.clear()
+        return self.core.aggregate(round_, uploads, client_ids)
+
+    def eval_models(self) -> tuple[ray.ObjectRef, dict]:
+        models, report = self.core.eval_models()
+        return ray.put(models), report
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "get_state":
+            return self.core.state
+        if method == "set_state":
+            self.core.state = args[0]
+            return None
+        return getattr(self.core, method)(*args)
+
+    def close(self) -> None:
+        import torch
+
+        self.inbox.clear()
+        torch.set_num_threads(self._threads_before)
