@@ -149,11 +149,17 @@ class DriverServer:
         return dict(zip(client_ids, uploads))
 
     def confirm(self, receipt: dict[int, ray.ObjectRef], client_id: int, round_: int) -> bool:
-        try:
-            self.inbox[client_id] = ray.get(receipt[client_id])
-            return True
-        except SYSTEM_ERRORS:  # lost with its node
-            return False
+        if client_id not in self.inbox:
+            # A task's uploads in one call, as an actor gets them (1,000 clients a round: one get per task, not per
+            # client); one by one only when one of them was lost, to tell which.
+            try:
+                self.inbox.update(zip(receipt, ray.get(list(receipt.values()))))
+            except SYSTEM_ERRORS:
+                try:
+                    self.inbox[client_id] = ray.get(receipt[client_id])
+                except SYSTEM_ERRORS:  # lost with its node
+                    return False
+        return True
 
     def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
         uploads = [self.inbox.pop(c) for c in client_ids]

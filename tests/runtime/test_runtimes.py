@@ -61,21 +61,6 @@ def test_local_and_ray_give_identical_summaries(ray_local, tmp_path):
             assert ra["train/loss"] == rb["train/loss"], where
 
 
-def test_the_server_runs_in_the_driver_when_it_reserves_nothing(monkeypatch):
-    from fedray.runtime.server_host import server_in_driver
-
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert server_in_driver(tiny_config(runtime__backend="ray"))
-    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__server_num_gpus=0.25))
-    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__server_num_cpus=1))
-    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__server_in_driver=False))
-    # A Ray Client's driver is outside the cluster: every upload would cross the network to it.
-    assert not server_in_driver(tiny_config(runtime__backend="ray", runtime__address="ray://head:10001"))
-    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    assert not server_in_driver(tiny_config(runtime__backend="ray"))
-    assert server_in_driver(tiny_config(runtime__backend="ray", runtime__server_in_driver=True))
-
-
 def _participations(seed, rounds, k, m):
     counts, expected = Counter(), []
     for r in range(1, rounds + 1):
