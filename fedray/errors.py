@@ -34,7 +34,7 @@ class ResourceError(UserError):
 
 
 class RunFailure(Exception):
-    """A run that cannot go on (every upload non-finite, the server actor lost, no worker left).
+    """A run that cannot go on (every upload non-finite, a server actor lost, no worker left).
 
     Not a bug and not bad input: the CLI prints it on one line, exits 1 and points at ``--resume``.
     """

@@ -11,8 +11,8 @@
 - A worker gets its clients of a round as one task (one per client only under ``runtime.client_timeout_s``,
   which is per client), trained one by one or vectorised (``runtime.vectorize``). A task returns each
   client's (upload, client state, info) as its own object. As a task finishes, its uploads are handed to
-  the server by reference (a server actor fetches them from the worker's node at once); client states stay in the object store as references owned by the driver; only small infos
-  are fetched.
+  the server by reference (a server actor fetches them from the worker's node at once); client states
+  stay in the object store as references owned by the driver; only small infos are fetched.
 - The pool is sized by resources, capped by the clients active in a round. When it has one actor per
   registered client, client ``k`` is always served by actor ``k``; otherwise the round's clients are dealt
   to the actors longest-first by estimated cost (forward FLOPs of the client's architecture x its local

@@ -2,9 +2,10 @@
 
 - Each trial is a function trainable running the ordinary round loop; a round is one Tune iteration
   (``tune.report`` per round), so ASHA stops trials at round milestones.
-- Each trial reserves its round loop, server actor and client workers as one placement group
-  (``tune.PlacementGroupFactory``); the actors it starts are captured into that group, so concurrent
-  trials never wait on each other's actors and fractional GPUs are shared as the spec says.
+- Each trial reserves its round loop, server actor (when the server reserves resources; else it runs in the
+  trial's process) and client workers as one placement group (``tune.PlacementGroupFactory``); the actors
+  it starts are captured into that group, so concurrent trials never wait on each other's actors and
+  fractional GPUs are shared as the spec says.
 - MLflow: one parent run per sweep and one child run per trial, all written by the driver (one SQLite
   writer). A child ends FINISHED when its trial completes (also when ASHA stops it early, tagged
   ``fedray.stopped_early``), FAILED when it raises; a trial's error never stops the sweep.
