@@ -8,8 +8,8 @@ not depend on the choice (``runtime.server_in_driver``; ``tests/runtime/test_run
 - :class:`DriverServer`: the server in the driver, when it reserves nothing (``auto``). Such an actor is pinned
   to the driver's node anyway, so uploads take the same path (that node's object store); what goes is a
   process importing torch and the method at start-up (round 1 about a second sooner on the 2-core overhead
-  workload, ``benchmarks/README.md``) and ~100 MB, and the driver holds no other process's failure: the run
-  cannot lose its server without losing its driver.
+  workload, ``benchmarks/README.md``) and ~100 MB. Such a server cannot be lost on its own: it goes only
+  with the driver.
 
 The methods raise :class:`~fedray.errors.RunFailure` where the server is lost, the round named.
 """
