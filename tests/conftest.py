@@ -69,6 +69,31 @@ def _ensure_ray():
     return ray
 
 
+def object_of_a_dead_owner(value, settle: bool = False):
+    """A reference to ``value`` put by an actor that is then killed: the object is lost, as when the node holding
+    it goes. With ``settle``, returned once the driver sees it lost (~1 s after the kill; until then a get
+    may still succeed)."""
+    import time
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Owner:
+        def put(self, x):
+            return [ray.put(x)]
+
+    owner = Owner.remote()
+    lost = ray.get(owner.put.remote(value))[0]
+    ray.kill(owner)
+    for _ in range(300 if settle else 0):
+        try:
+            ray.get(lost)
+            time.sleep(0.1)
+        except ray.exceptions.ObjectLostError:
+            break
+    return lost
+
+
 @pytest.fixture
 def ray_local():
     """A local Ray shared by the tests that need one (ray.init costs ~4 s and ~700 MB here).

@@ -23,7 +23,7 @@ from fedray.data import build_federated_data
 from fedray.errors import RunFailure, clear_interrupted, interrupt
 from fedray.seeding import sample_clients
 from fedray.simulation import RunHooks, run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import object_of_a_dead_owner, tiny_config
 from tests.runtime import faulty
 
 cloudpickle.register_pickle_by_value(faulty)  # Ray workers cannot import tests/
@@ -252,17 +252,7 @@ def _kill_every_worker(rt):
 def _lose_the_data_then_kill_a_worker(rt):
     """The dataset's object is lost (the runtime's reference now names an object whose owner died, as when
     the node holding it goes), then worker 0 is SIGKILLed: it must restart all the same."""
-    import ray
-
-    @ray.remote(num_cpus=0)
-    class Owner:
-        def put(self, x):
-            return [ray.put(x)]
-
-    owner = Owner.remote()
-    lost = ray.get(owner.put.remote(rt.pool.data))[0]
-    ray.kill(owner)
-    rt.pool.data_ref = lost
+    rt.pool.data_ref = object_of_a_dead_owner(rt.pool.data)
     os.kill(rt.pool.pids[0], signal.SIGKILL)
 
 

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from fedray.gc_pause import imports_without_gc
-from fedray.runtime.malloc import keep_freed_memory
 
 if TYPE_CHECKING:
     import torch
@@ -54,12 +53,9 @@ def _start_actor(spec: bytes) -> tuple[ExperimentConfig, type]:
     its tensors go into the object store (:mod:`fedray.runtime.tensor_wire`)."""
     with imports_without_gc():
         cfg, algo_cls = ray.cloudpickle.loads(spec)  # imports pydantic, torch and the method
-        import torch
-
         from fedray.runtime import core, tensor_wire  # the round's code, loaded now rather than by the first task
-    torch.set_num_threads(core.torch_threads(cfg))
+    core.claim_process(cfg)
     tensor_wire.register()
-    keep_freed_memory(cfg.runtime.malloc_tuning)
     return cfg, algo_cls
 
 

@@ -25,6 +25,7 @@ from fedray.models import build_model
 from fedray.models.base import channels_last_if_faster
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
+from fedray.runtime.malloc import keep_freed_memory
 from fedray.runtime.vectorize_policy import vectorize_enabled, vectorize_min_clients
 from fedray.runtime.vectorized import train_vectorized
 from fedray.seeding import derive_seed
@@ -46,6 +47,16 @@ def data_spec(data: FederatedData) -> DataSpec:
 def torch_threads(cfg: ExperimentConfig) -> int:
     """Threads per worker = its CPU share, so workers on one node don't fight over cores."""
     return max(1, int(cfg.runtime.num_cpus_per_worker))
+
+
+def claim_process(cfg: ExperimentConfig) -> int:
+    """A process that trains or aggregates for ``cfg`` (an actor, the driver holding the server, the in-process
+    runtime): torch's threads set to the worker's CPU share and glibc's malloc tuned
+    (``runtime.malloc_tuning``). Returns the thread count before, for a caller that gives the process back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(torch_threads(cfg))
+    keep_freed_memory(cfg.runtime.malloc_tuning)
+    return before
 
 
 def _to_device(modules: Any, device: torch.device, channels_last: bool = False) -> Any:

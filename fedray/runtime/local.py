@@ -11,9 +11,8 @@ from fedray.algorithms import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
-from fedray.runtime.core import (ClientWorkerCore, ServerCore, client_table, personal_evaluation, personal_models,
-                                 torch_threads)
-from fedray.runtime.malloc import keep_freed_memory
+from fedray.runtime.core import (ClientWorkerCore, ServerCore, claim_process, client_table, personal_evaluation,
+                                 personal_models, torch_threads)
 from fedray.runtime.vectorize_policy import describe_vectorised
 
 
@@ -21,10 +20,8 @@ class LocalRuntime(Runtime):
     def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
         self.cfg = cfg
         self.device = local_device(cfg)
-        self._threads_before = torch.get_num_threads()
+        self._threads_before = claim_process(cfg)
         self.threads = torch_threads(cfg)
-        torch.set_num_threads(self.threads)
-        keep_freed_memory(cfg.runtime.malloc_tuning)
         self.algo_cls = get_algorithm(cfg.algorithm.name)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
         self.personalised = self.algo_cls.personalised

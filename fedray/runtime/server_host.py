@@ -114,17 +114,12 @@ class DriverServer:
     in_driver = True
 
     def __init__(self, cfg: ExperimentConfig, algo_cls: type):
-        import torch
-
-        from fedray.runtime.core import torch_threads
-        from fedray.runtime.malloc import keep_freed_memory
+        from fedray.runtime.core import claim_process
 
         self.cfg, self.algo_cls = cfg, algo_cls
         self.core = None
         self.inbox: dict[int, Any] = {}
-        self._threads_before = torch.get_num_threads()
-        torch.set_num_threads(torch_threads(cfg))
-        keep_freed_memory(cfg.runtime.malloc_tuning)
+        self._threads_before = claim_process(cfg)
         self._bytes = 0
 
     def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:

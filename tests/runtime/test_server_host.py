@@ -1,12 +1,10 @@
 """Where the Ray runtime's server runs: ``fedray.runtime.server_host`` (the figures: test_runtimes.py)."""
 
-import time
-
 import pytest
 
 from fedray.algorithms import get_algorithm
 from fedray.runtime.server_host import DriverServer, server_in_driver
-from tests.conftest import tiny_config
+from tests.conftest import object_of_a_dead_owner, tiny_config
 
 
 def test_the_server_runs_in_the_driver_when_it_reserves_nothing(monkeypatch):
@@ -25,21 +23,7 @@ def test_the_server_runs_in_the_driver_when_it_reserves_nothing(monkeypatch):
 @pytest.mark.ray
 def test_a_server_in_the_driver_gets_a_tasks_uploads_and_drops_a_lost_one(ray_local):
     ray = ray_local
-
-    @ray.remote(num_cpus=0)
-    class Owner:
-        def put(self, x):
-            return [ray.put(x)]
-
-    owner = Owner.remote()
-    lost = ray.get(owner.put.remote({"w": 1}))[0]  # an upload whose owner died, as when its node goes
-    ray.kill(owner)
-    for _ in range(300):  # until Ray has learnt of the owner's death (~1 s after the kill)
-        try:
-            ray.get(lost)
-            time.sleep(0.1)
-        except ray.exceptions.ObjectLostError:
-            break
+    lost = object_of_a_dead_owner({"w": 1}, settle=True)  # an upload lost with its node
     cfg = tiny_config(runtime__backend="ray")
     server = DriverServer(cfg, get_algorithm(cfg.algorithm.name))
     try:
