@@ -49,7 +49,9 @@ def test_a_tuned_process_stops_page_faulting_its_activations_in_again():
     assert max(sum(faults[3:]) for _, faults in runs) > 3000
     applied, tuned = _passes("on")
     assert applied
-    assert sum(tuned[3:]) < 100
+    # Tuned, passes 4-6 usually fault nothing; now and then one of them faults one or two of its buffers in
+    # again (784 or 1,568 pages: 2 of 15 runs here, and once in CI), against >= 3,000 for every untuned pass.
+    assert sum(tuned[3:]) < 2500
 
 
 def test_no_tuning_off_glibc_or_when_disabled(monkeypatch):
