@@ -258,7 +258,7 @@ def run_row(name: str, overrides: list[str]) -> dict:
         values = [row[key] for row in result.history[1:-1] or result.history if row.get(key) is not None]
         return float(np.mean(values)) if values else None
 
-    return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:-1] or times)),
+    return {"row": name, "overrides": overrides, "round_s": float(np.mean(times[1:-1] or times)), "rounds_s": times,
             "groups_per_step": mean_of("vec/groups_per_step"), "graph_steps": mean_of("vec/graph_steps"),
             "server_s": mean_of("time/server_s"),
             "busy_pct": float(np.mean(sampler.samples)) if sampler.samples and sampler.available else None,
@@ -330,7 +330,8 @@ def main() -> None:
                                                                      f"runtime.cuda_graphs={str(graphs).lower()}"])
                 row.update({"workload": wl, "clients_per_round": k, "where": where, "vectorize": vec, "graphs": graphs})
                 rows.append(row)
-                shown = ("row", "round_s", "busy_pct", "groups_per_step", "graph_steps", "accuracy", "error")
+                shown = ("row", "round_s", "rounds_s", "server_s", "busy_pct", "groups_per_step", "graph_steps", "accuracy",
+                         "error")
                 print(json.dumps({key: row.get(key) for key in shown}), flush=True)
                 write(record, Path(args.out), done=False)
     if args.profile and not profiled:

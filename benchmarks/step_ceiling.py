@@ -25,8 +25,10 @@ convolutions (not the launches) set it (ResNet-11, or any model at 32 clients):
 - ``default``: torch's defaults (cuDNN's heuristic algorithm choice, float32 with cuDNN's TF32 convolutions);
 - ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark`` (cuDNN times its algorithms for each shape, a
   grouped convolution's included, and keeps the fastest);
-- ``bf16``: the forward under ``torch.autocast(dtype=bfloat16)`` (weights, gradients and the update stay
-  float32; ``cache_enabled=False``, as a CUDA graph's capture needs).
+- ``bf16``: the whole step in bfloat16 (weights, BatchNorm buffers, images, gradients and the update; the loss
+  in float32): what bf16 convolutions would give, a probe of the ceiling rather than a training recipe. (Its
+  first form, the forward under ``torch.autocast``, failed on CUDA: BatchNorm's float32 running statistics
+  against a bf16 input, "Expected running_mean to have type BFloat16", H100 2026-11-28.)
 
 (``torch.channels_last`` is not among them: ``vmap`` refuses it, "NYI: querying is_contiguous inside of vmap".)
 
@@ -85,7 +87,8 @@ def settings(variant: str) -> Iterator[None]:
 
 def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device, variant: str = "default") -> dict:
     torch.manual_seed(0)
-    model = build_model(model_name, (1, 28, 28), 10).to(device)
+    dtype = torch.bfloat16 if variant == "bf16" else torch.float32
+    model = build_model(model_name, (1, 28, 28), 10).to(device, dtype)
     data_x = torch.randint(0, 256, (k * ROWS_PER_CLIENT, 1, 28, 28), dtype=torch.uint8, device=device)
     data_y = torch.randint(0, 10, (k * ROWS_PER_CLIENT,), device=device)
     # per step and client, BATCH rows of that client's own share of the data
@@ -93,12 +96,11 @@ def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device
     index = torch.randint(0, ROWS_PER_CLIENT, (steps, k, BATCH), device=device) + own
 
     def batch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return (data_x[idx].float() / 255 - 0.5) / 0.5, data_y[idx]
+        return (data_x[idx].to(dtype) / 255 - 0.5) / 0.5, data_y[idx]
 
     def forward(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """``fn(x)`` as ``variant`` runs a forward: under its autocast, or as it is."""
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=variant == "bf16", cache_enabled=False):
-            return fn(x).float()
+        """``fn(x)``'s logits in float32, for the loss (the forward itself in ``dtype``)."""
+        return fn(x).float()
 
     row: dict = {"model": model_name, "clients": k, "variant": variant}
 
