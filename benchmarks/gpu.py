@@ -72,6 +72,9 @@ WORKLOADS = {
     # are done after unequal numbers of steps (15-116 here), so the vectorised round runs in phases
     "dafkd_resnet11_e1": ["algorithm.name=dafkd", "model.name=resnet11", "algorithm.diag_samples=0",
                           "federation.local_epochs=1"],
+    # runtime.precision=bf16: the clients' convolutions and linear layers on bfloat16 copies (its sequential row too)
+    "dafkd_resnet11_nodiag_bf16": ["algorithm.name=dafkd", "model.name=resnet11", "algorithm.diag_samples=0",
+                                   "runtime.precision=bf16"],
 }
 RAY = ["runtime.backend=ray", "runtime.num_workers=4", "runtime.num_gpus_per_worker=0.2", "runtime.server_num_gpus=0.2"]
 
@@ -186,6 +189,10 @@ GRAPH_CHECKS = {  # FedAvg as gpu.py runs it, with momentum and weight decay, Fe
                                               "data.num_clients=80", "federation.clients_per_round=32"],
     "dafkd resnet11, 32 clients, padded": ["algorithm.name=dafkd", "model.name=resnet11",
                                            "data.num_clients=80", "federation.clients_per_round=32"],
+    # the casts of runtime.precision=bf16 captured with the rest
+    "dafkd resnet11, 32 clients, padded, bf16": ["algorithm.name=dafkd", "model.name=resnet11",
+                                                 "data.num_clients=80", "federation.clients_per_round=32",
+                                                 "runtime.precision=bf16"],
 }
 
 

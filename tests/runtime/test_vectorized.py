@@ -179,6 +179,20 @@ def test_one_vectorised_round_equals_the_sequential_one(name):
         assert v["train/loss"] == pytest.approx(s["train/loss"], rel=1e-4)
 
 
+@pytest.mark.parametrize("name", ["fedavg_batchnorm_padded", "dafkd"])
+def test_a_bf16_round_batched_equals_the_sequential_one_to_bf16_rounding(name):
+    """runtime.precision=bf16 reaches local training both ways (the weights move ~1e-3 off the float32 round's),
+    and the batched round equals the sequential one to bfloat16's rounding (8 bits of mantissa: ~4e-3)."""
+    (float32, _), (seq, seq_info) = _one_round(False, **COVERED[name]), _one_round(False, runtime__precision="bf16",
+                                                                                    **COVERED[name])
+    vec, vec_info = _one_round(True, runtime__precision="bf16", **COVERED[name])
+    assert _max_relative_difference(float32[0], seq[0]) > 1e-4 and _max_relative_difference(float32[0], vec[0]) > 1e-4
+    assert _max_relative_difference(seq[0], vec[0]) <= 1e-2
+    assert all(t.dtype in (torch.float32, torch.int64) for t in vec[0].values())
+    for s, v in zip(seq_info, vec_info):
+        assert v["train/loss"] == pytest.approx(s["train/loss"], rel=1e-3)
+
+
 @pytest.mark.parametrize("kw, per_step", [
     # clients 3, 4, 5 hold 35, 114 and 70 samples: in 4 steps of 16 only client 3's third batch is short (3
     # samples). LeNet-5 and cross-entropy: padded with ignored rows into the step's one call
@@ -426,6 +440,7 @@ def test_ray_batches_a_workers_clients_with_the_in_process_numbers(ray_local):
     (dict(COVERED["fedkf"], federation__batch_size=5), 0.5),
     (dict(COVERED["dafkd"], federation__batch_size=5), 0.5),
     (dict(COVERED["dafkd_conditional_bn_adam"], federation__batch_size=5), 0.5),  # and the generator's labels
+    (dict(COVERED["dafkd"], federation__batch_size=5, runtime__precision="bf16"), 0.5),  # the casts replayed too
 ])
 def test_a_step_replayed_from_the_graph_gives_the_eager_numbers(graphs_on_cpu, kw, replayed):
     eager_w, eager_info = _one_round(True, runtime__cuda_graphs=False, **kw)

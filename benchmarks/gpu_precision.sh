@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU check of runtime.precision=bf16 (issue 13): DaFKD ResNet-11 (no diag/*) at 8 and 32 clients, float32
+# against bf16, sequential and vectorised with CUDA graphs, in one call (machines of one kind differ 1.7x in their
+# sequential rounds, so only rows of one call compare); then bf16's padded 32-client graphs against eager. About
+# 6 minutes: one device call. Send along .gpu/whl (../shared/GPU.md); tables printed and written under $OUT.
+#   bash benchmarks/gpu_precision.sh
+set -uo pipefail
+OUT=${OUT:-results/gpu}
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi -L
+mkdir -p "$OUT"
+echo "=== rows"
+timeout 400 python3 benchmarks/gpu.py --out "$OUT/bf16" --rounds 3 --per-round 8 32 --no-ray \
+  --workloads dafkd_resnet11_nodiag dafkd_resnet11_nodiag_bf16 --modes graphs sequential > "$OUT/bf16.log" 2>&1 \
+  || echo "=== rows stopped (exit $?)"
+grep '^{' "$OUT/bf16.log"; cat "$OUT/bf16/gpu.md"
+echo "=== graph check"
+timeout 150 python3 benchmarks/gpu.py --out "$OUT/gc" --rounds 1 --per-round 8 --no-ray --workloads fedavg_lenet5 \
+  --modes graphs --graph-check "padded, bf16" > "$OUT/gc.log" 2>&1 || echo "=== graph check stopped (exit $?)"
+tail -n 12 "$OUT/gc/gpu.md"
