@@ -192,11 +192,9 @@ class RuntimeConfig(_Strict):
         default=True, description="on a GPU: replay the usual local step of batched clients (every client, its "
         "updates, SGD or Adam) and the server's SGD distillation steps (DaFKD, FedDF, FedD3A) as CUDA graphs "
         "instead of issuing their kernels one by one: the same kernels on the same tensors (benchmarks/README.md)")
-    precision: Literal["float32", "bf16"] = Field(
-        default="float32", description="the clients' local training: float32, or bf16 mixed precision (convolutions "
-        "and linear layers multiply bfloat16 copies; weights, optimizer, BatchNorm and losses stay float32). bf16 "
-        "lifts the arithmetic ceiling of GPU-bound vectorised steps (1.6-1.8x for ResNet-11 on an H100) and changes "
-        "the figures beyond float32 rounding; evaluation and the server stay float32 (fedray/runtime/precision.py)")
+    precision: Literal["float32", "bf16"] = Field(default="float32", description="the clients' local training: "
+        "float32, or bf16 mixed precision for GPU-bound steps, changing the figures beyond float32 rounding "
+        "(convolutions and linear layers on bfloat16 copies, the rest float32: fedray/runtime/precision.py)")
     cpu_channels_last: bool = Field(
         default=False, description="on a CPU, train convolutional models without GroupNorm in the channels-last "
         "layout (training steps 1.17-1.38x, rounds 1.1-1.2x faster on the project's CPU machine); float rounding differs from the "

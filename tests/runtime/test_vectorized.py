@@ -183,8 +183,8 @@ def test_one_vectorised_round_equals_the_sequential_one(name):
 def test_a_bf16_round_batched_equals_the_sequential_one_to_bf16_rounding(name):
     """runtime.precision=bf16 reaches local training both ways (the weights move ~1e-3 off the float32 round's),
     and the batched round equals the sequential one to bfloat16's rounding (8 bits of mantissa: ~4e-3)."""
-    (float32, _), (seq, seq_info) = _one_round(False, **COVERED[name]), _one_round(False, runtime__precision="bf16",
-                                                                                    **COVERED[name])
+    float32, _ = _one_round(False, **COVERED[name])
+    seq, seq_info = _one_round(False, runtime__precision="bf16", **COVERED[name])
     vec, vec_info = _one_round(True, runtime__precision="bf16", **COVERED[name])
     assert _max_relative_difference(float32[0], seq[0]) > 1e-4 and _max_relative_difference(float32[0], vec[0]) > 1e-4
     assert _max_relative_difference(seq[0], vec[0]) <= 1e-2
