@@ -26,7 +26,7 @@ from fedray.models.base import channels_last_if_faster
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
 from fedray.runtime.malloc import keep_freed_memory
-from fedray.runtime.precision import local_precision
+from fedray.runtime.precision import check_precision, local_precision
 from fedray.runtime.vectorize_policy import vectorize_enabled, vectorize_min_clients
 from fedray.runtime.vectorized import train_vectorized
 from fedray.seeding import derive_seed
@@ -95,6 +95,7 @@ class ClientWorkerCore:
 
     def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
                  algo_cls: type[Algorithm] | None = None):
+        check_precision(cfg.runtime.precision, device)
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+from fedray.errors import ResourceError
 from fedray.models import build_model
-from fedray.runtime.precision import local_precision
+from fedray.runtime.precision import check_precision, local_precision
 
 
 def _bf16_valued(t: torch.Tensor) -> bool:
@@ -74,3 +75,16 @@ def test_bf16_holds_under_vmap_where_autocast_does_not():
 
         grads = vmap(grad(loss))(params, torch.randn(3, 4, 1, 28, 28), torch.randint(0, 10, (3, 4)))
     assert all(g.dtype == torch.float32 and g.shape == params[n].shape for n, g in grads.items())
+
+
+def test_bf16_is_refused_on_a_gpu_without_bfloat16_arithmetic(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    with pytest.raises(ResourceError) as e:
+        check_precision("bf16", torch.device("cuda"))
+    assert e.value.key == "runtime.precision" and "runtime.precision=float32" in e.value.message
+    check_precision("float32", torch.device("cuda"))  # float32 asks nothing of the GPU
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    check_precision("bf16", torch.device("cuda"))
+    with caplog.at_level("WARNING", logger="fedray"):
+        check_precision("bf16", torch.device("cpu"))
+    assert "slower than float32" in caplog.text
