@@ -26,7 +26,7 @@ from fedray.models.base import channels_last_if_faster
 from fedray.algorithms.training import LocalTraining
 from fedray.algorithms.weights import leaves, nbytes
 from fedray.runtime.malloc import keep_freed_memory
-from fedray.runtime.precision import check_precision, local_precision
+from fedray.runtime.precision import at_local_precision, check_precision
 from fedray.runtime.vectorize_policy import vectorize_enabled, vectorize_min_clients
 from fedray.runtime.vectorized import train_vectorized
 from fedray.seeding import derive_seed
@@ -107,28 +107,20 @@ class ClientWorkerCore:
         if self.algo.clients_hold_server_images and data.server is not None:
             self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
 
+    @at_local_precision
     def train(self, round_: int, client_id: int, payload: Any,
               state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
-        with local_precision(self.cfg.runtime.precision):
-            return self._train(round_, client_id, payload, state)
-
-    def _train(self, round_: int, client_id: int, payload: Any,
-               state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
         ctx, state = self._context(round_, client_id, state)
         return self._outcome(ctx, self.algo.client_update(ctx, payload, state))
 
+    @at_local_precision
     def train_many(self, round_: int, client_ids: list[int], payload: Any,
                    states: list[ClientState | None]) -> list[tuple[Upload, ClientState | None, dict]]:
         """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on and a method
         that describes its update as :class:`LocalTraining`, clients sharing a module and a loss are trained
         in lockstep as one batched computation (:mod:`fedray.runtime.vectorized`); otherwise one by one."""
-        with local_precision(self.cfg.runtime.precision):
-            return self._train_many(round_, client_ids, payload, states)
-
-    def _train_many(self, round_: int, client_ids: list[int], payload: Any,
-                    states: list[ClientState | None]) -> list[tuple[Upload, ClientState | None, dict]]:
         if not self.vectorize or len(client_ids) < self.vectorize_min:
-            return [self._train(round_, c, payload, s) for c, s in zip(client_ids, states)]
+            return [self.train(round_, c, payload, s) for c, s in zip(client_ids, states)]
         ctxs, plans, results = [], [], {}
         for cid, state in zip(client_ids, states):
             ctx, state = self._context(round_, cid, state)

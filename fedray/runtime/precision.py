@@ -21,8 +21,10 @@ a host-bound eager GPU step pays and a replayed step does not.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from typing import Iterator
+from contextvars import ContextVar
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -67,11 +69,28 @@ def check_precision(precision: str, device: torch.device) -> None:
                     "meant for GPU-bound steps")
 
 
+# Set while a block of local_precision casts: a nested block (train_many training a client by train) adds nothing
+_ACTIVE: ContextVar[bool] = ContextVar("fedray_local_precision", default=False)
+
+
 @contextlib.contextmanager
 def local_precision(precision: str) -> Iterator[None]:
     """Local training inside the block runs at ``precision`` (``runtime.precision``)."""
-    if precision == "float32":
+    if precision == "float32" or _ACTIVE.get():
         yield
         return
-    with _BFloat16Products():
-        yield
+    token = _ACTIVE.set(True)
+    try:
+        with _BFloat16Products():
+            yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def at_local_precision(method: Callable) -> Callable:
+    """A method of an object holding ``cfg`` (an experiment config), run at ``cfg.runtime.precision``."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with local_precision(self.cfg.runtime.precision):
+            return method(self, *args, **kwargs)
+    return run

@@ -88,3 +88,23 @@ def test_bf16_is_refused_on_a_gpu_without_bfloat16_arithmetic(monkeypatch, caplo
     with caplog.at_level("WARNING", logger="fedray"):
         check_precision("bf16", torch.device("cpu"))
     assert "slower than float32" in caplog.text
+
+
+def test_a_nested_block_casts_once_and_the_block_ends_on_an_error(monkeypatch):
+    """train_many trains a client by train, both at runtime.precision: the inner block adds no second cast."""
+    from fedray.runtime import precision
+
+    casts = []
+    monkeypatch.setattr(precision, "_low", lambda v: casts.append(v) or v.bfloat16())
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    with local_precision("bf16"), local_precision("bf16"):
+        F.conv2d(x, w)
+    assert len(casts) == 2  # the input and the weight, once
+    with pytest.raises(ValueError), local_precision("bf16"):
+        raise ValueError
+    casts.clear()
+    F.conv2d(x, w)
+    assert not casts  # the error ended the block: no cast left behind
+    with local_precision("bf16"):
+        F.conv2d(x, w)
+    assert len(casts) == 2  # and a later block casts again
