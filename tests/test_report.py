@@ -178,6 +178,15 @@ def test_method_label_adds_differing_algorithm_params_and_fills_defaults():
     assert [r["method"] for r in build_table(runs)] == ["fedavg", "fedprox mu=0.01", "fedprox mu=0.1"]
 
 
+def test_setting_labels_spell_values_as_a_config_does():
+    def rec(name, vectorize):
+        p = {"data.dataset": "synthetic", "algorithm.name": "fedavg", "runtime.vectorize": vectorize, "seed": 0}
+        return RunRecord(name, p, [], {"eval/accuracy": 0.5})
+
+    rows = build_table([rec("a", True), rec("b", "auto"), rec("c", False)], by_setting=("runtime.vectorize",))
+    assert sorted(r["setting"] for r in rows) == ["vectorize=auto", "vectorize=false", "vectorize=true"]
+
+
 def test_rounds_to_target_partial_and_std_of_one_seed():
     def rec(seed, accs):
         hist = [{"round": i + 1, "eval/accuracy": a} for i, a in enumerate(accs)]

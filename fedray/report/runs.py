@@ -89,6 +89,8 @@ def _num(v: Any) -> float | None:
 def _fmt_value(v: Any) -> str:
     if v is None:
         return DASH
+    if isinstance(v, bool):  # as a config or an override spells it (runtime.vectorize=true)
+        return str(v).lower()
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)
