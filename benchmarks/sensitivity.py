@@ -30,6 +30,7 @@ import torch
 
 from fedray.config import load_config
 from fedray.data import build_federated_data
+from fedray.data.federated import FederatedData
 from fedray.runtime import make_runtime
 from fedray.seeding import sample_clients
 
@@ -66,12 +67,11 @@ def max_rel(a: Any, b: Any, prefix: str = "") -> tuple[float, str]:
                for k in ta if k.startswith(prefix))
 
 
-def round1_uploads(preset: str, steps: int, vectorize: bool, overrides: list[str],
+def round1_uploads(preset: str, steps: int, vectorize: bool, overrides: list[str], data: FederatedData,
                    rel: float = 0.0) -> tuple[list[int], list[Any]]:
     cfg = load_config(preset, [*overrides, f"federation.local_steps={steps}", f"runtime.vectorize={str(vectorize).lower()}",
                                "runtime.vectorize_min_clients=1", "runtime.num_cpus_per_worker=1",
                                "tracking.enabled=false"])
-    data = build_federated_data(cfg.data, cfg.seed)
     cids = sample_clients(cfg.seed, 1, data.num_clients, cfg.federation.clients_per_round)
     with make_runtime(cfg, data) as rt:
         payload, _ = rt.server.broadcast(1)
@@ -91,10 +91,12 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for preset in args.presets:
+        cfg = load_config(preset, args.set)
+        data = build_federated_data(cfg.data, cfg.seed)  # the local-step budget and vectorising leave the data alone
         for steps in args.steps:
-            cids, ref = round1_uploads(preset, steps, False, args.set)
-            _, vec = round1_uploads(preset, steps, True, args.set)
-            _, pert = round1_uploads(preset, steps, False, args.set, rel=1e-6)
+            cids, ref = round1_uploads(preset, steps, False, args.set, data)
+            _, vec = round1_uploads(preset, steps, True, args.set, data)
+            _, pert = round1_uploads(preset, steps, False, args.set, data, rel=1e-6)
             a, b = [max_rel(r, v) for r, v in zip(ref, vec)], [max_rel(r, p) for r, p in zip(ref, pert)]
             # the classifier alone (upload.weights: what is averaged and evaluated)
             ca = [max_rel(r, v, "weights.")[0] for r, v in zip(ref, vec)]

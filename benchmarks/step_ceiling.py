@@ -98,17 +98,13 @@ def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device
     def batch(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (data_x[idx].to(dtype) / 255 - 0.5) / 0.5, data_y[idx]
 
-    def forward(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """``fn(x)``'s logits in float32, for the loss (the forward itself in ``dtype``)."""
-        return fn(x).float()
-
     row: dict = {"model": model_name, "clients": k, "variant": variant}
 
     params = [p for p in model.parameters()]
 
     def sequential(i: int) -> None:
         x, y = batch(index[i % steps, 0])
-        F.cross_entropy(forward(model, x), y).backward()
+        F.cross_entropy(model(x).float(), y).backward()  # the loss in float32
         with torch.no_grad():
             torch._foreach_add_(params, [p.grad for p in params], alpha=-LR)
         for p in params:
@@ -121,7 +117,7 @@ def measure(model_name: str, k: int, steps: int, reps: int, device: torch.device
     leaves = {n: p.clone().requires_grad_(True) for n, p in stacked.items()}
 
     def one_loss(p: dict, b: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(forward(lambda v: functional_call(model, (p, b), (v,)), x), y)
+        return F.cross_entropy(functional_call(model, (p, b), (x,)).float(), y)
 
     eager_call = vmap(one_loss, randomness="different")
 
