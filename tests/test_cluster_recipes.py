@@ -253,7 +253,7 @@ def test_runtime_env_excludes_what_must_not_be_uploaded(tmp_path):
     keep = ["fedray/cli.py", "tune_configs/spec.yaml", "cluster/runtime_env.yaml", "pyproject.toml"]
     drop = [".venv/lib/x.py", ".git/HEAD", "runs/a/summary.json", "outputs/x", "mlflow.db", "mlruns/0/m",
             "mlartifacts/1/a", "fedray/__pycache__/cli.cpython-311.pyc", "fedray.egg-info/PKG-INFO",
-            ".pytest_cache/v", "build/lib/x.py"]
+            ".pytest_cache/v", "build/lib/x.py", "benchmarks/results/overhead.json", ".gpu/whl/ray.whl"]
     for rel in keep + drop:
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text("x")
@@ -266,7 +266,8 @@ def test_runtime_env_excludes_what_must_not_be_uploaded(tmp_path):
     create_package(str(REPO), real, include_gitignore=False, excludes=excludes)
     names = zipfile.ZipFile(real).namelist()
     assert "fedray/cli.py" in names and "pyproject.toml" in names
-    assert real.stat().st_size < 20 * 2**20, "the uploaded working dir should be small"
+    # ~1.5 MB of code and docs; the recorded results (~14 MB) or a GPU bundle (~45 MB) would show here
+    assert real.stat().st_size < 5 * 2**20, "the uploaded working dir should be small"
 
 
 # --------------------------------------------------------------------------------------------------
