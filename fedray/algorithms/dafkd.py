@@ -305,12 +305,14 @@ class DaFKD(Algorithm):
         return sequential_update(self, ctx, payload, state)
 
     # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
-    #: This round's uploads, kept for probe_diagnostics (only when diag_samples > 0; not server state)
+    #: This round's uploads, kept for probe_diagnostics (only on a round it runs; not server state)
     _round_uploads: list[DaFKDUpload] | None = None
 
     def server_update(self, state: DaFKDServerState, uploads: list[DaFKDUpload],
                       ctx: ServerContext) -> tuple[DaFKDServerState, dict[str, float]]:
-        self._round_uploads = uploads if self.params.diag_samples else None
+        # held on a diagnosed round only: otherwise nothing would release them before the next round's arrive
+        diagnosed = self.params.diag_samples and self.cfg.federation.diagnoses(ctx.round)
+        self._round_uploads = uploads if diagnosed else None
         return server_round(self, state, uploads, ctx)
 
     def probe_size(self) -> int:

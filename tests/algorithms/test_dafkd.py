@@ -447,6 +447,13 @@ def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
     assert [all(k in row for k in keys) for row in sparse] == [False, True, True]
     assert not any(k in sparse[0] for k in keys)
     assert {k: sparse[1][k] for k in keys} == {k: with_diag.history[1][k] for k in keys}
+    # an undiagnosed round's uploads are not held on to until the next round's arrive
+    cfg = dafkd_config(algorithm__diag_samples=20, federation__rounds=3, federation__diag_every=2)
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        for r in (1, 2):
+            rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
+            assert rt.server.algo._round_uploads is None
 
 
 def test_conditional_generator_makes_images_of_the_asked_class_and_balanced_distillation_sets():
