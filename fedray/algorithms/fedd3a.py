@@ -216,13 +216,15 @@ class FedD3A(Algorithm):
         metrics.update({"server/alpha_entropy": float(normalised_entropy(alpha, dim=1).mean()),
                         "server/alpha_max_mean": float(alpha.max(1).values.mean()),
                         "server/r_mean": float(r.mean()), "server/r_std": float(r.std())})
-        self._round = (r, probs, derive_seed(ctx.seed, "fedd3a/random-weights"), start, weights)
+        # held for server_diagnostics on a diagnosed round only, and let go there
+        self._round = ((r, probs, derive_seed(ctx.seed, "fedd3a/random-weights"), start, weights)
+                       if self.cfg.federation.diagnoses(ctx.round) else None)
         return dataclasses.replace(state, weights=weights), metrics
 
     def server_diagnostics(self, ctx: ServerContext, labels: torch.Tensor) -> dict[str, float]:
         if self._round is None:
             return {}
-        r, probs, seed, start, distilled = self._round
+        (r, probs, seed, start, distilled), self._round = self._round, None
         y = labels.to(probs.device)
         out = {}
         for kind in WEIGHTINGS:

@@ -178,8 +178,20 @@ def test_identical_clients_give_the_same_teacher_under_every_weighting():
         ctx = ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=server.modules)
         server.algo.server_update(server.state, [upload, twin, upload], ctx)
         diag = server.algo.server_diagnostics(ctx, server.server_labels)
+        assert server.algo._round is None  # the round's teacher is let go once scored
     accs = {diag[f"diag/teacher_acc_{k}"] for k in ("soft", "onehot", "avg", "random", "best_single")}
     assert len(accs) == 1  # one teacher, however it is weighted
+
+
+def test_an_undiagnosed_round_keeps_nothing_for_the_diagnostics():
+    cfg = tiny_config(algorithm__name="fedd3a", federation__rounds=3, federation__diag_every=2, **SERVER)
+    data = build_federated_data(cfg.data, cfg.seed)
+    diagnosed = []
+    with make_runtime(cfg, data) as rt:
+        for r in (1, 2):
+            diagnosed.append(any(k.startswith("diag/") for k in rt.run_round(r, [0, 1, 2]).server_metrics))
+            assert rt.server.algo._round is None  # round 1's teacher never held, round 2's let go once scored
+    assert diagnosed == [False, True]
 
 
 @pytest.mark.parametrize("name, extra, graphed", [
