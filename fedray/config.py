@@ -350,16 +350,24 @@ def read_yaml_mapping(path: Path, key: str) -> dict:
     return raw
 
 
-def _describe(err: dict) -> tuple[str, str]:
-    loc = ".".join(str(p) for p in err["loc"])
+def _describe(errors: list[dict]) -> tuple[str, str]:
+    err = errors[0]
+    loc, msg = err["loc"], err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        section = _section_model(err["loc"][:-1])
+        section = _section_model(loc[:-1])
         allowed = ", ".join(section.model_fields) if section else ""
-        return loc, f"unknown key; allowed keys here: {allowed}"
+        return ".".join(map(str, loc)), f"unknown key; allowed keys here: {allowed}"
+    # a union's members (auto | bool) err each, at runtime.vectorize.literal['auto'] and .bool: one message for the key
+    if _is_field(loc[:-1]) and not _is_field(loc):
+        members = [e["msg"].removeprefix("Input should be ").split(",")[0] for e in errors if e["loc"][:-1] == loc[:-1]]
+        loc, msg = loc[:-1], "Input should be " + " or ".join(members)
     got = err.get("input")
     got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-    msg = err["msg"].removeprefix("Value error, ")
-    return loc, f"{msg}{got_s}"
+    return ".".join(map(str, loc)), f"{msg}{got_s}"
+
+
+def _is_field(loc) -> bool:
+    return bool(loc) and str(loc[-1]) in getattr(_section_model(loc[:-1]), "model_fields", {})
 
 
 def _section_model(loc) -> type[BaseModel] | None:
@@ -387,7 +395,7 @@ def validate_config(raw: dict) -> ExperimentConfig:
             ctx_err = (err.get("ctx") or {}).get("error")
             if isinstance(ctx_err, ConfigError):
                 raise ctx_err from None
-        key, msg = _describe(e.errors()[0])
+        key, msg = _describe(e.errors())
         raise ConfigError(key, msg) from None
     return cfg
 

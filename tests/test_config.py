@@ -46,6 +46,7 @@ def test_yaml_file(tmp_path):
         ("data.alpah=0.1", "data.alpah", "allowed keys here: dataset"),
         ("runtime.backend=spark", "runtime.backend", "'local' or 'ray'"),
         ("runtime.precision=fp16", "runtime.precision", "'float32' or 'bf16'"),
+        ("runtime.vectorize=maybe", "runtime.vectorize", "'auto' or a valid boolean (got 'maybe')"),
         ("runtime.num_workers=50", "runtime.num_workers", "1..20"),
         ("federation.lr=fast", "federation.lr", "valid number"),
     ],
