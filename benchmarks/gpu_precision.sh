@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of runtime.precision=bf16 (issue 13): DaFKD ResNet-11 (no diag/*) at 8 and 32 clients, float32
 # against bf16, sequential and vectorised with CUDA graphs, in one call (machines of one kind differ 1.7x in their
-# sequential rounds, so only rows of one call compare); then bf16's padded 32-client graphs against eager. About
-# 6 minutes: one device call. Send along .gpu/whl (../shared/GPU.md); tables printed and written under $OUT.
+# sequential rounds, so only rows of one call compare); then bf16's padded 32-client graphs against eager; then
+# where DaFKD's server round goes (server_phases.py: the server caps the speed-up). About 7 minutes: one device call. Send along .gpu/whl (../shared/GPU.md); tables printed and written under $OUT.
 #   bash benchmarks/gpu_precision.sh
 set -uo pipefail
 OUT=${OUT:-results/gpu}
@@ -19,3 +19,7 @@ echo "=== graph check"
 timeout 150 python3 benchmarks/gpu.py --out "$OUT/gc" --rounds 1 --per-round 8 --no-ray --workloads fedavg_lenet5 \
   --modes graphs --graph-check "padded, bf16" > "$OUT/gc.log" 2>&1 || echo "=== graph check stopped (exit $?)"
 tail -n 12 "$OUT/gc/gpu.md"
+echo "=== server phases"
+timeout 90 python3 benchmarks/server_phases.py --out "$OUT/sp" --per-round 8 32 --workloads dafkd_resnet11_nodiag \
+  > "$OUT/sp.log" 2>&1 || echo "=== server phases stopped (exit $?)"
+cat "$OUT/sp/server_phases.md"
