@@ -18,7 +18,8 @@ In-process, vectorised clients with CUDA graphs, `gpu.py`'s synthetic Fashion-MN
 over rounds 2.. (round 1 pays cuDNN's and the allocator's first use). Writes ``OUT/server_phases.{json,md}``.
 
     python3 benchmarks/server_phases.py --out $OUT [--per-round 8 32] [--rounds 3] [--workloads dafkd_resnet11_nodiag]
-    .venv/bin/python benchmarks/server_phases.py --device cpu --per-round 4 --rounds 2 --out /tmp/sp  # dry run
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/server_phases.py --device cpu --per-round 2 --rounds 2 \
+        --workloads dafkd_resnet11_nodiag --out /tmp/sp  # dry run, ~8 min on a 2-core CPU
 """
 
 from __future__ import annotations
