@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, flatten
+from fedray.validation import config_error
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -350,37 +351,6 @@ def read_yaml_mapping(path: Path, key: str) -> dict:
     return raw
 
 
-def _describe(errors: list[dict]) -> tuple[str, str]:
-    err = errors[0]
-    loc, msg = err["loc"], err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        section = _section_model(loc[:-1])
-        allowed = ", ".join(section.model_fields) if section else ""
-        return ".".join(map(str, loc)), f"unknown key; allowed keys here: {allowed}"
-    # a union's members (auto | bool) err each, at runtime.vectorize.literal['auto'] and .bool: one message for the key
-    if _is_field(loc[:-1]) and not _is_field(loc):
-        members = [e["msg"].removeprefix("Input should be ").split(",")[0] for e in errors if e["loc"][:-1] == loc[:-1]]
-        loc, msg = loc[:-1], "Input should be " + " or ".join(members)
-    got = err.get("input")
-    got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-    return ".".join(map(str, loc)), f"{msg}{got_s}"
-
-
-def _is_field(loc) -> bool:
-    return bool(loc) and str(loc[-1]) in getattr(_section_model(loc[:-1]), "model_fields", {})
-
-
-def _section_model(loc) -> type[BaseModel] | None:
-    model: type[BaseModel] = ExperimentConfig
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None)
-        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            return None
-        model = ann
-    return model
-
-
 def validate_config(raw: dict) -> ExperimentConfig:
     """Validate a nested dict into an :class:`ExperimentConfig`.
 
@@ -388,16 +358,9 @@ def validate_config(raw: dict) -> ExperimentConfig:
     :func:`fedray.algorithms.validate_experiment` (this module imports no method and no model).
     """
     try:
-        cfg = ExperimentConfig.model_validate(raw)
+        return ExperimentConfig.model_validate(raw)
     except ValidationError as e:
-        # A ConfigError raised inside a validator arrives wrapped; surface it unchanged.
-        for err in e.errors():
-            ctx_err = (err.get("ctx") or {}).get("error")
-            if isinstance(ctx_err, ConfigError):
-                raise ctx_err from None
-        key, msg = _describe(e.errors())
-        raise ConfigError(key, msg) from None
-    return cfg
+        raise config_error(e, ExperimentConfig) from None
 
 
 def load_config(

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from fedray.algorithms import load_experiment
 from fedray.config import ExperimentConfig, read_yaml_mapping
 from fedray.errors import ConfigError
+from fedray.validation import config_error
 
 
 class Domain(BaseModel):
@@ -127,9 +128,7 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
     try:
         spec = SweepSpec.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(loc, err["msg"].removeprefix("Value error, ")) from None
+        raise config_error(e, SweepSpec) from None
     spec.name = name or spec.name or path.stem
     base = spec.base_config()  # the base must exist (a preset name or a file) and be valid
     for key, domain in spec.search.items():

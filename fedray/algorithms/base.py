@@ -27,6 +27,7 @@ from fedray.algorithms.weights import Weights, clone_weights
 from fedray.config import ExperimentConfig, FederationConfig
 from fedray.data.federated import ClientBatches
 from fedray.errors import ConfigError
+from fedray.validation import config_error
 
 
 # --- what crosses the client/server boundary: each method subclasses these with its own dataclasses ---
@@ -240,11 +241,11 @@ class Algorithm(ABC, Generic[Params]):
             return cls.Params.model_validate(values)
         except ValidationError as e:
             err = e.errors()[0]
-            key = "algorithm." + ".".join(str(p) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 allowed = ", ".join(f"algorithm.{k}" for k in cls.Params.model_fields) or "none"
-                raise ConfigError(key, f"not a parameter of '{cls.name}'; allowed: {allowed}") from None
-            raise ConfigError(key, f"{err['msg']} (got {err.get('input')!r})") from None
+                raise ConfigError("algorithm." + ".".join(map(str, err["loc"])),
+                                  f"not a parameter of '{cls.name}'; allowed: {allowed}") from None
+            raise config_error(e, cls.Params, "algorithm.") from None
 
     # --- built once per process -----------------------------------------------------------------
     @abstractmethod
