@@ -42,15 +42,15 @@ from fedray.algorithms.dafkd import DaFKD
 from fedray.algorithms.distill import KDSteps
 from fedray.config import load_config
 from fedray.runtime.core import ServerCore
-from fedray.simulation import run_experiment
+from fedray.simulation import RunHooks, run_experiment
 
 from gpu import BASE, WORKLOADS  # noqa: E402  (benchmarks/ is this script's folder, first on sys.path)
 
 PHASES = ["average", "set", "teacher", "distil", "first 2 steps", "other steps", "diag", "other", "server total"]
 
 
-class PhaseClock:
-    """Seconds per phase of the current round; ``patch`` wraps the server's functions with synchronised timers."""
+class PhaseClock(RunHooks):
+    """A run hook: seconds per phase of each round; ``patch`` wraps the server's functions with synchronised timers."""
 
     def __init__(self, device: str):
         self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -83,7 +83,6 @@ class PhaseClock:
             stack.callback(setattr, owner, name, getattr(owner, name))
             setattr(owner, name, self.timed(phase, getattr(owner, name)))
 
-    # a run hook: close the round's figures
     def on_round(self, row: dict) -> None:
         r = dict(self.now)
         r["first 2 steps"], r["other steps"] = sum(self.steps[:2]), sum(self.steps[2:])
@@ -92,15 +91,6 @@ class PhaseClock:
         self.rounds.append(r)
         self.now.clear()
         self.steps.clear()
-
-    def on_start(self, cfg, data) -> None:
-        pass
-
-    def on_end(self, result) -> None:
-        pass
-
-    def on_error(self, exc: BaseException) -> None:
-        pass
 
 
 def measure(workload: str, k: int, rounds: int, device: str) -> dict:
