@@ -194,8 +194,9 @@ class RuntimeConfig(_Strict):
         "updates, SGD or Adam) and the server's SGD distillation steps (DaFKD, FedDF, FedD3A) as CUDA graphs "
         "instead of issuing their kernels one by one: the same kernels on the same tensors (benchmarks/README.md)")
     precision: Literal["float32", "bf16"] = Field(default="float32", description="the clients' local training: "
-        "float32, or bf16 mixed precision for GPU-bound steps, changing the figures beyond float32 rounding "
-        "(convolutions and linear layers on bfloat16 copies, the rest float32: fedray/runtime/precision.py)")
+        "float32, or bf16 mixed precision (not faster than float32 in DaFKD's ResNet-11 rounds on an H200), "
+        "changing the figures beyond float32 rounding (convolutions and linear layers on bfloat16 copies, the "
+        "rest float32: fedray/runtime/precision.py)")
     cpu_channels_last: bool = Field(
         default=False, description="on a CPU, train convolutional models without GroupNorm in the channels-last "
         "layout (training steps 1.17-1.38x, rounds 1.1-1.2x faster on the project's CPU machine); float rounding differs from the "
