@@ -241,7 +241,9 @@ class AlgorithmConfig(BaseModel):
 
 class ExperimentConfig(_Strict):
     name: str = "experiment"
-    seed: int = 0
+    # every random stream is derived from the seed's 32 bits (fedray/seeding.py): a larger seed would share
+    # streams with a smaller one, a negative one is refused by numpy mid-run
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

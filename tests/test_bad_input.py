@@ -56,6 +56,8 @@ CASES = [
     (["data.alpah=1"], "data.alpah", "allowed keys here: dataset"),
     (["federation.rounds"], "federation.rounds", "key=value"),
     (["seed=abc"], "seed", "valid integer"),
+    (["seed=-1"], "seed", "greater than or equal to 0"),
+    (["seed=4294967296"], "seed", "less than or equal to 4294967295"),
     (["run", "no_such_preset"], "config", "presets: "),
     (["run", "--resume", "nowhere"], "--resume", "no checkpoint"),
     (["partition", "synthetic", "data.partition=iid", "data.num_clients=3000", "federation.clients_per_round=2",
