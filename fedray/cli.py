@@ -88,10 +88,20 @@ def _load(args: argparse.Namespace, registries: bool = True):
     return cfg
 
 
+def _check_writable(option: str, path: Path, folder: bool) -> None:
+    """Refuse an output path that cannot be written (``folder``: a directory, else a file; missing folders
+    above it are made) now, not after the data load, the training or the start of an MLflow run."""
+    if path.exists() and path.is_dir() != folder:
+        raise ConfigError(option, f"{path} exists and is {'not ' if folder else ''}a directory; choose another path")
+    above = next(p for p in [*([path] if folder else []), *path.absolute().parents] if p.exists())
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        what = "is not a directory" if not above.is_dir() else "is not writable"
+        raise ConfigError(option, f"cannot create {path}: {above} {what}; choose another path")
+
+
 def _output_dir(args: argparse.Namespace, name: str) -> Path:
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--output-dir", f"{out} exists and is not a directory; choose another path")
+    _check_writable("--output-dir", out, folder=True)
     return out
 
 
@@ -171,6 +181,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedray.data.plot import partition_summary, plot_partition
 
     cfg = _load(args)
+    if args.plot:
+        _check_writable("--plot", Path(args.plot), folder=False)
     fd = build_federated_data(cfg.data, cfg.seed)
     rows = partition_summary(fd)
     labels = [str(c) for c in range(fd.num_classes)] if fd.num_classes <= 20 else []
@@ -256,6 +268,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from fedray.report import report
 
+    for option, path in (("--out", args.out), ("--plot", args.plot)):
+        if path:
+            _check_writable(option, Path(path), folder=False)
     markdown = report(args.runs, args.experiment, args.tracking_uri,
                       by_method=tuple(k for k in args.by_method.split(",") if k),
                       by_setting=tuple(k for k in args.by_setting.split(",") if k),

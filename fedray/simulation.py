@@ -71,7 +71,7 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
 class RunHooks(Protocol):
     """Observers of a run (MLflow tracking, Tune reporting). ``on_start`` comes after data and workers
     are ready, so input that fails validation never reaches a hook; exactly one of ``on_end`` /
-    ``on_error`` follows it. ``on_checkpoint`` (optional) precedes the ``on_round`` of its round."""
+    ``on_error`` follows it (``on_error`` also when ``on_start`` itself raised). ``on_checkpoint`` (optional) precedes the ``on_round`` of its round."""
 
     def on_start(self, cfg: ExperimentConfig, data: FederatedData) -> None: ...
     def on_round(self, row: dict[str, Any]) -> None: ...
@@ -113,12 +113,14 @@ def run_experiment(
         if ckpt is not None:
             runtime.import_state(ckpt["server_state"], ckpt["client_states"])
             restore_rng(ckpt["rng"])
-        for hook in hooks:
-            hook.on_start(cfg, data)
-            if ckpt is not None:
-                # The killed run may have died between writing its checkpoint and recording that round.
-                getattr(hook, "on_resume", lambda h: None)(history)
+        started: list[RunHooks] = []  # a hook whose on_start raised gets on_error too (it may have begun a run)
         try:
+            for hook in hooks:
+                started.append(hook)
+                hook.on_start(cfg, data)
+                if ckpt is not None:
+                    # The killed run may have died between writing its checkpoint and recording that round.
+                    getattr(hook, "on_resume", lambda h: None)(history)
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
             with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
                 for r in range(len(history) + 1, fed.rounds + 1):
@@ -141,7 +143,7 @@ def run_experiment(
                 write_run_outputs(out, cfg, data, history, summary, final_weights, clients)
             result = RunResult(summary, history, out)
         except BaseException as exc:
-            for hook in hooks:
+            for hook in started:
                 hook.on_error(exc)
             raise
     for hook in hooks:

@@ -186,10 +186,11 @@ class RunTracking:
             self.tracker.run_id = self.started_run_id = json.loads(self.run_file.read_text())["run_id"]
             self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
             return
+        if self.run_file is not None:  # first: a folder that cannot be made leaves no MLflow run behind
+            self.run_file.parent.mkdir(parents=True, exist_ok=True)
         run_id = self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
         self.started_run_id = run_id
         if self.run_file is not None:
-            self.run_file.parent.mkdir(parents=True, exist_ok=True)
             write_json(self.run_file, {"tracking_uri": self.tracker.uri, "run_id": run_id})
 
     def on_round(self, row: dict[str, Any]) -> None:
@@ -200,8 +201,12 @@ class RunTracking:
             self.tracker.log_round(history[-1])
 
     def on_end(self, result) -> None:
-        if result.output_dir is not None:
-            self.tracker.log_artifacts(result.output_dir)
+        try:
+            if result.output_dir is not None:
+                self.tracker.log_artifacts(result.output_dir)
+        except BaseException:  # the run's files are written, but the MLflow run must not stay RUNNING
+            self.tracker.end("FAILED")
+            raise
         self.tracker.end("FINISHED")
 
     def on_error(self, exc: BaseException) -> None:

@@ -107,7 +107,7 @@ def test_corpus_is_large_enough():
     assert len(CASES) >= 30
 
 
-def test_bad_yaml_files(tmp_path, capsys):
+def test_bad_yaml_files(tmp_path, monkeypatch, capsys):
     (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     assert main(["run", str(tmp_path / "broken.yaml")]) == 2
@@ -117,6 +117,19 @@ def test_bad_yaml_files(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(RUN[:-3] + ["--output-dir", str(tmp_path / "afile")]) == 2
     assert capsys.readouterr().err.startswith("error: --output-dir")
+    # a folder under a file cannot be made: said before the data load and before any MLflow run
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(RUN[:-3] + ["--output-dir", str(tmp_path / "afile" / "run")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "mlflow.db").exists()
+    # likewise the files partition and report write, before their work
+    for argv, option in [(["partition", "synthetic", "--plot", "afile/p.png"], "--plot"),
+                         (["report", str(tmp_path), "--out", "afile/t.md"], "--out"),
+                         (["report", str(tmp_path), "--plot", str(tmp_path)], "--plot")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {option}: ") and "directory" in err, err
 
 
 @pytest.mark.parametrize("bad", [

@@ -107,6 +107,57 @@ def test_failed_or_interrupted_runs_are_ended_not_left_running(name, exc, status
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
+class _FailsOnStart:
+    """A hook after tracking that raises in on_start: the MLflow run already started must still end."""
+
+    def __init__(self):
+        self.errors = []
+
+    def on_start(self, cfg, data):
+        raise RuntimeError("hook broke")
+
+    def on_round(self, row): ...
+
+    def on_end(self, result): ...
+
+    def on_error(self, exc):
+        self.errors.append(exc)
+
+
+def test_a_hook_failing_at_start_ends_the_started_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(tracking__uri=uri)
+    broken = _FailsOnStart()
+    with pytest.raises(RuntimeError, match="hook broke"):
+        run_experiment(cfg, tmp_path / "out", progress=False, hooks=[RunTracking(cfg), broken])
+    assert [r.info.status for r in _runs(uri)[1]] == ["FAILED"]
+    assert [str(e) for e in broken.errors] == ["hook broke"]  # the hook that raised is told too
+
+
+def test_a_run_file_that_cannot_be_written_leaves_no_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(tracking__uri=uri)
+    (tmp_path / "afile").write_text("x")
+    tracking = RunTracking(cfg, run_file=tmp_path / "afile" / "out" / "mlflow_run.json")
+    with pytest.raises(NotADirectoryError):
+        run_experiment(cfg, None, progress=False, hooks=[tracking])
+    assert _runs(uri)[1] == []
+
+
+def test_artifacts_that_cannot_be_logged_fail_the_run(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_config(tracking__uri=uri)
+    tracking = RunTracking(cfg)
+
+    def full_disk(folder):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(tracking.tracker, "log_artifacts", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        run_experiment(cfg, tmp_path / "out", progress=False, hooks=[tracking])
+    assert [r.info.status for r in _runs(uri)[1]] == ["FAILED"]
+
+
 def test_bad_tracking_uri_is_refused_before_work(tmp_path, capsys):
     code = main(["run", *TINY_ARGS, "tracking.enabled=true", "tracking.uri=nosuchscheme://x",
                  "--output-dir", str(tmp_path / "out"), "--no-progress"])
