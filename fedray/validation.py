@@ -30,8 +30,8 @@ def config_error(e: ValidationError, root: type[BaseModel], prefix: str = "") ->
     loc, msg = err["loc"], err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         section = section_model(root, loc[:-1])
-        allowed = ", ".join(section.model_fields) if section else ""
-        return ConfigError(_key(prefix, loc), f"unknown key; allowed keys here: {allowed}")
+        allowed = f"; allowed keys here: {', '.join(section.model_fields)}" if section else ""
+        return ConfigError(_key(prefix, loc), f"unknown key{allowed}")
     if _is_union(root, loc[:-1]):
         members = [e["msg"].removeprefix("Input should be ").split(",")[0] for e in errors if e["loc"][:-1] == loc[:-1]]
         loc, msg = loc[:-1], "Input should be " + " or ".join(members)
@@ -40,14 +40,24 @@ def config_error(e: ValidationError, root: type[BaseModel], prefix: str = "") ->
 
 
 def section_model(root: type[BaseModel], loc) -> type[BaseModel] | None:
-    """The model of the section at ``loc`` under ``root`` (None where ``loc`` is not a section)."""
-    model = root
-    for part in loc:
-        ann = getattr(model.model_fields.get(str(part)), "annotation", None)
+    """The model of the section at ``loc`` under ``root`` (None where ``loc`` is not a section). A section may
+    be optional (``X | None``) or one value of a mapping of sections (``dict[str, X]``: ``loc`` names its key)."""
+    model, parts = root, [str(part) for part in loc]
+    while parts:
+        ann = _optional(getattr(model.model_fields.get(parts.pop(0)), "annotation", None))
+        if typing.get_origin(ann) is dict and parts:
+            parts.pop(0)
+            ann = _optional(typing.get_args(ann)[1])
         if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return None
         model = ann
     return model
+
+
+def _optional(ann):
+    """``X`` for ``X | None``; anything else as it is."""
+    members = [a for a in typing.get_args(ann) if a is not type(None)]
+    return members[0] if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(members) == 1 else ann
 
 
 def _is_union(root: type[BaseModel], loc) -> bool:
