@@ -124,6 +124,22 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume
 
 
+def clear_previous_run(out: str | Path) -> list[str]:
+    """Remove what an earlier run left in ``out`` (its result files, ``clients.json``, checkpoint and MLflow run
+    file) before a new one starts there: killed midway, the new run would otherwise sit beside the old
+    ``summary.json``, which marks a finished run (``fedray report`` would show the old figures, ``--resume``
+    refuse the new checkpoint). Other files are left. Returns the names removed."""
+    from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
+
+    removed = []
+    for name in (SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, MLFLOW_RUN_FILE, CHECKPOINT_FILE):
+        path = Path(out) / name
+        if path.is_file() and name not in removed:
+            path.unlink()
+            removed.append(name)
+    return removed
+
+
 # --------------------------------------------------------------------------------------------------
 # reading
 

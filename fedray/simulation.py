@@ -5,6 +5,7 @@ It knows nothing of Ray or of any method: the runtime runs the round, the algori
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ from fedray.config import ExperimentConfig
 from fedray.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
-from fedray.results import EVAL_KEYS, write_run_outputs
+from fedray.results import EVAL_KEYS, clear_previous_run, write_run_outputs
 from fedray.runtime import make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
 from fedray.seeding import sample_clients
+
+log = logging.getLogger("fedray")
 
 
 
@@ -113,6 +116,8 @@ def run_experiment(
         if ckpt is not None:
             runtime.import_state(ckpt["server_state"], ckpt["client_states"])
             restore_rng(ckpt["rng"])
+        if output_dir is not None and ckpt is None and (removed := clear_previous_run(output_dir)):
+            log.warning("%s held an earlier run: replaced (removed %s)", output_dir, ", ".join(removed))
         started: list[RunHooks] = []  # a hook whose on_start raised gets on_error too (it may have begun a run)
         try:
             for hook in hooks:

@@ -107,6 +107,20 @@ def test_failed_or_interrupted_runs_are_ended_not_left_running(name, exc, status
     assert not (tmp_path / "out" / "summary.json").exists()
 
 
+def test_a_new_run_in_an_old_runs_folder_replaces_it(tmp_path, caplog):
+    """Killed midway, a new run must not sit beside the old summary.json (which marks a finished run)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("summary.json", "clients.json", "history.parquet", "notes.txt"):
+        (out / name).write_text("from an earlier run")
+    cfg = tiny_config(algorithm__name="test_fails_in_round_2", tracking__enabled=False)
+    with pytest.raises(RuntimeError):
+        run_experiment(cfg, out, progress=False)
+    left = {p.name for p in out.iterdir()}
+    assert "notes.txt" in left and not left & {"summary.json", "clients.json", "history.parquet"}
+    assert "held an earlier run" in caplog.text and "summary.json" in caplog.text
+
+
 class _FailsOnStart:
     """A hook after tracking that raises in on_start: the MLflow run already started must still end."""
 
