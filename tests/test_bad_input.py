@@ -135,6 +135,8 @@ def test_bad_yaml_files(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("bad", [
     "runtime.num_cpus_per_worker=64",  # found once Ray is up (the cluster's resources)
     "algorithm.name=nope",  # found while Ray starts (the registries load in a thread meanwhile)
+    "runtime.address=garbage",  # refused by ray.init
+    "runtime.address=127.0.0.1:1",  # nothing listens: at once, where ray.init would wait minutes
 ])
 def test_no_traceback_from_a_real_process(tmp_path, bad):
     """The console script itself: exit 2, one line, no traceback, for a bad request on Ray."""

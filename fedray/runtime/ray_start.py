@@ -10,10 +10,12 @@ closes. On the 2-core overhead workload round 1 begins ~1.5 s sooner (``benchmar
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from typing import Any, Callable, TypeVar
 
 from fedray.config import ExperimentConfig
+from fedray.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -44,8 +46,28 @@ def start_ray(cfg: ExperimentConfig) -> bool:
         address = "local"
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         kwargs.update(include_dashboard=False, num_cpus=os.cpu_count(), _system_config=LOCAL_SYSTEM_CONFIG)
-    ray.init(address=address, **kwargs)
+    try:
+        _check_listening(address)
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, ValueError) as exc:  # no cluster there, a malformed address, ray:// without ray[client]
+        if address == "local":
+            raise
+        raise ConfigError("runtime.address" if cfg.runtime.address else "RAY_ADDRESS",
+                          f"cannot connect to Ray at {address!r} ({exc}); start that cluster, fix the address, or "
+                          "leave it unset for a Ray of the run's own") from None
     return True
+
+
+def _check_listening(address: str, timeout_s: float = 5.0) -> None:
+    """For a ``host:port`` address, raise ConnectionError unless something accepts connections there: ray.init
+    would wait minutes for a cluster at an address where none listens (a wrong port, a stopped head node)."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # auto, local, ray://: Ray's own checks answer at once
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing accepts connections there: {exc}") from None
 
 
 def start_ray_during(cfg: ExperimentConfig, work: Callable[[], T]) -> T:

@@ -66,3 +66,18 @@ def test_start_ray_during_hands_ray_to_the_runtime_or_shuts_it_down():
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=root, timeout=300,
                           env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_an_address_where_nothing_listens_is_refused_at_once():
+    import socket
+
+    from fedray.runtime.ray_start import _check_listening
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    _check_listening(f"127.0.0.1:{port}")  # something listens: left to ray.init
+    for address in ("auto", "local", "ray://127.0.0.1:1", "garbage"):
+        _check_listening(address)  # not host:port: Ray's own checks
+    server.close()
+    with pytest.raises(ConnectionError, match="nothing accepts connections"):
+        _check_listening(f"127.0.0.1:{port}", timeout_s=2)
