@@ -131,10 +131,10 @@ def clear_previous_run(out: str | Path) -> list[str]:
     refuse the new checkpoint). Other files are left. Returns the names removed."""
     from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
 
-    removed = []
-    for name in (SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, MLFLOW_RUN_FILE, CHECKPOINT_FILE):
+    removed = []  # summary.json first: stopped while clearing, the folder no longer claims a finished run
+    for name in dict.fromkeys((SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, MLFLOW_RUN_FILE, CHECKPOINT_FILE)):
         path = Path(out) / name
-        if path.is_file() and name not in removed:
+        if path.is_file():
             path.unlink()
             removed.append(name)
     return removed

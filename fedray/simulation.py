@@ -28,7 +28,6 @@ from fedray.seeding import sample_clients
 log = logging.getLogger("fedray")
 
 
-
 @dataclass
 class RunResult:
     summary: dict[str, Any]
@@ -74,7 +73,8 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
 class RunHooks(Protocol):
     """Observers of a run (MLflow tracking, Tune reporting). ``on_start`` comes after data and workers
     are ready, so input that fails validation never reaches a hook; exactly one of ``on_end`` /
-    ``on_error`` follows it (``on_error`` also when ``on_start`` itself raised). ``on_checkpoint`` (optional) precedes the ``on_round`` of its round."""
+    ``on_error`` follows it (``on_error`` also when ``on_start`` itself raised). ``on_checkpoint`` (optional)
+    precedes the ``on_round`` of its round."""
 
     def on_start(self, cfg: ExperimentConfig, data: FederatedData) -> None: ...
     def on_round(self, row: dict[str, Any]) -> None: ...

@@ -54,10 +54,17 @@ def section_model(root: type[BaseModel], loc) -> type[BaseModel] | None:
     return model
 
 
+def _members(ann) -> list:
+    """The types of a union annotation besides None (``[X]`` for ``X | None``); [] for anything else."""
+    if typing.get_origin(ann) not in (typing.Union, types.UnionType):
+        return []
+    return [a for a in typing.get_args(ann) if a is not type(None)]
+
+
 def _optional(ann):
     """``X`` for ``X | None``; anything else as it is."""
-    members = [a for a in typing.get_args(ann) if a is not type(None)]
-    return members[0] if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(members) == 1 else ann
+    members = _members(ann)
+    return members[0] if len(members) == 1 else ann
 
 
 def _is_union(root: type[BaseModel], loc) -> bool:
@@ -65,8 +72,7 @@ def _is_union(root: type[BaseModel], loc) -> bool:
     if not loc:
         return False
     ann = getattr(getattr(section_model(root, loc[:-1]), "model_fields", {}).get(str(loc[-1])), "annotation", None)
-    members = [a for a in typing.get_args(ann) if a is not type(None)]
-    return typing.get_origin(ann) in (typing.Union, types.UnionType) and len(members) > 1
+    return len(_members(ann)) > 1
 
 
 def _key(prefix: str, loc) -> str:
