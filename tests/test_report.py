@@ -291,6 +291,13 @@ def test_user_errors(tmp_path, run_root, capsys):
     with pytest.raises(UserError) as e:
         build_table([])
     assert e.value.key == "RUNS"
+    # a key no run has (a typo) is refused, not made a group "key=—" of every run
+    for by_method, by_setting, option in [(("algorithm.nmae",), ("data.alpha",), "--by-method"),
+                                          (("algorithm.name",), ("data.alhpa",), "--by-setting")]:
+        with pytest.raises(UserError) as e:
+            report([str(run_root)], None, None, by_method, by_setting, None, None, None)
+        assert e.value.key == option and e.value.message.startswith(by_method[0] if option == "--by-method"
+                                                                      else by_setting[0])
 
 
 def test_parse_value():

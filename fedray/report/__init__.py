@@ -44,6 +44,11 @@ def report(
             x for x in (", ".join(sources) if sources else "", f"experiment '{experiment}'" if experiment else "") if x
         )
         raise UserError("RUNS", f"no finished runs found in {where}; a finished run directory holds {SUMMARY_FILE}")
+    for option, keys in (("--by-method", by_method), ("--by-setting", by_setting)):
+        unknown = [k for k in keys if not any(k in r.params for r in runs)]
+        if unknown:  # a typo would otherwise group every run under "key=—"
+            raise UserError(option, f"{', '.join(unknown)}: no run has such a config key; keys are dotted as in "
+                            "config.yaml, e.g. algorithm.name, data.alpha, model.name")
     rows = build_table(runs, by_method, by_setting, target)
     text = to_markdown(rows)
     if out:
