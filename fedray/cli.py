@@ -11,6 +11,7 @@ import importlib
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -94,8 +95,13 @@ def _check_writable(option: str, path: Path, folder: bool) -> None:
     if path.exists() and path.is_dir() != folder:
         raise ConfigError(option, f"{path} exists and is {'not ' if folder else ''}a directory; choose another path")
     above = next(p for p in [*([path] if folder else []), *path.absolute().parents] if p.exists())
-    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
-        what = "is not a directory" if not above.is_dir() else "is not writable"
+    what = "is not a directory" if not above.is_dir() else None
+    if what is None:
+        try:  # a real try, not os.access: root passes that everywhere, read-only mounts and /proc included
+            tempfile.TemporaryDirectory(dir=above).cleanup()
+        except OSError as e:
+            what = f"is not writable ({e.strerror or e})"
+    if what is not None:
         raise ConfigError(option, f"cannot create {path}: {above} {what}; choose another path")
 
 
@@ -232,18 +238,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError("--" + flag.replace("_", "-"), f"must be at least 1 (got {value})")
     spec = load_spec(args.spec)
+    _check_writable("storage", Path(spec.storage).expanduser(), folder=True)
     console = make_console()
     trials = planned_trials(spec, args.num_samples)
     if args.dry_run:
         rows = [{"trial": t["trial"], **{k: str(v) for k, v in t["values"].items()},
                  "bundles": format_bundles(t["bundles"])} for t in trials]
         cpus = sum(b.get("CPU", 0.0) for b in trials[0]["bundles"])
-        at_once = [n for n in (int((os.cpu_count() or 1) // cpus) if cpus else None,
-                               args.max_concurrent or spec.max_concurrent) if n]
+        fits = int((os.cpu_count() or 1) // cpus) if cpus else None
+        at_once = [n for n in (fits, args.max_concurrent or spec.max_concurrent) if n]
         console.print(comparison_table(rows, ["trial", *spec.search, "bundles"],
                                        title=f"{spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})"))
-        console.print(f"each trial reserves {cpus:g} CPU: {min(at_once) if at_once else '?'} at once on this "
-                      f"machine ({os.cpu_count()} CPUs); nothing was started", highlight=False)
+        where = ("none fits" if fits == 0 else f"{min(at_once) if at_once else '?'} at once") + " on this machine"
+        console.print(f"each trial reserves {cpus:g} CPU: {where} ({os.cpu_count()} CPUs); nothing was started",
+                      highlight=False)
         return 0
     from fedray.runtime.tune_runner import latest_sweep, run_sweep  # imports Ray: after validation
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from fedray.algorithms import load_experiment
 from fedray.config import ExperimentConfig, read_yaml_mapping
-from fedray.errors import ConfigError
+from fedray.errors import ConfigError, ResourceError
 from fedray.validation import config_error
 
 
@@ -167,6 +167,25 @@ def planned_trials(spec: SweepSpec, num_samples: int | None = None) -> list[dict
             trials.append({"trial": len(trials), "sample": sample, "values": values,
                            "bundles": trial_bundles(spec.trial_config(concrete), spec.trial_cpus)})
     return trials
+
+
+def check_trials_fit(trials: list[list[dict[str, float]]], resources: dict[str, float],
+                     node_resources: list[dict[str, float]]) -> None:
+    """Refuse a sweep with a trial that the Ray cluster (``resources`` in all, ``node_resources`` per node) can
+    never place: Tune would wait for it without end. A bundle must fit on one node, a trial's bundles together
+    in the cluster."""
+    biggest = max((n.get("CPU", 0.0) for n in node_resources), default=resources.get("CPU", 0.0))
+    fix = "lower trial_cpus, runtime.num_cpus_per_worker / num_gpus_per_worker or runtime.num_workers"
+    for bundles in trials:
+        for res, key in (("CPU", "trial_cpus"), ("GPU", "runtime.num_gpus_per_worker")):
+            need, have = sum(b.get(res, 0.0) for b in bundles), resources.get(res, 0.0)
+            if need > have + 1e-9:
+                raise ResourceError(key, f"a trial reserves {need:g} {res} ({format_bundles(bundles)}) but the Ray "
+                                    f"cluster has {have:g}; {fix}")
+        largest = max(b.get("CPU", 0.0) for b in bundles)
+        if largest > biggest + 1e-9:
+            raise ResourceError("trial_cpus", f"a trial's bundle of {largest:g} CPU ({format_bundles(bundles)}) "
+                                f"fits on no node (the largest has {biggest:g}); {fix}")
 
 
 def format_bundles(bundles: list[dict[str, float]]) -> str:

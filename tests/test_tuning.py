@@ -15,8 +15,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
-from fedray.errors import ConfigError
-from fedray.tuning import load_spec, planned_trials, trial_bundles
+from fedray.errors import ConfigError, ResourceError
+from fedray.tuning import check_trials_fit, load_spec, planned_trials, trial_bundles
 
 TINY = {"data.num_clients": 6, "data.synthetic_train_samples": 600, "data.synthetic_test_samples": 200,
         "federation.clients_per_round": 3, "federation.rounds": 3, "federation.local_steps": 5}
@@ -75,6 +75,10 @@ def test_missing_spec_and_bad_flags_exit_2(tmp_path, capsys):
     spec = write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [1.0]}})
     assert main(["tune", str(spec), "--max-concurrent", "0"]) == 2
     assert capsys.readouterr().err.startswith("error: --max-concurrent")
+    (tmp_path / "afile").write_text("x")
+    spec = write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [1.0]}}, storage=str(tmp_path / "afile"))
+    assert main(["tune", str(spec), "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("error: storage: ")
 
 
 def test_shipped_specs_are_valid():
@@ -106,6 +110,32 @@ def test_dry_run_lists_trials_and_bundles_and_starts_nothing(tmp_path, capsys, m
     assert "nothing was started" in out
     assert not (tmp_path / "sweeps").exists() and not (tmp_path / "mlflow.db").exists()
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+
+
+def test_a_trial_the_cluster_can_never_place_is_refused():
+    two_nodes = [{"CPU": 2.0}, {"CPU": 2.0, "GPU": 1.0}]
+    total = {"CPU": 4.0, "GPU": 1.0}
+    check_trials_fit([[{"CPU": 2.0}, {"CPU": 1.0, "GPU": 0.5}, {"CPU": 1.0}]], total, two_nodes)  # fits, spread
+    for bundles, key, fragment in [([{"CPU": 3.0}, {"CPU": 2.0}], "trial_cpus", "reserves 5 CPU"),
+                                   ([{"CPU": 3.0}], "trial_cpus", "fits on no node (the largest has 2)"),
+                                   ([{"CPU": 1.0}, {"CPU": 1.0, "GPU": 1.0}, {"CPU": 1.0, "GPU": 0.5}],
+                                    "runtime.num_gpus_per_worker", "reserves 1.5 GPU")]:
+        with pytest.raises(ResourceError) as e:
+            check_trials_fit([[{"CPU": 1.0}], bundles], total, two_nodes)
+        assert e.value.key == key and fragment in e.value.message, e.value.message
+
+
+def test_a_sweep_whose_trial_cannot_fit_exits_2_before_writing_anything(tmp_path, capsys, monkeypatch, ray_local):
+    """Tune would wait for such a trial without end; fedray says so once Ray is up (the cluster's CPUs)."""
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "big.yaml", search={"data.alpha": {"grid": [1.0]}}, trial_cpus=64)
+    assert main(["tune", str(spec), "--dry-run"]) == 0
+    assert "none fits on this machine" in capsys.readouterr().out
+    assert main(["tune", str(spec)]) == 2
+    assert capsys.readouterr().err.startswith("error: trial_cpus: a trial reserves 64 CPU")
+    assert not (tmp_path / "sweeps").exists()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")  # the store is opened to check it, no run started
+    assert all(not client.search_runs([e.experiment_id]) for e in client.search_experiments())
 
 
 # --- real sweeps --------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, ui_hint
-from fedray.tuning import SweepSpec, search_space_summary, trial_bundles
+from fedray.tuning import SweepSpec, check_trials_fit, planned_trials, search_space_summary, trial_bundles
 
 SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
@@ -230,32 +230,36 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
 
     uri = resolve_tracking_uri(base.tracking.uri)
     parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
-    if resume:
-        state = json.loads(state_file.read_text())
-    else:
-        sweep_dir.mkdir(parents=True)
-        state = {"name": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": None,
-                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        if parent is not None:
-            state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name,
-                                                  extra_tags={"fedray.sweep": spec.name})
-            parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
-            (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-            parent.client.log_artifact(parent.run_id, str(sweep_dir / SPEC_FILE))
-        state_file.write_text(json.dumps(state, indent=2))
-    if parent is not None and resume:
-        parent.run_id = state["parent_run_id"]
-        parent.client.update_run(parent.run_id, status="RUNNING")
-        _kill_running_children(parent)  # left by a crashed driver; their trials rerun as new children
-
     say = console.print if console is not None else (lambda *a, **k: None)
-    owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}))
-    ray_log = None if verbose else RayLogFile(sweep_dir / RAY_LOG)
-    if ray_log is not None:
-        say(f"Ray's and Tune's logs: {ray_log.path}", highlight=False, soft_wrap=True)
-    if parent is not None:
-        say(ui_hint(uri, parent.experiment_id, parent.run_id), highlight=False, soft_wrap=True)
+    owns_ray, ray_log = False, None
     try:
+        # Ray first, and the trials' size against it: nothing is written and no MLflow run started for a sweep
+        # that cannot begin (an unreachable address) or whose trial could never be placed (Tune would wait on it)
+        owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}))
+        check_trials_fit([t["bundles"] for t in planned_trials(spec, 1)], ray.cluster_resources(),
+                         [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        if resume:
+            state = json.loads(state_file.read_text())
+        else:
+            sweep_dir.mkdir(parents=True)
+            state = {"name": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": None,
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            if parent is not None:
+                state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name,
+                                                      extra_tags={"fedray.sweep": spec.name})
+                parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
+                (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+                parent.client.log_artifact(parent.run_id, str(sweep_dir / SPEC_FILE))
+            state_file.write_text(json.dumps(state, indent=2))
+        if parent is not None and resume:
+            parent.run_id = state["parent_run_id"]
+            parent.client.update_run(parent.run_id, status="RUNNING")
+            _kill_running_children(parent)  # left by a crashed driver; their trials rerun as new children
+        ray_log = None if verbose else RayLogFile(sweep_dir / RAY_LOG)
+        if ray_log is not None:
+            say(f"Ray's and Tune's logs: {ray_log.path}", highlight=False, soft_wrap=True)
+        if parent is not None:
+            say(ui_hint(uri, parent.experiment_id, parent.run_id), highlight=False, soft_wrap=True)
         trainable = tune.with_resources(
             tune.with_parameters(_trial, spec=spec),
             lambda config: tune.PlacementGroupFactory(trial_bundles(spec.trial_config(config), spec.trial_cpus)),
