@@ -138,6 +138,17 @@ def test_a_sweep_whose_trial_cannot_fit_exits_2_before_writing_anything(tmp_path
     assert all(not client.search_runs([e.experiment_id]) for e in client.search_experiments())
 
 
+def test_an_unreachable_address_exits_2_before_the_sweep_starts(tmp_path):
+    """In a process of its own: a Ray already up in this one would be used whatever the address."""
+    spec = write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [1.0]}})
+    proc = subprocess.run([sys.executable, "-m", "fedray.cli", "tune", str(spec), "--address", "127.0.0.1:1"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --address: cannot connect to Ray")
+    assert not (tmp_path / "sweeps").exists()
+
+
 # --- real sweeps --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,10 @@ _unclaimed = False
 LOCAL_SYSTEM_CONFIG = {"raylet_client_connect_timeout_milliseconds": 50, "raylet_client_num_connect_attempts": 200}
 
 
-def start_ray(cfg: ExperimentConfig) -> bool:
+def start_ray(cfg: ExperimentConfig, address_key: str = "runtime.address") -> bool:
     """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray;
-    True if the caller owns it (started it here, or takes over the one :func:`start_ray_during` started)."""
+    True if the caller owns it (started it here, or takes over the one :func:`start_ray_during` started).
+    ``address_key``: what an unreachable address is blamed on (the option the user gave it as)."""
     import ray
 
     global _unclaimed
@@ -52,7 +53,7 @@ def start_ray(cfg: ExperimentConfig) -> bool:
     except (ConnectionError, ValueError) as exc:  # no cluster there, a malformed address, ray:// without ray[client]
         if address == "local":
             raise
-        raise ConfigError("runtime.address" if cfg.runtime.address else "RAY_ADDRESS",
+        raise ConfigError(address_key if cfg.runtime.address else "RAY_ADDRESS",
                           f"cannot connect to Ray at {address!r} ({exc}); start that cluster, fix the address, or "
                           "leave it unset for a Ray of the run's own") from None
     return True

@@ -235,7 +235,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     try:
         # Ray first, and the trials' size against it: nothing is written and no MLflow run started for a sweep
         # that cannot begin (an unreachable address) or whose trial could never be placed (Tune would wait on it)
-        owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}))
+        owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}),
+                             address_key="--address")
         check_trials_fit([t["bundles"] for t in planned_trials(spec, 1)], ray.cluster_resources(),
                          [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         if resume:
