@@ -105,6 +105,20 @@ def _check_writable(option: str, path: Path, folder: bool) -> None:
         raise ConfigError(option, f"cannot create {path}: {above} {what}; choose another path")
 
 
+def _check_plot(option: str, value: str) -> None:
+    """A plot's path: writable, and an image format matplotlib writes (named by its suffix; none: PNG)."""
+    path = Path(value)
+    _check_writable(option, path, folder=False)
+    if path.suffix:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        kinds = FigureCanvasAgg(Figure()).get_supported_filetypes()
+        if path.suffix[1:].lower() not in kinds:
+            raise ConfigError(option, f"{path.suffix} is no image format matplotlib writes; use one of "
+                              f"{', '.join(sorted(kinds))}")
+
+
 def _output_dir(args: argparse.Namespace, name: str) -> Path:
     out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     _check_writable("--output-dir", out, folder=True)
@@ -188,7 +202,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     cfg = _load(args)
     if args.plot:
-        _check_writable("--plot", Path(args.plot), folder=False)
+        _check_plot("--plot", args.plot)
     fd = build_federated_data(cfg.data, cfg.seed)
     rows = partition_summary(fd)
     labels = [str(c) for c in range(fd.num_classes)] if fd.num_classes <= 20 else []
@@ -276,9 +290,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from fedray.report import report
 
-    for option, path in (("--out", args.out), ("--plot", args.plot)):
-        if path:
-            _check_writable(option, Path(path), folder=False)
+    if args.out:
+        _check_writable("--out", Path(args.out), folder=False)
+    if args.plot:
+        _check_plot("--plot", args.plot)
     markdown = report(args.runs, args.experiment, args.tracking_uri,
                       by_method=tuple(k for k in args.by_method.split(",") if k),
                       by_setting=tuple(k for k in args.by_setting.split(",") if k),

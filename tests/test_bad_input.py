@@ -126,10 +126,12 @@ def test_bad_yaml_files(tmp_path, monkeypatch, capsys):
     # likewise the files partition and report write, before their work
     for argv, option in [(["partition", "synthetic", "--plot", "afile/p.png"], "--plot"),
                          (["report", str(tmp_path), "--out", "afile/t.md"], "--out"),
-                         (["report", str(tmp_path), "--plot", str(tmp_path)], "--plot")]:
+                         (["report", str(tmp_path), "--plot", str(tmp_path)], "--plot"),
+                         (["report", str(tmp_path), "--plot", "curves.txt"], "--plot"),
+                         (["partition", "synthetic", "--plot", "p.xyz"], "--plot")]:
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"error: {option}: ") and "directory" in err, err
+        assert err.startswith(f"error: {option}: ") and ("directory" in err or "no image format" in err), err
 
 
 @pytest.mark.parametrize("bad", [
