@@ -111,9 +111,8 @@ def _check_plot(option: str, value: str) -> None:
     _check_writable(option, path, folder=False)
     if path.suffix:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
 
-        kinds = FigureCanvasAgg(Figure()).get_supported_filetypes()
+        kinds = FigureCanvasAgg.get_supported_filetypes()
         if path.suffix[1:].lower() not in kinds:
             raise ConfigError(option, f"{path.suffix} is no image format matplotlib writes; use one of "
                               f"{', '.join(sorted(kinds))}")

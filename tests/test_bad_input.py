@@ -107,13 +107,16 @@ def test_corpus_is_large_enough():
     assert len(CASES) >= 30
 
 
-def test_bad_yaml_files(tmp_path, monkeypatch, capsys):
+def test_bad_yaml_files(tmp_path, capsys):
     (tmp_path / "broken.yaml").write_text("data: [unclosed\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     assert main(["run", str(tmp_path / "broken.yaml")]) == 2
     assert "is not valid YAML" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "list.yaml")]) == 2
     assert "must hold a mapping" in capsys.readouterr().err
+
+
+def test_output_paths_that_cannot_be_written_are_refused_before_work(tmp_path, monkeypatch, capsys):
     (tmp_path / "afile").write_text("x")
     assert main(RUN[:-3] + ["--output-dir", str(tmp_path / "afile")]) == 2
     assert capsys.readouterr().err.startswith("error: --output-dir")
