@@ -132,7 +132,8 @@ class FederationConfig(_Strict):
     clients_per_round: int = Field(default=8, ge=1)
     local_steps: int = Field(default=20, ge=1, description="optimizer steps per client per round")
     local_epochs: int | None = Field(
-        default=None, ge=1, description="if set, train this many passes over the client's data instead"
+        default=None, ge=1, description="if set, train this many passes over the client's data instead; an "
+        "override of local_steps alone unsets it"
     )
     batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=0.01, gt=0)

@@ -10,6 +10,10 @@ import yaml
 
 from fedray.errors import ConfigError
 
+STEPS, EPOCHS = "federation.local_steps", "federation.local_epochs"
+
+STEPS, EPOCHS = "federation.local_steps", "federation.local_epochs"
+
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """Nested sections -> dotted keys (``{"data": {"alpha": 1}}`` -> ``{"data.alpha": 1}``)."""
@@ -44,9 +48,19 @@ def apply_overrides(raw: dict, overrides: list[str] | dict[str, Any]) -> dict:
     the base config gave belong to its own method (``fedcd_fmnist algorithm.name=local`` must not carry
     FedCD's ``lambda_kd``). It is applied before the other overrides, so ``algorithm.*`` overrides given
     with it, in any order, are kept.
+
+    ``federation.local_steps`` is the budget only while ``federation.local_epochs`` is unset. Overriding
+    the steps alone on a config that sets epochs (``fedkf_fmnist federation.local_steps=5``, or a sweep
+    over steps) would change nothing, silently; so it unsets the base's ``local_epochs``. Overrides that
+    give both keep the rule of the schema: the epochs decide unless null. (Not "the last one wins": a
+    sweep's trial overrides are a dict merged from its spec and the sampled values, whose order is not
+    the user's.)
     """
     out = copy.deepcopy(raw)
     items = list(overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides))
+    if any(k == STEPS for k, _ in items) and not any(k == EPOCHS for k, _ in items):
+        if isinstance(out.get("federation"), dict):
+            out["federation"].pop("local_epochs", None)
     items.sort(key=lambda kv: kv[0] != "algorithm.name")  # stable: only moves algorithm.name first
     for key, value in items:
         section = out.get("algorithm")

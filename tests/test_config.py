@@ -96,3 +96,16 @@ def test_switching_the_method_drops_the_presets_method_options():
     validate_experiment(load_config("fedcd_fmnist", ["algorithm.name=local"]))
     same = load_config("fedcd_fmnist", ["algorithm.name=fedcd"])  # the same method keeps its options
     assert same.algorithm.params()["shared_batch"] == 64
+
+
+def test_overriding_local_steps_unsets_the_presets_epochs():
+    """fedkf_fmnist trains 10 epochs; ``local_steps=5`` alone used to be ignored without a word."""
+    assert load_config("fedkf_fmnist").federation.local_epochs == 10
+    fed = load_config("fedkf_fmnist", ["federation.local_steps=5"]).federation
+    assert (fed.local_steps, fed.local_epochs) == (5, None)
+    fed = load_config("fedkf_fmnist", {"federation.local_steps": 5, "federation.local_epochs": None}).federation
+    assert (fed.local_steps, fed.local_epochs) == (5, None)
+    fed = load_config("fedkf_fmnist", ["federation.local_epochs=2"]).federation  # epochs alone: as before
+    assert fed.local_epochs == 2
+    fed = load_config("fedkf_fmnist", ["federation.local_steps=5", "federation.local_epochs=2"]).federation
+    assert (fed.local_steps, fed.local_epochs) == (5, 2)  # both given: the epochs decide, as documented

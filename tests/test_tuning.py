@@ -69,6 +69,14 @@ def test_spec_defaults_and_bundles(tmp_path):
     assert ray1.runtime.num_workers == 1  # a trial's pool is reserved up front
 
 
+def test_a_sweep_over_steps_on_an_epochs_preset_changes_the_steps(tmp_path):
+    """fedkf_fmnist trains local epochs; sweeping local_steps on it used to give identical trials."""
+    spec = load_spec(write_spec(tmp_path / "s.yaml", base="fedkf_fmnist",
+                                search={"federation.local_steps": {"grid": [5, 10]}}))
+    fed = [spec.trial_config(t).federation for t in ({"federation.local_steps": 5}, {"federation.local_steps": 10})]
+    assert [(f.local_steps, f.local_epochs) for f in fed] == [(5, None), (10, None)]
+
+
 def test_missing_spec_and_bad_flags_exit_2(tmp_path, capsys):
     assert main(["tune", str(tmp_path / "nope.yaml")]) == 2
     assert capsys.readouterr().err.startswith("error: SPEC:")
