@@ -141,7 +141,7 @@ class FederationConfig(_Strict):
         default="constant", description="cosine: lr decays over the rounds from lr to lr_min (FedD3A Sec. 4)")
     lr_min: float = Field(default=0.0, ge=0, description="the cosine schedule's last-round lr")
     optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(default=0.0, ge=0, lt=1)
+    momentum: float = Field(default=0.0, ge=0, lt=1, description="SGD's; Adam has its own (betas 0.9, 0.999)")
     weight_decay: float = Field(default=0.0, ge=0)
     eval_every: int = Field(default=1, ge=1, description="evaluate every N rounds and after the last")
     eval_batch_size: int = Field(default=1024, ge=1)
@@ -261,6 +261,10 @@ class ExperimentConfig(_Strict):
                 f"{self.federation.clients_per_round} exceeds data.num_clients={self.data.num_clients}; "
                 f"allowed: 1..{self.data.num_clients}",
             )
+        fed = self.federation
+        if fed.lr_schedule == "cosine" and fed.lr_min > fed.lr:
+            raise ConfigError("federation.lr_min", f"{fed.lr_min:g} exceeds federation.lr={fed.lr:g}: the cosine "
+                              "schedule would raise the lr over the rounds; allowed: 0..lr")
         rt = self.runtime
         if rt.server_in_driver is True and (rt.server_num_cpus > 0 or rt.server_num_gpus > 0):
             raise ConfigError(

@@ -109,3 +109,11 @@ def test_overriding_local_steps_unsets_the_presets_epochs():
     assert fed.local_epochs == 2
     fed = load_config("fedkf_fmnist", ["federation.local_steps=5", "federation.local_epochs=2"]).federation
     assert (fed.local_steps, fed.local_epochs) == (5, 2)  # both given: the epochs decide, as documented
+
+
+def test_a_cosine_schedule_that_would_raise_the_lr_is_refused():
+    with pytest.raises(ConfigError, match="allowed: 0..lr") as e:
+        load_config("quickstart", ["federation.lr_schedule=cosine", "federation.lr=0.01", "federation.lr_min=0.1"])
+    assert e.value.key == "federation.lr_min"
+    fed = load_config("quickstart", ["federation.lr_schedule=cosine", "federation.lr=0.1", "federation.lr_min=0.01"])
+    assert fed.federation.lr_at(1) == 0.1 and abs(fed.federation.lr_at(fed.federation.rounds) - 0.01) < 1e-12
