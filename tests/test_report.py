@@ -390,3 +390,19 @@ def test_mlflow_default_uri_from_env_and_errors(mlflow_store, monkeypatch, tmp_p
         report([], "cmp", None, ("algorithm.name",), ("data.dataset",), None, None, None)
     assert e.value.key == "--experiment" and str(tmp_path / "mlflow.db") in e.value.message
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_run_given_twice_counts_once(run_root, mlflow_store, tmp_path):
+    """A run dir under two given paths, or given as a dir and as its MLflow run, would pass for two seeds."""
+    import shutil
+
+    root = tmp_path / "runs"
+    shutil.copytree(run_root, root)
+    for run in load_mlflow_runs("cmp", mlflow_store):  # what a tracked run leaves beside its results
+        (rel,) = [r for r in RUNS if Path(r).name == run.name]
+        (root / rel / "mlflow_run.json").write_text(json.dumps({"tracking_uri": mlflow_store, "run_id": run.run_id}))
+    keys = (("algorithm.name", "algorithm.mu"), ("data.dataset", "data.alpha"))
+    once = report([str(root)], None, None, *keys, None, None, None)
+    assert report([str(root), str(root / "fedavg/s1"), str(root / "fedavg")], "cmp", mlflow_store, *keys,
+                  None, None, None) == once
+    assert report([str(root / "fedavg/s1")], "cmp", mlflow_store, *keys, None, None, None) == once

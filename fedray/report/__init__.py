@@ -38,7 +38,9 @@ def report(
         raise UserError("--target", f"{target} is not an accuracy; give a fraction in (0, 1] or a percentage")
     runs = load_run_dirs(sources) if sources else []
     if experiment:
-        runs += load_mlflow_runs(experiment, tracking_uri)
+        in_dirs = {r.run_id for r in runs if r.run_id}
+        tracked = load_mlflow_runs(experiment, tracking_uri)
+        runs += [r for r in tracked if r.run_id not in in_dirs]  # a run given both ways counts once
     if not runs:
         where = " and ".join(
             x for x in (", ".join(sources) if sources else "", f"experiment '{experiment}'" if experiment else "") if x

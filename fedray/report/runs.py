@@ -7,6 +7,7 @@ beside it); the file names and their readers are :mod:`fedray.results`'s. In MLf
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -23,6 +24,7 @@ from fedray.results import (
     CONFIG_FILE,
     EVAL_KEYS,
     HISTORY_FILE,
+    MLFLOW_RUN_FILE,
     SUMMARY_FILE,
     is_finished,
     read_history,
@@ -41,6 +43,7 @@ class RunRecord:
     params: dict[str, Any]  # flattened config, values typed (float/int/bool/str/None)
     history: list[dict] = field(default_factory=list)  # per-round rows: round, eval/*, comm/*, ...
     summary: dict[str, Any] = field(default_factory=dict)  # final figures as in summary.json
+    run_id: str | None = None  # its MLflow run, when it was tracked (a run dir's mlflow_run.json)
 
 
 def _warn(message: str) -> None:
@@ -193,13 +196,21 @@ def _read_run_dir(path: Path) -> RunRecord:
         history = read_history(hist_path)
     else:
         _warn(f"{path}: no {HISTORY_FILE}; rounds to target and curves are unavailable for it")
-    return RunRecord(name=path.name, params=_fill_algorithm_defaults(params), history=history, summary=summary)
+    run_id = None
+    try:  # a tracked run names its MLflow run, so that --experiment does not count it a second time
+        run_id = json.loads((path / MLFLOW_RUN_FILE).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        pass
+    return RunRecord(name=path.name, params=_fill_algorithm_defaults(params), history=history, summary=summary,
+                     run_id=run_id)
 
 
 def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """Runs from ``fedray run`` output directories; each path is a run dir or a folder holding run dirs
-    (searched recursively). Folders without ``summary.json`` are unfinished runs: skipped with a warning."""
+    (searched recursively). Folders without ``summary.json`` are unfinished runs: skipped with a warning.
+    A run dir reached twice (``runs runs/a``) is read once: counted twice, it would pass for two seeds."""
     runs: list[RunRecord] = []
+    seen: set[Path] = set()
     for p in paths:
         path = Path(p)
         if not path.exists():
@@ -215,7 +226,10 @@ def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
         dirs = _find_run_dirs(path)
         if not dirs:
             _warn(f"no finished run ({SUMMARY_FILE}) under {path}")
-        runs += [_read_run_dir(d) for d in dirs]
+        for d in dirs:
+            if d.resolve() not in seen:
+                seen.add(d.resolve())
+                runs.append(_read_run_dir(d))
     return runs
 
 
@@ -274,6 +288,7 @@ def _mlflow_record(client: Any, run: Any) -> RunRecord:
         params=_fill_algorithm_defaults(params),
         history=history,
         summary=summary,
+        run_id=run.info.run_id,
     )
 
 
