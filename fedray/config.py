@@ -226,7 +226,8 @@ class RuntimeConfig(_Strict):
 class TrackingConfig(_Strict):
     enabled: bool = True
     uri: str | None = Field(default=None, description="MLflow tracking URI; default $MLFLOW_TRACKING_URI, "
-                            "else sqlite:///<cwd>/mlflow.db with artifacts in <cwd>/mlartifacts")
+                            "else sqlite:///<cwd>/mlflow.db with artifacts in <cwd>/mlartifacts (a resumed run "
+                            "keeps the store it started in); a relative sqlite:/// path is from the cwd")
     experiment: str = Field(default="fedray", min_length=1)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import time
@@ -21,10 +22,29 @@ from fedray.errors import interrupts_deferred
 from fedray.results import OPTIONAL_FILES, RESULT_FILES, write_json
 
 
+SQLITE = "sqlite:///"
+
+
 def resolve_tracking_uri(uri: str | None) -> str:
-    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else a SQLite store ``./mlflow.db`` (absolute path)."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI")
-    return uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+    """``tracking.uri``, else $MLFLOW_TRACKING_URI, else a SQLite store ``./mlflow.db``.
+
+    A SQLite store's path is made absolute from the current folder (``sqlite:///runs.db`` means
+    ``./runs.db``, as in MLflow), so what is recorded of it (``mlflow_run.json``, the ``mlflow ui`` hint)
+    names the same store when read from another folder. The config keeps the URI as given.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or SQLITE + "mlflow.db"
+    if uri.startswith(SQLITE) and not uri[len(SQLITE):].startswith("/"):
+        path, sep, query = uri[len(SQLITE):].partition("?")
+        uri = f"{SQLITE}{Path.cwd().resolve() / path}{sep}{query}"
+    return uri
+
+
+def resumed_store(configured: str | None, recorded: str | None) -> str | None:
+    """The tracking URI of a resumed run or sweep: ``recorded`` (the store it started in) when the config
+    leaves the store to the default, which is ``./mlflow.db`` of the folder it started from, not of this one."""
+    if configured is None and not os.environ.get("MLFLOW_TRACKING_URI") and recorded:
+        return recorded
+    return configured
 
 
 # MLflow 3 records what an experiment is for in this tag; "custom_model_development" is model training.
@@ -48,8 +68,8 @@ def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
 def _artifact_root(uri: str) -> str | None:
     # A local store keeps artifacts in an absolute folder beside the database (MLflow 3 needs it absolute);
     # a remote server decides for itself.
-    if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    if uri.startswith(SQLITE):
+        return (Path(uri[len(SQLITE):].partition("?")[0]).parent / "mlartifacts").resolve().as_uri()
     return None
 
 
@@ -87,8 +107,6 @@ class MlflowTracker:
     """
 
     def __init__(self, uri: str | None, experiment: str):
-        import logging
-
         from fedray.errors import ConfigError
         from fedray.gc_pause import imports_without_gc
 
@@ -140,6 +158,15 @@ class MlflowTracker:
         for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
+    def holds(self, run_id: str | None) -> bool:
+        """Whether this store has the run ``run_id`` (in any experiment)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return run_id is not None and self.client.get_run(run_id) is not None
+        except MlflowException:
+            return False
+
     @_uninterrupted
     def log_round(self, row: dict[str, Any]) -> None:
         """Every numeric key of a history row, at ``step=round``, in one batched call."""
@@ -172,20 +199,31 @@ class RunTracking:
     def __init__(self, cfg, kind: str = "run", parent_run_id: str | None = None, run_file: Path | None = None,
                  resume: bool = False):
         self.cfg, self.kind, self.parent = cfg, kind, parent_run_id
-        self.run_file, self.resume = run_file, resume
+        self.run_file = run_file
         self.started_run_id: str | None = None  # kept after the run ends, for the UI hint
-        self.tracker = MlflowTracker(cfg.tracking.uri, cfg.tracking.experiment)  # fails early on a bad URI
+        # The MLflow run a resumed run continues: {"tracking_uri", "run_id"}; None for a new run.
+        self.resumed = json.loads(run_file.read_text()) if resume and run_file and run_file.is_file() else None
+        self.fresh_on_resume = False  # resumed, but its MLflow run is not in this store: a new one holds it all
+        uri = resumed_store(cfg.tracking.uri, (self.resumed or {}).get("tracking_uri"))
+        self.tracker = MlflowTracker(uri, cfg.tracking.experiment)  # fails early on a bad URI
 
     @property
     def run_id(self) -> str | None:
         return self.tracker.run_id
 
     def on_start(self, cfg, data) -> None:
-        if self.resume and self.run_file is not None and self.run_file.is_file():
-            # A resumed run continues its MLflow run: same id, RUNNING again, later rounds appended.
-            self.tracker.run_id = self.started_run_id = json.loads(self.run_file.read_text())["run_id"]
-            self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
-            return
+        if self.resumed:
+            run_id = self.resumed.get("run_id")
+            if self.tracker.holds(run_id):
+                # A resumed run continues its MLflow run: same id, RUNNING again, later rounds appended.
+                self.tracker.run_id = self.started_run_id = run_id
+                self.tracker.client.update_run(run_id, status="RUNNING")
+                return
+            # tracking.uri now names another store (or the run was deleted): a new run there, with every round
+            self.fresh_on_resume = True
+            logging.getLogger("fedray").warning(
+                "MLflow run %s is not in %s; the resumed run is tracked as a new MLflow run there, with the rounds "
+                "it already has", run_id, self.tracker.uri)
         if self.run_file is not None:  # first: a folder that cannot be made leaves no MLflow run behind
             self.run_file.parent.mkdir(parents=True, exist_ok=True)
         run_id = self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
@@ -197,8 +235,10 @@ class RunTracking:
         self.tracker.log_round(row)
 
     def on_resume(self, history: list[dict[str, Any]]) -> None:
-        if history:  # identical values if it was logged already: a duplicate, never a gap
-            self.tracker.log_round(history[-1])
+        # The last checkpointed round may not have reached MLflow: identical values if it did (a duplicate,
+        # never a gap). A new MLflow run gets every round.
+        for row in history if self.fresh_on_resume else history[-1:]:
+            self.tracker.log_round(row)
 
     def on_end(self, result) -> None:
         try:

@@ -1,5 +1,6 @@
 """MLflow on every run: params, tags, per-round metrics, artifacts, and an end status that is never RUNNING."""
 
+import json
 import os
 import signal
 import subprocess
@@ -233,3 +234,55 @@ def test_an_interrupt_during_an_mlflow_write_stops_the_run_after_the_write(tmp_p
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert [m.value for m in client.get_metric_history(run_id, "train/loss")] == [0.5]  # round 2's never began
     assert client.get_run(run_id).info.status == "KILLED"
+
+
+class _StopAfterRound2:
+    """Ends a run after its round-2 checkpoint, as a kill would."""
+
+    def on_start(self, cfg, data): ...
+
+    def on_round(self, row):
+        if row["round"] == 2:
+            raise KeyboardInterrupt
+
+    def on_end(self, result): ...
+
+    def on_error(self, exc): ...
+
+
+def _tracked_unfinished_run(out):
+    """A tracked run stopped after round 2 of 3, in the default store ``./mlflow.db``."""
+    cfg = tiny_config(federation__rounds=3, tracking__enabled=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, out, progress=False,
+                       hooks=[RunTracking(cfg, run_file=out / "mlflow_run.json"), _StopAfterRound2()])
+
+
+def test_a_run_resumed_from_another_folder_continues_in_its_store(tmp_path, monkeypatch):
+    """The default store is ./mlflow.db of the folder a run started from; resumed elsewhere, the run used to
+    crash in MLflow ("Run ... not found") after creating a stray store in the new folder."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    _tracked_unfinished_run(tmp_path / "a" / "out")
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["run", "--resume", str(tmp_path / "a" / "out"), "--no-progress"]) == 0
+    assert not (tmp_path / "b" / "mlflow.db").exists()
+    client, runs = _runs(f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}")
+    assert [r.info.status for r in runs] == ["FINISHED"]
+    # round 2, the last checkpointed, is logged again on resume (identical values: a duplicate, never a gap)
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "comm/bytes_up")) == [1, 2, 2, 3]
+
+    # resumed into another store (a relative SQLite URI: from the current folder): a new run holds every round
+    monkeypatch.chdir(tmp_path / "a")
+    _tracked_unfinished_run(tmp_path / "a" / "out2")
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(["run", "--resume", str(tmp_path / "a" / "out2"), "tracking.uri=sqlite:///other.db",
+                 "--no-progress"]) == 0
+    uri = f"sqlite:///{tmp_path / 'b' / 'other.db'}"
+    client, runs = _runs(uri)
+    assert [r.info.status for r in runs] == ["FINISHED"]
+    assert sorted(m.step for m in client.get_metric_history(runs[0].info.run_id, "comm/bytes_up")) == [1, 2, 3]
+    assert json.loads((tmp_path / "a" / "out2" / "mlflow_run.json").read_text()) == {
+        "tracking_uri": uri, "run_id": runs[0].info.run_id}

@@ -384,8 +384,12 @@ def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
     time.sleep(2)  # the local Ray it started goes down with it
     for ckpt in sweep.glob("_trial_*/checkpoint_*"):
         subprocess.run(["rm", "-rf", str(ckpt)], check=True)
-    done = subprocess.run(cmd + ["--resume"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    # resumed from another folder: the sweep goes on in the default store of the folder it started from
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(cmd + ["--resume"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert not (elsewhere / "mlflow.db").exists()
     assert "its checkpoint in the sweep's saved state was gone" in done.stdout, done.stdout[-3000:]
     best = json.loads((sweep / "best.json").read_text())
     assert best["trials"] == 1 and best["errored"] == 0 and best["metrics"]["round"] == 40

@@ -30,7 +30,7 @@ from fedray.results import (
     read_history,
     read_summary,
 )
-from fedray.tracking import resolve_tracking_uri
+from fedray.tracking import SQLITE, resolve_tracking_uri
 
 DASH = "—"
 
@@ -238,8 +238,8 @@ def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    if uri.startswith("sqlite:///"):
-        return Path(uri[len("sqlite:///") :])
+    if uri.startswith(SQLITE):
+        return Path(uri[len(SQLITE) :].partition("?")[0])
     return None
 
 

@@ -36,7 +36,7 @@ from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, plot_sweep
 from fedray.simulation import run_experiment
-from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, ui_hint
+from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
 from fedray.tuning import SweepSpec, check_trials_fit, planned_trials, search_space_summary, trial_bundles
 
 SWEEP_STATE = "fedray_sweep.json"
@@ -228,7 +228,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     if not resume and sweep_dir.exists():
         raise ConfigError("--name", f"sweep {sweep_dir} already exists; use --resume or another --name")
 
-    uri = resolve_tracking_uri(base.tracking.uri)
+    recorded = json.loads(state_file.read_text()) if resume else {}
+    uri = resolve_tracking_uri(resumed_store(base.tracking.uri, recorded.get("tracking_uri")))
     parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
     say = console.print if console is not None else (lambda *a, **k: None)
     owns_ray, ray_log = False, None
@@ -240,11 +241,11 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         check_trials_fit([t["bundles"] for t in planned_trials(spec, 1)], ray.cluster_resources(),
                          [n["Resources"] for n in ray.nodes() if n.get("Alive")])
         if resume:
-            state = json.loads(state_file.read_text())
+            state = recorded
         else:
             sweep_dir.mkdir(parents=True)
             state = {"name": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": None,
-                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+                     "tracking_uri": uri, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             if parent is not None:
                 state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name,
                                                       extra_tags={"fedray.sweep": spec.name})
