@@ -22,6 +22,11 @@ def weighted_average(weights: list[Weights], coefs: list[float]) -> Weights:
     """sum_k coef_k * w_k, accumulated in the given (client-id) order so every runtime gets the same bits.
 
     Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: the first client's is kept.
+
+    Each term is widened and scaled in one float64 buffer reused across the clients: the same operations, so
+    the same bits, as ``acc += w.to(float64) * c``, without its two fresh temporaries per client and key
+    (``benchmarks/averaging.py``, one CPU thread, malloc tuned as in a run: 1.2-1.35x faster; more with glibc's
+    default thresholds, which adapt to what the process freed before).
     """
     total = float(sum(coefs))
     out: Weights = {}
@@ -30,8 +35,9 @@ def weighted_average(weights: list[Weights], coefs: list[float]) -> Weights:
             out[key] = ref.clone()
             continue
         acc = torch.zeros_like(ref, dtype=torch.float64)
+        term = torch.empty_like(acc)
         for w, c in zip(weights, coefs):
-            acc += w[key].to(torch.float64) * (c / total)
+            acc += term.copy_(w[key]).mul_(c / total)
         out[key] = acc.to(ref.dtype)
     return out
 

@@ -40,6 +40,21 @@ def test_weighted_average_is_exact_for_equal_weights():
     assert torch.allclose(avg["w"], (a["w"] + b["w"]) / 2, atol=1e-7)
 
 
+def test_weighted_average_keeps_the_bits_of_the_plain_float64_sum():
+    """Its buffer reuse must not change a bit: recorded figures rest on ``sum_k w_k.to(float64) * (c_k / total)``."""
+    g = torch.Generator().manual_seed(0)
+    ups = [{"conv": torch.randn(8, 3, 3, 3, generator=g), "half": torch.randn(5, generator=g).to(torch.bfloat16),
+            "n": torch.tensor(i)} for i in range(7)]
+    coefs = [float(c) for c in torch.randint(1, 500, (7,), generator=g)]
+    avg = weighted_average(ups, coefs)
+    for key in ("conv", "half"):
+        ref = torch.zeros_like(ups[0][key], dtype=torch.float64)
+        for w, c in zip(ups, coefs):
+            ref += w[key].to(torch.float64) * (c / sum(coefs))
+        assert avg[key].dtype == ups[0][key].dtype and torch.equal(avg[key], ref.to(ups[0][key].dtype))
+    assert avg["n"] == 0  # integer buffers: the first client's
+
+
 def test_nbytes_counts_tensors_and_scalars():
     up = ModelUpload({"w": torch.zeros(10), "b": torch.zeros(3, dtype=torch.float64)}, num_samples=4)
     assert nbytes(up) == 10 * 4 + 3 * 8 + 8
