@@ -40,16 +40,19 @@ def plan_pool(cfg: ExperimentConfig, resources: dict[str, float], node_resources
     capacity = math.floor((cpus - rt.server_num_cpus) / rt.num_cpus_per_worker + 1e-9)
     if rt.num_gpus_per_worker > 0:
         capacity = min(capacity, math.floor((gpus - rt.server_num_gpus) / rt.num_gpus_per_worker + 1e-9))
+    # the server's reservation is part of why workers do not fit: say so, or the arithmetic looks wrong
+    server = "".join(f", {v:g} {unit} of them for the server (runtime.server_num_{unit.lower()}s)"
+                     for v, unit in ((rt.server_num_cpus, "CPU"), (rt.server_num_gpus, "GPU")) if v > 0)
     if rt.num_workers is not None:
         if rt.num_workers > capacity:
             raise ResourceError("runtime.num_workers", f"{rt.num_workers} workers with "
                                 f"{rt.num_cpus_per_worker:g} CPU / {rt.num_gpus_per_worker:g} GPU each do not fit "
-                                f"in the cluster ({cpus:g} CPUs, {gpus:g} GPUs); allowed: at most {capacity}, or "
-                                "lower runtime.num_cpus_per_worker")
+                                f"in the cluster ({cpus:g} CPUs, {gpus:g} GPUs{server}); allowed: at most {capacity}, "
+                                "or lower runtime.num_cpus_per_worker")
         return rt.num_workers
     if capacity < 1:
         raise ResourceError("runtime.num_cpus_per_worker", f"no client worker fits in the cluster ({cpus:g} CPUs, "
-                            f"{gpus:g} GPUs); lower runtime.num_cpus_per_worker / runtime.num_gpus_per_worker")
+                            f"{gpus:g} GPUs{server}); lower runtime.num_cpus_per_worker / runtime.num_gpus_per_worker")
     return max(1, min(capacity, cfg.federation.clients_per_round))
 
 

@@ -119,6 +119,11 @@ def test_pool_size_follows_resources():
     with pytest.raises(ResourceError) as e:
         plan_pool(many, {"CPU": 2.0}, [{"CPU": 2.0}])
     assert e.value.key == "runtime.num_workers" and "at most 2" in e.value.message
+    served = load_config("quickstart", ["runtime.num_workers=2", "runtime.server_num_cpus=1"])
+    with pytest.raises(ResourceError) as e:  # 2 CPUs, 2 workers of 1: the server's CPU is why they do not fit
+        plan_pool(served, {"CPU": 2.0}, [{"CPU": 2.0}])
+    assert "1 CPU of them for the server (runtime.server_num_cpus)" in e.value.message
+    assert "at most 1" in e.value.message
     fat = load_config("quickstart", ["runtime.num_cpus_per_worker=4"])
     with pytest.raises(ResourceError) as e:
         plan_pool(fat, {"CPU": 6.0}, [{"CPU": 2.0}, {"CPU": 2.0}, {"CPU": 2.0}])
