@@ -33,8 +33,8 @@ def resolve_tracking_uri(uri: str | None) -> str:
     names the same store when read from another folder. The config keeps the URI as given.
     """
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or SQLITE + "mlflow.db"
-    if uri.startswith(SQLITE) and not uri[len(SQLITE):].startswith("/"):
-        path, sep, query = uri[len(SQLITE):].partition("?")
+    path, sep, query = uri[len(SQLITE):].partition("?")
+    if uri.startswith(SQLITE) and path not in ("", ":memory:") and not path.startswith("/"):
         uri = f"{SQLITE}{Path.cwd().resolve() / path}{sep}{query}"
     return uri
 

@@ -173,6 +173,13 @@ def test_artifacts_that_cannot_be_logged_fail_the_run(tmp_path, monkeypatch):
     assert [r.info.status for r in _runs(uri)[1]] == ["FAILED"]
 
 
+def test_a_relative_sqlite_uri_is_recorded_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri("sqlite:///sub/runs.db?timeout=5") == f"sqlite:///{tmp_path}/sub/runs.db?timeout=5"
+    for uri in ("sqlite:////abs/runs.db", "sqlite:///:memory:", "http://127.0.0.1:5000"):
+        assert resolve_tracking_uri(uri) == uri
+
+
 def test_bad_tracking_uri_is_refused_before_work(tmp_path, capsys):
     code = main(["run", *TINY_ARGS, "tracking.enabled=true", "tracking.uri=nosuchscheme://x",
                  "--output-dir", str(tmp_path / "out"), "--no-progress"])

@@ -110,10 +110,17 @@ def _one_round(vectorize, rounds=1, **kw):
         return ({c: w for c, w in weights.items()} if rt.personalised else {0: weights}), out.client_infos
 
 
-def _assert_same_weights(a: dict, b: dict) -> None:
+def _assert_same_weights(a: dict, b: dict, adam: bool = False) -> None:
     """Max relative difference <= 1e-4 over the model (max |a - b| / max |a| across all its floats), and each
     tensor within float rounding: BatchNorm biases ~1e-3 from zero differ by ~1e-7 between batched and single
-    convolutions, a large relative but a rounding-sized absolute difference."""
+    convolutions, a large relative but a rounding-sized absolute difference.
+
+    ``adam``: Adam's step m / (sqrt(v) + eps) has the size of lr whatever the gradient's, so where a gradient is
+    near zero (a BatchNorm bias) rounding moves the step by a share of lr, not of the gradient. Measured on an
+    AMD EPYC (AVX-512): ResNet-8-BN's DaFKD round with Adam at lr 1e-3 differed by 1.2e-3 of a bias tensor's
+    largest value (3.5e-6), the same round with SGD by 1.2e-6. Each tensor is then held to 1 % of its own
+    scale: a real error (a step too many or too few, a wrong mask) moves such a bias by lr, a third of it here.
+    """
     assert a.keys() == b.keys()
     for cid in a:
         keys = [k for k in a[cid] if torch.is_floating_point(a[cid][k])]
@@ -121,7 +128,8 @@ def _assert_same_weights(a: dict, b: dict) -> None:
         scale = max(float(a[cid][k].double().abs().max()) for k in keys)
         assert diff / scale <= 1e-4, (cid, diff / scale)
         for k in a[cid]:
-            torch.testing.assert_close(b[cid][k], a[cid][k], rtol=1e-4, atol=2e-6)
+            own = float(a[cid][k].double().abs().max()) if adam and torch.is_floating_point(a[cid][k]) else 0.0
+            torch.testing.assert_close(b[cid][k], a[cid][k], rtol=1e-4, atol=max(2e-6, 1e-2 * own))
 
 
 COVERED = {
@@ -173,7 +181,7 @@ COVERED = {
 def test_one_vectorised_round_equals_the_sequential_one(name):
     seq_w, seq_info = _one_round(False, **COVERED[name])
     vec_w, vec_info = _one_round(True, **COVERED[name])
-    _assert_same_weights(seq_w, vec_w)
+    _assert_same_weights(seq_w, vec_w, adam=COVERED[name].get("federation__optimizer") == "adam")
     for s, v in zip(seq_info, vec_info):
         assert s["client"] == v["client"] and s["bytes_up"] == v["bytes_up"]
         assert v["train/loss"] == pytest.approx(s["train/loss"], rel=1e-4)
