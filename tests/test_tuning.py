@@ -314,6 +314,49 @@ def test_failing_trial_does_not_stop_the_sweep_and_asha_ends_children(tmp_path, 
     assert out.count("stopped by ASHA at round") == early
 
 
+def test_metric_check_knows_which_results_must_hold_the_metric(tmp_path):
+    from types import SimpleNamespace
+
+    from fedray.runtime.tune_report import MetricCheck
+
+    trial = SimpleNamespace(trial_id="t0", config={"federation.lr": 0.1})  # TINY: 3 rounds
+    evaluated = {"round": 1, "eval/accuracy": 0.5, "eval/amp": 0.4, "train/loss": 1.0}
+    plain = {"round": 1, "train/loss": 1.0}
+
+    def check(metric, result):
+        spec = load_spec(write_spec(tmp_path / "s.yaml", metric=metric, search={"federation.lr": {"grid": [0.1]}},
+                                    overrides={"federation.rounds": 3}))
+        MetricCheck(spec).on_trial_result(0, [], trial, result)
+
+    check("eval/accuracy", plain)  # a round without evaluation holds no eval/* key
+    check("server/kd_loss", evaluated)  # a server/* key may start after a warm-up: only the last round decides
+    with pytest.raises(ConfigError, match="did you mean 'eval/accuracy'") as e:
+        check("eval/acuracy", evaluated)
+    assert e.value.key == "metric"
+    with pytest.raises(ConfigError, match="'server/kd_loss' is not reported"):
+        check("server/kd_loss", {**evaluated, "round": 3})
+    with pytest.raises(ConfigError, match="diag/ens_acc"):
+        check("diag/ens_acc", {"round": 1, "diag/ens_acc_eq7": 0.3})
+
+
+@pytest.mark.ray
+def test_a_metric_the_runs_do_not_report_stops_the_sweep_at_once(tmp_path, monkeypatch, capsys):
+    """A typo in ``metric`` used to run every trial and end with an empty best trial (exit 0)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "typo.yaml", metric="eval/acuracy", search={"federation.lr": {"grid": [0.1, 0.05]}},
+                      overrides={"tracking.experiment": "typo"}, trial_cpus=1, max_concurrent=1)
+    assert main(["tune", str(spec), "--name", "t1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: metric: 'eval/acuracy' is not reported") and "did you mean 'eval/accuracy'" in err
+    parents, kids = children(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), "typo")
+    assert [p.info.status for p in parents] == ["FAILED"] and [k.info.status for k in kids] == ["KILLED"]
+    assert not (tmp_path / "sweeps" / "t1" / "best.json").exists()
+
+
 def _sweep_command(tmp_path, experiment: str, name: str, lrs: list[float], rounds: int):
     """A one-trial-at-a-time sweep over federation.lr run as `fedray tune` in a process: (cmd, env, MLflow URI)."""
     spec = write_spec(tmp_path / f"{experiment}.yaml", search={"federation.lr": {"grid": lrs}},

@@ -3,12 +3,14 @@ parameter."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
 from ray import tune
 
 from fedray.console import make_console
+from fedray.errors import ConfigError
 from fedray.tuning import SweepSpec
 
 # In a trial's first report when the checkpoint Tune handed back was gone: the round it went on from (0: from
@@ -82,6 +84,37 @@ class ConsoleTrialReporter(tune.Callback):
         lines = error.read_text(errors="replace").strip().splitlines() if error.is_file() else []
         reason = lines[-1][:200] if lines else "see the sweep's ray.log"
         self._say(trial, f"failed    {reason}" + (f" (traceback: {error})" if lines else ""))
+
+
+class MetricCheck(tune.Callback):
+    """Stops a sweep whose ``metric`` its runs do not report (a typo: ``eval/acuracy``), at the first result
+    that would hold it, instead of running every trial and ending with no best trial.
+
+    Which results must hold it: a trial's last round (evaluated and diagnosed, every warm-up over), and
+    before it an evaluated round for ``eval/*`` (every ``eval/*`` key comes with ``eval/accuracy``) or a
+    diagnosed one for ``diag/*``. Raised in the driver, the error ends ``fit()``; ``run_sweep`` unwraps it.
+    """
+
+    def __init__(self, spec: SweepSpec):
+        self.spec = spec
+        self._rounds: dict[str, int] = {}
+
+    def _must_hold(self, trial, result: dict[str, Any]) -> bool:
+        if trial.trial_id not in self._rounds:
+            self._rounds[trial.trial_id] = self.spec.trial_config(trial.config).federation.rounds
+        family = self.spec.metric.split("/", 1)[0]
+        return (int(result.get("round", 0)) >= self._rounds[trial.trial_id]
+                or (family == "eval" and "eval/accuracy" in result)
+                or (family == "diag" and any(k.startswith("diag/") for k in result)))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.spec.metric in result or not self._must_hold(trial, result):
+            return
+        keys = sorted(k for k in result if "/" in k)
+        close = difflib.get_close_matches(self.spec.metric, keys, n=1)
+        raise ConfigError("metric", f"'{self.spec.metric}' is not reported by this sweep's runs (trial "
+                          f"{trial.trial_id}, round {result.get('round')}: {', '.join(keys)})"
+                          + (f"; did you mean '{close[0]}'?" if close else ""))
 
 
 def plot_sweep(results, spec: SweepSpec, path: Path) -> Path | None:

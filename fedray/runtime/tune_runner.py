@@ -28,13 +28,14 @@ from typing import Any
 import ray
 import yaml
 from ray import tune
+from ray.tune.error import TuneError
 from ray.tune.schedulers import ASHAScheduler
 
 from fedray.checkpoint import CheckpointError, load_checkpoint
 from fedray.errors import ConfigError, check_interrupted, record_interrupt
 from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
-from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, plot_sweep
+from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
 from fedray.tuning import SweepSpec, check_trials_fit, planned_trials, search_space_summary, trial_bundles
@@ -266,7 +267,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             tune.with_parameters(_trial, spec=spec),
             lambda config: tune.PlacementGroupFactory(trial_bundles(spec.trial_config(config), spec.trial_cpus)),
         )
-        callbacks: list[tune.Callback] = [] if verbose else [ConsoleTrialReporter(spec, console)]
+        callbacks: list[tune.Callback] = [MetricCheck(spec), *([] if verbose else [ConsoleTrialReporter(spec, console)])]
         if parent is not None:
             callbacks.append(MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"]))
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
@@ -297,6 +298,13 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         previous = {sig: signal.signal(sig, _stop_tune_gracefully) for sig in stops} if main_thread else {}
         try:
             results = tuner.fit()
+        except TuneError as e:  # Tune wraps what a callback raised; MetricCheck's error is the user's to fix
+            cause = e.__context__
+            while cause is not None and not isinstance(cause, ConfigError):
+                cause = cause.__context__
+            if cause is None:
+                raise
+            raise cause from None
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
