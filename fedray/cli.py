@@ -119,9 +119,22 @@ def _check_plot(option: str, value: str) -> None:
 
 
 def _output_dir(args: argparse.Namespace, name: str) -> Path:
-    out = Path(args.output_dir) if args.output_dir else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    _check_writable("--output-dir", out, folder=True)
-    return out
+    if args.output_dir:
+        out = Path(args.output_dir)
+        _check_writable("--output-dir", out, folder=True)
+        return out
+    base = Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    _check_writable("--output-dir", base, folder=True)
+    # Made here, atomically: runs started in the same second (seeds launched together) get base, base-2, ...,
+    # not one folder. cmd_run removes it again if the run never wrote to it.
+    out, n = base, 1
+    while True:
+        try:
+            out.mkdir(parents=True)
+            return out
+        except FileExistsError:
+            n += 1
+            out = base.with_name(f"{base.name}-{n}")
 
 
 def cmd_run(args: argparse.Namespace, hooks=()) -> int:
@@ -161,6 +174,8 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
                                 resume_from=out if args.resume else None)
     finally:
         release_unclaimed()  # a Ray started above that the run never took over (it failed before)
+        if not args.resume and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # made by _output_dir for a run that failed before writing anything
     from fedray.console import make_console, summary_table
     from fedray.results import HISTORY_FILE, SUMMARY_FILE
 

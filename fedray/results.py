@@ -20,8 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: run directories are not locked
+    fcntl = None  # type: ignore[assignment]
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,6 +44,7 @@ PARTITION_FILE = "partition.png"
 MODEL_FILE = "model.pt"
 CLIENTS_FILE = "clients.json"  # personalised methods: each client's own model at the last evaluation
 MLFLOW_RUN_FILE = "mlflow_run.json"
+LOCK_FILE = ".fedray.lock"  # held while a run writes the folder (claim_run_dir)
 
 # What a finished run leaves in its output directory (and logs to MLflow as artifacts).
 RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CURVES_FILE, PARTITION_FILE, MODEL_FILE)
@@ -122,6 +129,44 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
         write_json(out / CLIENTS_FILE, clients)
     write_json(out / SUMMARY_FILE, summary)  # its presence marks a finished run
     (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume
+
+
+@contextmanager
+def claim_run_dir(out: str | Path) -> Iterator[Path]:
+    """Hold the run directory ``out`` for this process while a run (or a resume) writes there.
+
+    Two runs in one folder (``--output-dir`` given twice, or two runs started in the same second under the
+    default name) would each replace the other's files and both report success; ``fedray report`` would then
+    count one run where two ran. The claim is an advisory lock (``flock``) on :data:`LOCK_FILE`, which the OS
+    drops when the process ends however it ends, so a killed run leaves no stale claim. The lock file is
+    removed at the end, and so is a folder the run found empty (or made) and left empty. Without ``fcntl``
+    (not POSIX) nothing is locked.
+    """
+    from fedray.errors import ConfigError
+
+    out = Path(out)
+    fresh = not out.is_dir() or not any(out.iterdir())
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / LOCK_FILE
+    with open(lock, "a+") as fh:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                pid = fh.read().strip()
+                raise ConfigError("--output-dir", f"{out} is in use by another fedray run"
+                                  + (f" (pid {pid})" if pid else "") + "; give another folder, or wait for it to end")
+            fh.seek(0)
+            fh.truncate()
+            fh.write(f"{os.getpid()}\n")
+            fh.flush()
+        try:
+            yield out
+        finally:
+            lock.unlink(missing_ok=True)  # while held, so no run takes the folder before this one is done with it
+            if fresh and not any(out.iterdir()):
+                out.rmdir()
 
 
 def clear_previous_run(out: str | Path) -> list[str]:

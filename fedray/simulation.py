@@ -20,7 +20,7 @@ from fedray.config import ExperimentConfig
 from fedray.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
-from fedray.results import EVAL_KEYS, clear_previous_run, write_run_outputs
+from fedray.results import EVAL_KEYS, claim_run_dir, clear_previous_run, write_run_outputs
 from fedray.runtime import make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
 from fedray.seeding import sample_clients
@@ -98,9 +98,19 @@ def run_experiment(
     ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
     folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
     """
-    from fedray.algorithms import get_algorithm, validate_experiment
+    from fedray.algorithms import validate_experiment
 
     validate_experiment(cfg)  # a config built in code gets the registries' checks too, before any work
+    if output_dir is None:
+        return _run(cfg, None, progress, data, hooks, resume_from)
+    with claim_run_dir(output_dir):  # one run at a time in a folder, from its checkpoint to its results
+        return _run(cfg, output_dir, progress, data, hooks, resume_from)
+
+
+def _run(cfg: ExperimentConfig, output_dir: str | Path | None, progress: bool, data: FederatedData | None,
+         hooks: Sequence[RunHooks], resume_from: str | Path | None) -> RunResult:
+    from fedray.algorithms import get_algorithm
+
     start = time.perf_counter()
     fed = cfg.federation
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None

@@ -35,6 +35,39 @@ def test_run_writes_summary_and_history(tmp_path, capsys):
     assert "eval/accuracy" in capsys.readouterr().out  # the final table
 
 
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch, capsys):
+    """Seeds launched together used to share runs/NAME-TIME: each replaced the other's files, both said done."""
+    monkeypatch.chdir(tmp_path)
+    import time
+
+    real = time.strftime
+    monkeypatch.setattr(time, "strftime", lambda fmt, *t: "20261128-120000" if fmt == "%Y%m%d-%H%M%S" else real(fmt, *t))
+    for seed in (1, 2):
+        assert main(["run", *TINY_ARGS, f"seed={seed}", "--no-progress"]) == 0
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert runs == ["synthetic-20261128-120000", "synthetic-20261128-120000-2"]
+    seeds = [json.loads((tmp_path / "runs" / r / "summary.json").read_text())["seed"] for r in runs]
+    assert seeds == [1, 2]
+    for bad in ("algorithm.name=nope", "runtime.device=cuda"):  # refused after the folder was made: removed again
+        assert main(["run", *TINY_ARGS, bad, "--no-progress"]) == 2
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == runs
+
+
+def test_a_run_folder_in_use_is_refused_and_left_as_it_was(tmp_path, capsys):
+    from fedray.results import LOCK_FILE, claim_run_dir
+
+    out = tmp_path / "out"
+    with claim_run_dir(out):  # another run writing there (a second open file description: flock conflicts)
+        (out / "checkpoint.pt").write_bytes(b"theirs")
+        assert main(["run", *TINY_ARGS, "--output-dir", str(out), "--no-progress"]) == 2
+        assert f"{out} is in use by another fedray run (pid {os.getpid()})" in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE, "checkpoint.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]  # the lock file goes with the claim
+    with claim_run_dir(tmp_path / "empty"):
+        pass
+    assert not (tmp_path / "empty").exists()  # a folder the claim made and nothing used is removed
+
+
 BAD = [
     (["data.alpha=0"], "data.alpha"),
     (["data.alpha=-0.5"], "data.alpha"),
