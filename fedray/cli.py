@@ -259,13 +259,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.console import comparison_table, make_console
-    from fedray.tuning import format_bundles, load_spec, planned_trials
+    from fedray.tuning import check_repeats, format_bundles, load_spec, planned_trials
 
     for flag in ("num_samples", "max_concurrent"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError("--" + flag.replace("_", "-"), f"must be at least 1 (got {value})")
     spec = load_spec(args.spec)
+    check_repeats(spec, args.num_samples, "--num-samples")
     _check_writable("storage", Path(spec.storage).expanduser(), folder=True)
     console = make_console()
     trials = planned_trials(spec, args.num_samples)

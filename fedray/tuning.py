@@ -13,7 +13,7 @@ A spec (``tune_configs/*.yaml``)::
       algorithm.mu: {uniform: [0.0, 0.1]}
     metric: eval/accuracy
     mode: max
-    num_samples: 1                        # repeats of the grid (random domains are redrawn)
+    num_samples: 1                        # repeats of the grid, random domains redrawn (grids alone: refused)
     scheduler: {type: asha, grace_period: 5, reduction_factor: 3}
 """
 
@@ -137,10 +137,21 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
                 spec.trial_config({key: value})
             except ConfigError as e:
                 raise ConfigError(f"search.{key}", f"value {value!r} is invalid: {e}") from None
+    check_repeats(spec)
     known = set(base.flat()) | {"round", "train/loss", "time/round_s", "comm/bytes_up", "comm/bytes_down"}
     if not (spec.metric.startswith(("eval/", "server/", "train/", "comm/", "time/", "diag/")) or spec.metric in known):
         raise ConfigError("metric", f"'{spec.metric}' is not a per-round metric; e.g. eval/accuracy, eval/amp")
     return spec
+
+
+def check_repeats(spec: SweepSpec, num_samples: int | None = None, key: str = "num_samples") -> None:
+    """Refuse repeats that can only copy trials: with grid dimensions alone, every repeat of the search is the
+    same configs with the same seed, so the same numbers, yet they would pass for independent trials."""
+    n = num_samples or spec.num_samples
+    if n > 1 and all(d.grid is not None for d in spec.search.values()):
+        raise ConfigError(key, f"{n} repeats of a search of grids only run identical trials (same configs, same "
+                          "seed, same numbers); for seeds, search seed: {grid: [0, 1, 2]}; repeats draw the choice, "
+                          "uniform and loguniform dimensions anew")
 
 
 def search_space_summary(spec: SweepSpec) -> dict[str, str]:

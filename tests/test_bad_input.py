@@ -64,6 +64,7 @@ CASES = [
       "data.synthetic_train_samples=1000"], "data.num_clients", ""),
     (["tune", "missing_spec.yaml"], "SPEC", "does not exist"),
     (["tune", "tune_configs/smoke.yaml", "--num-samples", "0"], "--num-samples", "at least 1"),
+    (["tune", "tune_configs/smoke.yaml", "--num-samples", "3"], "--num-samples", "run identical trials"),
     (["report", "no/such/run"], "RUNS", ""),
     # per-client models, server data and domains
     (["model.client_models=[lenet5,resnet8]"], "model.client_models", "use a method with per-client models"),

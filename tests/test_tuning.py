@@ -55,6 +55,21 @@ def test_bad_search_spaces_are_refused_naming_the_key(tmp_path, search, key, fra
     assert e.value.key == key and fragment in e.value.message
 
 
+def test_repeats_of_a_grid_only_search_are_refused():
+    """Same configs, same seed: repeats would be copies passing for independent trials."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        grid = {"data.alpha": {"grid": [0.5, 1.0]}, "seed": {"grid": [0, 1]}}
+        with pytest.raises(ConfigError, match="identical trials") as e:
+            load_spec(write_spec(Path(d) / "g.yaml", search=grid, num_samples=3))
+        assert e.value.key == "num_samples"
+        assert len(planned_trials(load_spec(write_spec(Path(d) / "g.yaml", search=grid)))) == 4
+        drawn = {**grid, "federation.lr": {"loguniform": [0.01, 0.1]}}  # a random dimension: repeats differ
+        assert len(planned_trials(load_spec(write_spec(Path(d) / "r.yaml", search=drawn, num_samples=3)))) == 12
+
+
 def test_spec_defaults_and_bundles(tmp_path):
     spec = load_spec(write_spec(tmp_path / "s.yaml", search={"data.alpha": {"grid": [0.5, 1.0]},
                                                              "federation.lr": {"loguniform": [0.01, 0.1]}}))
