@@ -242,7 +242,8 @@ class AlgorithmConfig(BaseModel):
 
 
 class ExperimentConfig(_Strict):
-    name: str = "experiment"
+    name: str = Field(default="experiment", description="names the default output folder runs/NAME-TIME and the "
+                      "MLflow run: a folder name, not a path")
     # every random stream is derived from the seed's 32 bits (fedray/seeding.py): a larger seed would share
     # streams with a smaller one, a negative one is refused by numpy mid-run
     seed: int = Field(default=0, ge=0, le=2**32 - 1)
@@ -255,6 +256,10 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
+        if not self.name or self.name.startswith(".") or any(c in self.name for c in "/\\"):
+            # a path here would put runs/NAME-TIME elsewhere (name=../x) or nest it (name=a/b)
+            raise ConfigError("name", f"{self.name!r} is not a folder name; not empty, no / or \\, not starting "
+                              "with a dot (it names runs/NAME-TIME and the MLflow run)")
         self._check_domains()
         if self.federation.clients_per_round > self.data.num_clients:
             raise ConfigError(

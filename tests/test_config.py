@@ -49,6 +49,7 @@ def test_yaml_file(tmp_path):
         ("runtime.vectorize=maybe", "runtime.vectorize", "'auto' or a valid boolean (got 'maybe')"),
         ("runtime.num_workers=50", "runtime.num_workers", "1..20"),
         ("federation.lr=fast", "federation.lr", "valid number"),
+        ("name=../elsewhere", "name", "is not a folder name"),  # it would put runs/NAME-TIME outside runs/
     ],
 )
 def test_bad_values_name_the_key_and_what_is_allowed(override, key, fragment):
