@@ -266,7 +266,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise ConfigError("--" + flag.replace("_", "-"), f"must be at least 1 (got {value})")
     spec = load_spec(args.spec)
-    check_repeats(spec, args.num_samples, "--num-samples")
+    check_repeats(spec, args.num_samples, "--num-samples" if args.num_samples else "num_samples")
     _check_writable("storage", Path(spec.storage).expanduser(), folder=True)
     console = make_console()
     trials = planned_trials(spec, args.num_samples)

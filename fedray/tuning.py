@@ -137,7 +137,6 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
                 spec.trial_config({key: value})
             except ConfigError as e:
                 raise ConfigError(f"search.{key}", f"value {value!r} is invalid: {e}") from None
-    check_repeats(spec)
     known = set(base.flat()) | {"round", "train/loss", "time/round_s", "comm/bytes_up", "comm/bytes_down"}
     if not (spec.metric.startswith(("eval/", "server/", "train/", "comm/", "time/", "diag/")) or spec.metric in known):
         raise ConfigError("metric", f"'{spec.metric}' is not a per-round metric; e.g. eval/accuracy, eval/amp")

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
 from fedray.errors import ConfigError, ResourceError
-from fedray.tuning import check_trials_fit, load_spec, planned_trials, trial_bundles
+from fedray.tuning import check_repeats, check_trials_fit, load_spec, planned_trials, trial_bundles
 
 TINY = {"data.num_clients": 6, "data.synthetic_train_samples": 600, "data.synthetic_test_samples": 200,
         "federation.clients_per_round": 3, "federation.rounds": 3, "federation.local_steps": 5}
@@ -62,12 +62,15 @@ def test_repeats_of_a_grid_only_search_are_refused():
 
     with tempfile.TemporaryDirectory() as d:
         grid = {"data.alpha": {"grid": [0.5, 1.0]}, "seed": {"grid": [0, 1]}}
+        spec = load_spec(write_spec(Path(d) / "g.yaml", search=grid, num_samples=3))
         with pytest.raises(ConfigError, match="identical trials") as e:
-            load_spec(write_spec(Path(d) / "g.yaml", search=grid, num_samples=3))
+            check_repeats(spec)
         assert e.value.key == "num_samples"
-        assert len(planned_trials(load_spec(write_spec(Path(d) / "g.yaml", search=grid)))) == 4
-        drawn = {**grid, "federation.lr": {"loguniform": [0.01, 0.1]}}  # a random dimension: repeats differ
-        assert len(planned_trials(load_spec(write_spec(Path(d) / "r.yaml", search=drawn, num_samples=3)))) == 12
+        check_repeats(spec, 1)  # --num-samples 1 overrides the spec's 3
+        drawn = load_spec(write_spec(Path(d) / "r.yaml", search={**grid, "federation.lr": {"loguniform": [0.01, 0.1]}},
+                                     num_samples=3))
+        check_repeats(drawn)  # a random dimension: repeats differ
+        assert len(planned_trials(drawn)) == 12
 
 
 def test_spec_defaults_and_bundles(tmp_path):

@@ -38,7 +38,8 @@ from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
-from fedray.tuning import SweepSpec, check_trials_fit, planned_trials, search_space_summary, trial_bundles
+from fedray.tuning import (SweepSpec, check_repeats, check_trials_fit, planned_trials, search_space_summary,
+                           trial_bundles)
 
 SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
@@ -215,6 +216,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     ``console`` gets one line per trial event (:class:`ConsoleTrialReporter`), where Ray's and Tune's own
     logs went, and how to open the sweep in MLflow; Ray's and Tune's output goes to ``ray.log`` in the sweep
     folder, unless ``verbose`` (then Tune's status block and Ray's lines print as Ray makes them)."""
+    check_repeats(spec, num_samples)  # also for callers in code; the CLI checked before its dry run
     # Rounds without evaluation carry no eval/* keys; ASHA skips them (it needs its metric).
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
