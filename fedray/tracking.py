@@ -39,6 +39,11 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` tracking URI (its query string dropped); None for other stores."""
+    return Path(uri[len(SQLITE):].partition("?")[0]) if uri.startswith(SQLITE) else None
+
+
 def resumed_store(configured: str | None, recorded: str | None) -> str | None:
     """The tracking URI of a resumed run or sweep: ``recorded`` (the store it started in) when the config
     leaves the store to the default, which is ``./mlflow.db`` of the folder it started from, not of this one."""
@@ -68,9 +73,8 @@ def ui_hint(uri: str, experiment_id: str, run_id: str | None = None) -> str:
 def _artifact_root(uri: str) -> str | None:
     # A local store keeps artifacts in an absolute folder beside the database (MLflow 3 needs it absolute);
     # a remote server decides for itself.
-    if uri.startswith(SQLITE):
-        return (Path(uri[len(SQLITE):].partition("?")[0]).parent / "mlartifacts").resolve().as_uri()
-    return None
+    db = sqlite_path(uri)
+    return None if db is None else (db.parent / "mlartifacts").resolve().as_uri()
 
 
 def git_commit() -> str | None:

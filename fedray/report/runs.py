@@ -30,7 +30,7 @@ from fedray.results import (
     read_history,
     read_summary,
 )
-from fedray.tracking import SQLITE, resolve_tracking_uri
+from fedray.tracking import resolve_tracking_uri, sqlite_path
 
 DASH = "—"
 
@@ -227,20 +227,14 @@ def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
         if not dirs:
             _warn(f"no finished run ({SUMMARY_FILE}) under {path}")
         for d in dirs:
-            if d.resolve() not in seen:
-                seen.add(d.resolve())
+            if (real := d.resolve()) not in seen:
+                seen.add(real)
                 runs.append(_read_run_dir(d))
     return runs
 
 
 # --------------------------------------------------------------------------------------------------
 # loading: MLflow
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    if uri.startswith(SQLITE):
-        return Path(uri[len(SQLITE) :].partition("?")[0])
-    return None
 
 
 def _mlflow_record(client: Any, run: Any) -> RunRecord:
@@ -299,7 +293,7 @@ def load_mlflow_runs(experiment: str, tracking_uri: str | None = None) -> list[R
     Figures come from the metric histories, so no artifact is downloaded.
     """
     uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():
         # Opening a missing SQLite store would silently create an empty one.
         raise UserError(

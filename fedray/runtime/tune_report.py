@@ -18,6 +18,13 @@ from fedray.tuning import SweepSpec
 RESTARTED_KEY = "fedray_checkpoint_gone"
 
 
+def _trial_rounds(spec: SweepSpec, trial, cache: dict[str, int]) -> int:
+    """A trial's ``federation.rounds``, its config built once per trial (``cache``: trial id -> rounds)."""
+    if trial.trial_id not in cache:
+        cache[trial.trial_id] = spec.trial_config(trial.config).federation.rounds
+    return cache[trial.trial_id]
+
+
 class ConsoleTrialReporter(tune.Callback):
     """One terminal line per trial event, in place of Tune's status block: started (with its sampled values),
     each evaluation (the sweep's metric, and the best so far), finished, stopped early by ASHA, failed, and a
@@ -41,9 +48,7 @@ class ConsoleTrialReporter(tune.Callback):
             self.console.print(f"[{trial.trial_id}] {text}", highlight=False, markup=False, soft_wrap=True)
 
     def _total(self, trial) -> int:
-        if trial.trial_id not in self._rounds:
-            self._rounds[trial.trial_id] = self.spec.trial_config(trial.config).federation.rounds
-        return self._rounds[trial.trial_id]
+        return _trial_rounds(self.spec, trial, self._rounds)
 
     def on_trial_start(self, iteration, trials, trial, **info):
         values = " ".join(f"{k}={v}" for k, v in trial.config.items())
@@ -100,10 +105,8 @@ class MetricCheck(tune.Callback):
         self._rounds: dict[str, int] = {}
 
     def _must_hold(self, trial, result: dict[str, Any]) -> bool:
-        if trial.trial_id not in self._rounds:
-            self._rounds[trial.trial_id] = self.spec.trial_config(trial.config).federation.rounds
         family = self.spec.metric.split("/", 1)[0]
-        return (int(result.get("round", 0)) >= self._rounds[trial.trial_id]
+        return (int(result.get("round", 0)) >= _trial_rounds(self.spec, trial, self._rounds)
                 or (family == "eval" and "eval/accuracy" in result)
                 or (family == "diag" and any(k.startswith("diag/") for k in result)))
 
