@@ -224,7 +224,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         row.update(zip(labels, row["label_counts"]))
     columns = ["client", *(["domain"] if fd.domains else []), "train", "test", *labels, "num_labels",
                "dominant_share"]
-    title = f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g}), {fd.num_clients} clients"
+    title = f"{cfg.data.dataset}, {cfg.data.describe_partition()}, {fd.num_clients} clients"
     if fd.server is not None:
         title += f"; server: {len(fd.server.y)} {'labelled' if fd.server.labelled else 'unlabelled'} samples" + (
             f" of domain {fd.server.domain}" if fd.server.domain else "")

@@ -109,6 +109,16 @@ class DataConfig(_Strict):
         """The domains clients' data comes from: every domain but the server's."""
         return [x for x in self.all_domains() if x != self.server_domain()]
 
+    def describe_partition(self) -> str:
+        """The partition with the settings it uses, for titles: alpha only where a Dirichlet draw reads it."""
+        if self.partition == "dirichlet":
+            return f"dirichlet (alpha={self.alpha:g})"
+        if self.partition == "domain_dirichlet":
+            return f"domain_dirichlet (alpha={self.alpha:g}, {self.clients_per_domain} clients per domain)"
+        if self.partition == "shards":
+            return f"shards ({self.shards_per_client} per client)"
+        return self.partition
+
 
 class ModelConfig(_Strict):
     """Model names are checked against the zoo by :func:`fedray.algorithms.validate_experiment`."""

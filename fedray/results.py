@@ -123,7 +123,7 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     title = f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"
     plot_learning_curve(history, out / CURVES_FILE, title=title)
     plot_partition(data, out / PARTITION_FILE,
-                   title=f"{cfg.data.dataset}, {cfg.data.partition} (alpha={cfg.data.alpha:g})")
+                   title=f"{cfg.data.dataset}, {cfg.data.describe_partition()}")
     write_history(out / HISTORY_FILE, history)
     if clients is not None:
         write_json(out / CLIENTS_FILE, clients)

@@ -118,3 +118,22 @@ def test_a_cosine_schedule_that_would_raise_the_lr_is_refused():
     assert e.value.key == "federation.lr_min"
     fed = load_config("quickstart", ["federation.lr_schedule=cosine", "federation.lr=0.1", "federation.lr_min=0.01"])
     assert fed.federation.lr_at(1) == 0.1 and abs(fed.federation.lr_at(fed.federation.rounds) - 0.01) < 1e-12
+
+
+@pytest.mark.parametrize("overrides, text", [
+    ([], "dirichlet (alpha=0.1)"),
+    (["data.partition=shards", "data.shards_per_client=3"], "shards (3 per client)"),
+    (["data.partition=iid"], "iid"),
+])
+def test_a_partitions_title_names_only_the_settings_it_uses(overrides, text):
+    # `fedray partition` and a run's partition plot printed "(alpha=0.1)" for iid, shards and domain
+    # partitions too, where no Dirichlet draw reads it.
+    assert load_config("quickstart", overrides).data.describe_partition() == text
+
+
+def test_a_domain_partitions_title_has_no_alpha():
+    data = load_config("fedd3a_fmnist_domains").data
+    assert data.describe_partition() == "domain"
+    cross_device = load_config("fedd3a_fmnist_domains", ["data.partition=domain_dirichlet",
+                                                         "data.clients_per_domain=5", "data.alpha=0.2"]).data
+    assert cross_device.describe_partition() == "domain_dirichlet (alpha=0.2, 5 clients per domain)"
