@@ -144,40 +144,6 @@ def test_state_payload_and_upload_are_plain_typed_data(variant):
         assert dataclasses.is_dataclass(obj) and _is_plain(obj), obj
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAfter:
-    """A hook that stops the run after round ``n``'s checkpoint, like a kill between rounds."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def on_start(self, cfg, data):
-        pass
-
-    def on_round(self, row):
-        if row["round"] == self.n:
-            raise _Crash
-
-    def on_end(self, result):
-        pass
-
-    def on_error(self, exc):
-        pass
-
-
-def test_checkpointed_run_resumes_with_each_clients_discriminator(tmp_path):
-    cfg = dafkd_config(federation__rounds=3, runtime__checkpoint_every=1)
-    reference = run_experiment(cfg, progress=False)
-    with pytest.raises(_Crash):
-        run_experiment(cfg, tmp_path / "run", progress=False, hooks=[_CrashAfter(2)])
-    resumed = run_experiment(cfg, tmp_path / "run", progress=False, resume_from=tmp_path / "run")
-    keys = [k for k in reference.history[-1] if k.startswith(("eval/", "server/", "train/", "comm/"))]
-    assert {k: resumed.history[-1][k] for k in keys} == {k: reference.history[-1][k] for k in keys}
-
-
 # --- Appendix B reproduces the main variant --------------------------------------------------------------
 
 
