@@ -228,6 +228,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if fd.server is not None:
         title += f"; server: {len(fd.server.y)} {'labelled' if fd.server.labelled else 'unlabelled'} samples" + (
             f" of domain {fd.server.domain}" if fd.server.domain else "")
+    if fd.num_val:
+        title += f"; validation: {fd.num_val} samples"
     console = make_console()
     console.print(comparison_table(rows[:MAX_TABLE_ROWS], columns, title=title + " (label columns: samples)"))
     if len(rows) > MAX_TABLE_ROWS:
@@ -259,7 +261,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.console import comparison_table, make_console
-    from fedray.tuning import check_repeats, format_bundles, load_spec, planned_trials
+    from fedray.tuning import check_repeats, format_bundles, load_spec, planned_trials, selects_on_test_data
 
     for flag in ("num_samples", "max_concurrent"):
         value = getattr(args, flag)
@@ -270,6 +272,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _check_writable("storage", Path(spec.storage).expanduser(), folder=True)
     console = make_console()
     trials = planned_trials(spec, args.num_samples)
+    if selects_on_test_data(spec):
+        console.print(f"note: {spec.metric} is scored on test data, so the best trial is chosen on it; to choose "
+                      "hyperparameters, hold out a validation set (data.val_per_class) and use metric: val/accuracy",
+                      highlight=False)
     if args.dry_run:
         rows = [{"trial": t["trial"], **{k: str(v) for k, v in t["values"].items()},
                  "bundles": format_bundles(t["bundles"])} for t in trials]

@@ -78,6 +78,10 @@ class DataConfig(_Strict):
     min_samples: int = Field(default=10, ge=2, description="Dirichlet: redraw until every client has this many")
     shards_per_client: int = Field(default=2, ge=1)
     test_fraction: float = Field(default=0.2, gt=0, lt=1, description="each client's local test split")
+    val_per_class: int = Field(
+        default=0, ge=0, description="a validation set of this many samples per class taken out of the training "
+        "set before partitioning (never trained on, never seen by a method), scored as val/accuracy: what a sweep "
+        "selects on instead of the test set. 0: none")
     domains: list[str] | None = Field(default=None, description="multi-domain datasets: the domains to use "
                                       "(default: all, in the dataset's order)")
     clients_per_domain: int = Field(default=1, ge=1, description="domain_dirichlet: clients per domain")

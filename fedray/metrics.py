@@ -10,6 +10,9 @@
 
 For personalised methods acc_k is client k's own model on its own test split.
 
+- ``val/accuracy`` (with ``data.val_per_class``): the same as ``eval/accuracy`` on the validation set held
+  out of the training set, the figure to select hyperparameters by; the test set stays for reporting.
+
 All are fractions in 0..1; FM is in fraction^2 units (FedKF's tables print it x 10^3).
 """
 
@@ -38,12 +41,15 @@ def client_metrics(correct: np.ndarray, total: np.ndarray) -> dict[str, float]:
 
 def personal_metrics(counts: np.ndarray) -> dict[str, float]:
     """``eval/*`` of personalised methods from per-client rows (correct on own test split, own test split
-    size, correct on the global test set, global test set size): AMP / FM / WLP on the clients' own test
-    splits, and ``eval/accuracy`` = the mean over clients of their own model's global-test accuracy."""
-    counts = np.asarray(counts, dtype=np.float64).reshape(-1, 4)
+    size, correct on the global test set, its size, correct on the validation set, its size): AMP / FM / WLP
+    on the clients' own test splits, ``eval/accuracy`` = the mean over clients of their own model's
+    global-test accuracy, and ``val/accuracy`` the same on the validation set when there is one."""
+    counts = np.asarray(counts, dtype=np.float64).reshape(-1, 6)
     metrics = {"eval/accuracy": float(np.mean(counts[:, 2] / np.maximum(counts[:, 3], 1))) if len(counts)
                else math.nan}
     metrics.update(client_metrics(counts[:, 0], counts[:, 1]))
+    if len(counts) and counts[:, 5].any():
+        metrics["val/accuracy"] = float(np.mean(counts[:, 4] / np.maximum(counts[:, 5], 1)))
     return metrics
 
 
@@ -73,34 +79,42 @@ EVAL_CACHE_BYTES = 256 << 20
 
 
 class EvalIndex:
-    """Where each sample of the evaluation set comes from: the global test set first, then every client's
-    local test split in client-id order. Holds indices only (the driver uses it to turn per-sample results
-    from the Ray workers into metrics, without a copy of the images)."""
+    """Where each sample of the evaluation set comes from: the global test set first, then the validation
+    set (if any), then every client's local test split in client-id order. Holds indices only (the driver
+    uses it to turn per-sample results from the Ray workers into metrics, without a copy of the images)."""
 
     def __init__(self, data: FederatedData):
         idx = [np.asarray(t, dtype=np.int64) for t in data.client_test]
         self.num_test = len(data.test_y)
+        self.num_val = data.num_val
         self.num_clients = len(idx)
         sizes = np.array([len(i) for i in idx], dtype=np.int64)
         self.client_rows = np.concatenate(idx) if idx else np.zeros(0, np.int64)  # rows of data.train_x
         self.client_of = np.repeat(np.arange(self.num_clients), sizes)
+        #: the validation set is samples num_test:val_stop of the evaluation set
+        self.val_stop = self.num_test + self.num_val
         #: client k's test split is samples local_start[k]:local_start[k+1] of the evaluation set
-        self.local_start = self.num_test + np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        self.local_start = self.val_stop + np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
         self.size = int(self.local_start[-1])
         # Multi-domain data: the global test set's accuracy per domain too (eval/acc_<domain>)
         self.test_domain = None if data.test_domain is None else np.asarray(data.test_domain)
         self.domains = data.domains
 
     def chunks(self, batch_size: int) -> list[tuple[int, int]]:
-        """The fixed batches (start, stop) in which the evaluation set is scored: the global test set, then
-        the client splits, each cut every ``batch_size`` samples. Fixed so that however the batches are
-        spread over processes, every sample is scored in the same batch and gets the same logits."""
-        return _ranges(0, self.num_test, batch_size) + _ranges(self.num_test, self.size, batch_size)
+        """The fixed batches (start, stop) in which the evaluation set is scored: the global test set, the
+        validation set, then the client splits, each cut every ``batch_size`` samples. Fixed so that however
+        the batches are spread over processes, every sample is scored in the same batch and gets the same
+        logits."""
+        return (_ranges(0, self.num_test, batch_size) + _ranges(self.num_test, self.val_stop, batch_size)
+                + _ranges(self.val_stop, self.size, batch_size))
 
     def metrics(self, ok: np.ndarray) -> dict[str, float]:
-        """``eval/accuracy`` (and ``eval/acc_<domain>``), AMP, FM and WLP from every sample's correctness."""
-        glob, local = ok[: self.num_test], ok[self.num_test :]
+        """``eval/accuracy`` (and ``eval/acc_<domain>``), AMP, FM and WLP, and ``val/accuracy`` with a
+        validation set, from every sample's correctness."""
+        glob, local = ok[: self.num_test], ok[self.val_stop :]
         metrics = {"eval/accuracy": float(glob.mean())}
+        if self.num_val:
+            metrics["val/accuracy"] = float(ok[self.num_test : self.val_stop].mean())
         if self.test_domain is not None:
             for d in np.unique(self.test_domain):
                 metrics[f"eval/acc_{self.domains[d]}"] = float(glob[self.test_domain == d].mean())
@@ -131,8 +145,10 @@ class Evaluator:
         self.mean, self.std = data.mean, data.std
         self.index = EvalIndex(data)
         # One uint8 copy (also off Ray's read-only object store, which torch warns about).
-        self.x = np.concatenate([np.asarray(data.test_x), data.train_x[self.index.client_rows]])
-        self.y = np.concatenate([np.asarray(data.test_y), data.train_y[self.index.client_rows]])
+        val = [np.asarray(data.val_x)] if data.num_val else []
+        self.x = np.concatenate([np.asarray(data.test_x), *val, data.train_x[self.index.client_rows]])
+        val = [np.asarray(data.val_y)] if data.num_val else []
+        self.y = np.concatenate([np.asarray(data.test_y), *val, data.train_y[self.index.client_rows]])
         self.cache_bytes = cache_bytes
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
         self._cached = 0
@@ -163,14 +179,16 @@ class Evaluator:
     def chunks(self) -> list[tuple[int, int]]:
         return self.index.chunks(self.batch_size)
 
-    def personal_counts(self, model: torch.nn.Module, client_id: int) -> tuple[int, int, int, int]:
+    def personal_counts(self, model: torch.nn.Module, client_id: int) -> tuple[int, ...]:
         """Client ``client_id``'s own ``model`` (weights loaded): (correct, samples) on its own test split,
-        then on the global test set -- one row of :func:`personal_metrics`."""
+        on the global test set, then on the validation set -- one row of :func:`personal_metrics`."""
         model.eval()
         lo, hi = int(self.index.local_start[client_id]), int(self.index.local_start[client_id + 1])
-        own = self.correct(model, _ranges(lo, hi, self.batch_size))
-        glob = self.correct(model, _ranges(0, self.index.num_test, self.batch_size))
-        return (int(sum(o.sum() for o in own)), hi - lo, int(sum(g.sum() for g in glob)), self.index.num_test)
+        row: list[int] = []
+        for start, stop in ((lo, hi), (0, self.index.num_test), (self.index.num_test, self.index.val_stop)):
+            row += [int(sum(o.sum() for o in self.correct(model, _ranges(start, stop, self.batch_size)))),
+                    stop - start]
+        return tuple(row)
 
     def load(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
         assert self.model is not None, "scoring a global model: build the Evaluator with one"

@@ -56,7 +56,7 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
         "rounds": len(history),
     }
     for key in last:
-        if key.startswith("eval/"):
+        if key.startswith(("eval/", "val/")):
             summary[key] = last[key]
     accs = [row["eval/accuracy"] for row in evaluated]
     summary["eval/best_accuracy"] = max(accs) if accs else math.nan

@@ -5,13 +5,15 @@ in :mod:`fedray.runtime.tune` (the only place that may import Ray).
 A spec (``tune_configs/*.yaml``)::
 
     base: quickstart                      # preset or YAML path, as for `fedray run`
-    overrides: {federation.rounds: 30}    # dotted keys applied to every trial
+    overrides:                            # dotted keys applied to every trial
+      federation.rounds: 30
+      data.val_per_class: 500             # a validation set held out of the training set
     search:                               # one domain per key
       data.alpha: {grid: [0.1, 1.0]}
       algorithm.name: {choice: [fedavg, fedprox]}
       federation.lr: {loguniform: [0.001, 0.1]}
       algorithm.mu: {uniform: [0.0, 0.1]}
-    metric: eval/accuracy
+    metric: val/accuracy                  # chosen on validation data; eval/* (test data) gets a printed note
     mode: max
     num_samples: 1                        # repeats of the grid, random domains redrawn (grids alone: refused)
     scheduler: {type: asha, grace_period: 5, reduction_factor: 3}
@@ -138,9 +140,19 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
             except ConfigError as e:
                 raise ConfigError(f"search.{key}", f"value {value!r} is invalid: {e}") from None
     known = set(base.flat()) | {"round", "train/loss", "time/round_s", "comm/bytes_up", "comm/bytes_down"}
-    if not (spec.metric.startswith(("eval/", "server/", "train/", "comm/", "time/", "diag/")) or spec.metric in known):
-        raise ConfigError("metric", f"'{spec.metric}' is not a per-round metric; e.g. eval/accuracy, eval/amp")
+    if not (spec.metric.startswith(("eval/", "val/", "server/", "train/", "comm/", "time/", "diag/"))
+            or spec.metric in known):
+        raise ConfigError("metric", f"'{spec.metric}' is not a per-round metric; e.g. val/accuracy, eval/accuracy")
+    if spec.metric.startswith("val/") and not base.data.val_per_class and "data.val_per_class" not in spec.search:
+        raise ConfigError("metric", f"'{spec.metric}' is scored on a validation set, and the base config has none; "
+                          "add one to the spec: overrides: {data.val_per_class: 500}")
     return spec
+
+
+def selects_on_test_data(spec: SweepSpec) -> bool:
+    """Whether the sweep picks its best trial by a figure of the test data (``eval/*``: the global test set or
+    the clients' test splits), which then no longer measures how the chosen setting generalises."""
+    return spec.metric.startswith("eval/")
 
 
 def check_repeats(spec: SweepSpec, num_samples: int | None = None, key: str = "num_samples") -> None:

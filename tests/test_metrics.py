@@ -121,21 +121,26 @@ def _plain_eval(model, data):
         correct.append(ok.sum())
         total.append(len(idx))
     acc = np.array(correct) / np.array(total)
-    return glob, {"eval/accuracy": glob.mean(), "eval/amp": sum(correct) / sum(total), "eval/fm": acc.var(),
-                  "eval/wlp": acc.min()}
+    want = {"eval/accuracy": glob.mean(), "eval/amp": sum(correct) / sum(total), "eval/fm": acc.var(),
+            "eval/wlp": acc.min()}
+    if data.num_val:
+        want["val/accuracy"] = (preds(data.val_x) == data.val_y).mean()
+    return glob, want
 
 
-@pytest.mark.parametrize("batch_size,cache_bytes", [(1024, 1 << 30), (37, 1 << 30), (64, 0), (64, 20_000)])
-def test_evaluator_gives_the_figures_of_the_straightforward_computation(tiny, batch_size, cache_bytes):
+@pytest.mark.parametrize("batch_size,cache_bytes,val", [(1024, 1 << 30, 0), (37, 1 << 30, 0), (64, 0, 0),
+                                                        (64, 20_000, 0), (37, 1 << 30, 7)])
+def test_evaluator_gives_the_figures_of_the_straightforward_computation(tiny, batch_size, cache_bytes, val):
     """Cached float batches, the CPU batch cap and the fixed batches change no prediction: the figures equal
-    those of scoring each image alone; with the cache off, partly filled or full, and twice in a row."""
+    those of scoring each image alone; with the cache off, partly filled or full, and twice in a row; with a
+    validation set (data.val_per_class), val/accuracy is scored on it alone."""
     import torch
 
     from fedray.data import build_federated_data
     from fedray.metrics import Evaluator
     from fedray.models import build_model
 
-    cfg = tiny(data__num_clients=5)
+    cfg = tiny(data__num_clients=5, data__val_per_class=val)
     data = build_federated_data(cfg.data, cfg.seed)
     torch.manual_seed(0)
     model = build_model("lenet5", data.input_shape, data.num_classes).eval()
@@ -148,7 +153,8 @@ def test_evaluator_gives_the_figures_of_the_straightforward_computation(tiny, ba
     assert ev._cached <= cache_bytes
 
 
-def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny):
+@pytest.mark.parametrize("val", [0, 5])
+def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny, val):
     """The Ray runtime's split of a global evaluation (worker k of n scores every n-th fixed batch) puts
     together the per-sample results of the in-process pass; a personalised row counts the same images."""
     import torch
@@ -157,7 +163,7 @@ def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny):
     from fedray.metrics import EvalIndex, Evaluator
     from fedray.models import build_model
 
-    cfg = tiny(data__num_clients=4)
+    cfg = tiny(data__num_clients=4, data__val_per_class=val)
     data = build_federated_data(cfg.data, cfg.seed)
     torch.manual_seed(1)
     model = build_model("lenet5", data.input_shape, data.num_classes).eval()
@@ -171,12 +177,14 @@ def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny):
             for (s, e), o in zip(ranges, ev.correct(model, ranges)):
                 ok[s:e] = o
         assert (ok == whole).all() and index.metrics(ok) == ev.evaluate(model.state_dict())
-    glob, _ = _plain_eval(model, data)
+    glob, want = _plain_eval(model, data)
+    assert index.metrics(whole).get("val/accuracy") == want.get("val/accuracy")
     for cid, idx in enumerate(data.client_test):
-        own_c, own_n, glob_c, glob_n = ev.personal_counts(model, cid)
+        own_c, own_n, glob_c, glob_n, val_c, val_n = ev.personal_counts(model, cid)
         lo = index.local_start[cid]
         assert (own_c, own_n) == (int(whole[lo : lo + len(idx)].sum()), len(idx))
         assert (glob_c, glob_n) == (int(glob.sum()), len(glob))
+        assert (val_c, val_n) == (int(whole[index.num_test : index.val_stop].sum()), 10 * val)
 
 
 @pytest.mark.parametrize("name,channels_last", [("lenet5", True), ("resnet8_bn", True), ("resnet8", False),

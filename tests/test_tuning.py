@@ -16,7 +16,8 @@ from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
 from fedray.errors import ConfigError, ResourceError
-from fedray.tuning import check_repeats, check_trials_fit, load_spec, planned_trials, trial_bundles
+from fedray.tuning import (check_repeats, check_trials_fit, load_spec, planned_trials, selects_on_test_data,
+                           trial_bundles)
 
 TINY = {"data.num_clients": 6, "data.synthetic_train_samples": 600, "data.synthetic_test_samples": 200,
         "federation.clients_per_round": 3, "federation.rounds": 3, "federation.local_steps": 5}
@@ -117,7 +118,23 @@ def test_shipped_specs_are_valid():
         assert first.startswith("#") and "?" in first, f"{path} must open with the question it answers"
         assert re.search(r"\babout \d+(\.\d+)? (s|min|h) on this machine\b", first), \
             f"{path}: its first line must give the expected run time ('about N min on this machine')"
-        load_spec(path)
+        spec = load_spec(path)
+        # A spec that chooses hyperparameters chooses them without the test data; a study says it is one
+        assert not selects_on_test_data(spec) or "A study, not a choice of hyperparameters" in path.read_text(), \
+            f"{path} selects on {spec.metric}, a figure of the test data"
+
+
+def test_a_validation_metric_needs_a_validation_set_and_a_test_metric_gets_a_note(tmp_path, capsys):
+    search = {"federation.lr": {"grid": [0.1]}}
+    with pytest.raises(ConfigError) as e:
+        load_spec(write_spec(tmp_path / "v.yaml", metric="val/accuracy", search=search))
+    assert e.value.key == "metric" and "data.val_per_class" in e.value.message
+    ok = write_spec(tmp_path / "v.yaml", metric="val/accuracy", search=search, overrides={"data.val_per_class": 5})
+    assert not selects_on_test_data(load_spec(ok))
+    assert main(["tune", str(ok), "--dry-run"]) == 0 and "note:" not in capsys.readouterr().out
+    on_test = write_spec(tmp_path / "t.yaml", metric="eval/amp", search=search)
+    assert main(["tune", str(on_test), "--dry-run"]) == 0
+    assert "note: eval/amp is scored on test data" in capsys.readouterr().out.replace("\n", " ")
 
 
 def test_dry_run_lists_trials_and_bundles_and_starts_nothing(tmp_path, capsys, monkeypatch):

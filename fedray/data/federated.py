@@ -8,6 +8,10 @@ Per-client 80/20 split: FedKF Sec. VI-A (AMP, FM and WLP are computed on the cli
 global test split is the dataset's own test set; for a multi-domain dataset, the test shares of the
 client domains (the server's domain excluded).
 
+Validation set (``data.val_per_class``): that many samples of every class taken out of the training set
+before partitioning, in no client's indices and never shown to a method; the global model is scored on it as
+``val/accuracy``, the figure a sweep selects hyperparameters by so that the test set stays for reporting.
+
 Server data (``data.server_data``), never in any client's indices:
 
 - ``holdout``: ``per_class`` samples of every class taken out of the training set before partitioning,
@@ -47,6 +51,7 @@ from fedray.errors import DataError
 PARTITION_STREAM = 1
 SPLIT_STREAM = 2
 SERVER_STREAM = 3
+VALIDATION_STREAM = 4
 
 
 @dataclass
@@ -75,7 +80,8 @@ class ServerData:
 class FederatedData:
     """A partitioned dataset. ``client_train[k]`` / ``client_test[k]`` index into ``train_x``.
 
-    ``server`` is the server's own data (None without ``data.server_data``). For a multi-domain dataset,
+    ``server`` is the server's own data (None without ``data.server_data``); ``val_x`` / ``val_y`` the
+    validation set (empty without ``data.val_per_class``). For a multi-domain dataset,
     ``domains`` lists the run's domains (``data.domains`` order, the server's included), ``train_domain``
     / ``test_domain`` give each training / global-test sample's index into ``domains`` and
     ``client_domain`` each client's domain index (-1 when its samples come from several domains); all
@@ -97,6 +103,13 @@ class FederatedData:
     train_domain: np.ndarray | None = None
     test_domain: np.ndarray | None = None
     client_domain: np.ndarray | None = None
+    val_x: np.ndarray | None = None
+    val_y: np.ndarray | None = None
+
+    @property
+    def num_val(self) -> int:
+        """Samples of the validation set (0 without one)."""
+        return 0 if self.val_y is None else len(self.val_y)
 
     @property
     def num_clients(self) -> int:
@@ -209,17 +222,20 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
         # Its own stream: the holdout does not move when other draws are added, nor they with it.
         held = select_holdout(train_y, cfg.server_data.per_class, raw.num_classes,
                               np.random.default_rng([seed, SERVER_STREAM]))
-        keep = np.ones(len(train_y), dtype=bool)
-        keep[held] = False
         domain = None
         if train_domain is not None:
             got = np.unique(train_domain[held])
             domain = domains[int(got[0])] if len(got) == 1 else None
         server = ServerData(canonical(train_x[held], np.uint8), train_y[held], labelled, domain)
-        # Removed from the training arrays, so every remaining training sample belongs to some client.
-        train_x, train_y = train_x[keep], train_y[keep]
-        if train_domain is not None:
-            train_domain = train_domain[keep]
+        train_x, train_y, train_domain = _without(held, train_x, train_y, train_domain)
+    val_x = val_y = None
+    if cfg.val_per_class:
+        # After the server's holdout, on its own stream: with data.val_per_class=0 nothing else moves.
+        held = select_holdout(train_y, cfg.val_per_class, raw.num_classes,
+                              np.random.default_rng([seed, VALIDATION_STREAM]), "data.val_per_class",
+                              "for validation")
+        val_x, val_y = canonical(train_x[held], np.uint8), train_y[held]
+        train_x, train_y, train_domain = _without(held, train_x, train_y, train_domain)
     parts = partition(cfg, train_y, seed, train_domain, domain_ids, client_names)
     rng = np.random.default_rng([seed, SPLIT_STREAM])
     splits = [split_train_test(idx, cfg.test_fraction, rng) for idx in parts]
@@ -239,7 +255,16 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
         train_domain=train_domain,
         test_domain=test_domain,
         client_domain=_client_domains(parts, train_domain),
+        val_x=val_x,
+        val_y=val_y,
     )
+
+
+def _without(held: np.ndarray, train_x: np.ndarray, train_y: np.ndarray, train_domain: np.ndarray | None):
+    """The training arrays with the samples ``held`` removed, so every remaining one belongs to some client."""
+    keep = np.ones(len(train_y), dtype=bool)
+    keep[held] = False
+    return train_x[keep], train_y[keep], None if train_domain is None else train_domain[keep]
 
 
 @dataclass

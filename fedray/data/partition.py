@@ -179,9 +179,11 @@ def partition_domain_dirichlet(
 
 
 def select_holdout(
-    labels: np.ndarray, per_class: int, num_classes: int, rng: np.random.Generator
+    labels: np.ndarray, per_class: int, num_classes: int, rng: np.random.Generator,
+    key: str = "data.server_data.per_class", purpose: str = "for the server",
 ) -> np.ndarray:
-    """``per_class`` random samples of each of the ``num_classes`` classes (FedCD Sec. V-A).
+    """``per_class`` random samples of each of the ``num_classes`` classes (FedCD Sec. V-A; the validation
+    set of ``data.val_per_class``, ``key`` and ``purpose`` naming it in the error).
 
     Returns their sorted int64 indices. Every class must keep at least one sample for the clients.
     """
@@ -191,8 +193,8 @@ def select_holdout(
     if short.size:
         c = int(short[0])
         raise DataError(
-            "data.server_data.per_class",
-            f"{per_class} per class cannot be held out for the server: class {c} has only "
+            key,
+            f"{per_class} per class cannot be held out {purpose}: class {c} has only "
             f"{int(counts[c])} training sample(s) ({short.size} class(es) have <= {per_class}); use at "
             f"most {max(int(counts.min()) - 1, 0)}",
         )

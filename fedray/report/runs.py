@@ -266,7 +266,7 @@ def _mlflow_record(client: Any, run: Any) -> RunRecord:
         "rounds": len(history),
     }
     if evaluated:
-        summary.update({k: v for k, v in evaluated[-1].items() if k.startswith("eval/")})
+        summary.update({k: v for k, v in evaluated[-1].items() if k.startswith(("eval/", "val/"))})
         summary["eval/best_accuracy"] = max(row["eval/accuracy"] for row in evaluated)
     for key in ("comm/bytes_up", "comm/bytes_down"):
         vals = [row[key] for row in history if not _missing(row.get(key))]

@@ -348,8 +348,9 @@ def personal_evaluation(rows: list[tuple[int, ...]]) -> dict[str, float]:
 def client_table(cfg: ExperimentConfig, rows: list[tuple[int, ...]]) -> list[dict]:
     """Per-client figures of a personalised evaluation (``clients.json``), rows in client-id order."""
     return [{"client": cid, "architecture": cfg.model.client_architecture(cid), "own_correct": own_c,
-             "own_samples": own_n, "own_accuracy": own_c / max(own_n, 1), "global_accuracy": glob_c / max(glob_n, 1)}
-            for cid, (own_c, own_n, glob_c, glob_n) in enumerate(rows)]
+             "own_samples": own_n, "own_accuracy": own_c / max(own_n, 1), "global_accuracy": glob_c / max(glob_n, 1),
+             **({"val_accuracy": val_c / val_n} if val_n else {})}
+            for cid, (own_c, own_n, glob_c, glob_n, val_c, val_n) in enumerate(rows)]
 
 
 def personal_models(algo: Algorithm, states: dict[int, ClientState]) -> dict[int, Weights]:

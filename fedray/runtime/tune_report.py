@@ -96,7 +96,7 @@ class MetricCheck(tune.Callback):
     that would hold it, instead of running every trial and ending with no best trial.
 
     Which results must hold it: a trial's last round (evaluated and diagnosed, every warm-up over), and
-    before it an evaluated round for ``eval/*`` (every ``eval/*`` key comes with ``eval/accuracy``) or a
+    before it an evaluated round for ``eval/*`` and ``val/*`` (each comes with ``eval/accuracy``) or a
     diagnosed one for ``diag/*``. Raised in the driver, the error ends ``fit()``; ``run_sweep`` unwraps it.
     """
 
@@ -107,7 +107,7 @@ class MetricCheck(tune.Callback):
     def _must_hold(self, trial, result: dict[str, Any]) -> bool:
         family = self.spec.metric.split("/", 1)[0]
         return (int(result.get("round", 0)) >= _trial_rounds(self.spec, trial, self._rounds)
-                or (family == "eval" and "eval/accuracy" in result)
+                or (family in ("eval", "val") and "eval/accuracy" in result)
                 or (family == "diag" and any(k.startswith("diag/") for k in result)))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):

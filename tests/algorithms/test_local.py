@@ -86,7 +86,7 @@ def test_personalised_evaluation_scores_each_clients_own_model():
         own_acc.append(own.mean())
         glob_acc.append(glob.mean())
         correct, total = correct + own.sum(), total + len(own)
-        assert ev.personal_counts(model, cid) == (own.sum(), len(own), glob.sum(), len(glob))
+        assert ev.personal_counts(model, cid) == (own.sum(), len(own), glob.sum(), len(glob), 0, 0)
     assert got["eval/accuracy"] == pytest.approx(np.mean(glob_acc))
     assert got["eval/amp"] == pytest.approx(correct / total)
     assert got["eval/fm"] == pytest.approx(np.var(own_acc))
@@ -94,12 +94,14 @@ def test_personalised_evaluation_scores_each_clients_own_model():
 
 
 def test_personal_metrics_by_hand():
-    # client 0: 3/4 own, 50/100 global; client 1: 1/2 own, 30/100 global
-    m = personal_metrics(np.array([[3, 4, 50, 100], [1, 2, 30, 100]]))
+    # client 0: 3/4 own, 50/100 global, 7/10 validation; client 1: 1/2 own, 30/100 global, 4/10 validation
+    m = personal_metrics(np.array([[3, 4, 50, 100, 7, 10], [1, 2, 30, 100, 4, 10]]))
     assert m["eval/accuracy"] == pytest.approx(0.4)  # (0.5 + 0.3) / 2
     assert m["eval/amp"] == pytest.approx(4 / 6)
     assert m["eval/fm"] == pytest.approx(0.015625)  # mean 0.625: ((0.125)^2 + (0.125)^2) / 2
     assert m["eval/wlp"] == pytest.approx(0.5)
+    assert m["val/accuracy"] == pytest.approx(0.55)  # (0.7 + 0.4) / 2
+    assert "val/accuracy" not in personal_metrics(np.array([[3, 4, 50, 100, 0, 0]]))
 
 
 def test_two_rounds_run_and_same_seed_same_numbers():

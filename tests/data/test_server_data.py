@@ -116,3 +116,33 @@ def test_partition_by_domain_and_domain_dirichlet_unit():
     with pytest.raises(DataError) as e:
         partition_domain_dirichlet(labels, domain, [0], 50, 1.0, 2, np.random.default_rng(0), names=["x"])
     assert e.value.key == "data.clients_per_domain" and "domain 'x'" in e.value.message
+
+
+# --- the validation set (data.val_per_class) ------------------------------------------------------------------
+
+def test_validation_set_is_per_class_apart_from_clients_and_server_and_seeded():
+    fd = build_federated_data(data_cfg(val_per_class=15), seed=1)
+    np.testing.assert_array_equal(np.bincount(fd.val_y, minlength=10), [15] * 10)
+    assert fd.num_val == 150 and fd.val_x.shape == (150, 1, 16, 16) and fd.val_x.dtype == np.uint8
+    # Taken out after the server's 200: the clients share out the remaining 1,650, none of them validation images
+    assert fd.train_x.shape[0] == 1650
+    everything = np.concatenate(fd.client_train + fd.client_test)
+    np.testing.assert_array_equal(np.sort(everything), np.arange(1650))
+    whole = build_federated_data(data_cfg(server_data__kind="none"), seed=1)
+    val = rows(fd.val_x)
+    assert len(val) == 150 and val <= rows(whole.train_x) and not val & rows(fd.server.x)
+    assert not val & rows(fd.train_x)
+    # The server's holdout stays where it was without a validation set; same seed, same validation set
+    np.testing.assert_array_equal(fd.server.x, build_federated_data(data_cfg(), seed=1).server.x)
+    again = build_federated_data(data_cfg(val_per_class=15), seed=1)
+    np.testing.assert_array_equal(again.val_x, fd.val_x)
+    assert not np.array_equal(build_federated_data(data_cfg(val_per_class=15), seed=2).val_x, fd.val_x)
+
+
+def test_no_validation_set_by_default_and_too_large_a_one_names_its_key():
+    fd = build_federated_data(data_cfg(), seed=1)
+    assert fd.num_val == 0 and fd.val_x is None and fd.train_x.shape[0] == 1800
+    with pytest.raises(DataError) as e:
+        build_federated_data(data_cfg(val_per_class=180), seed=0)  # 200 per class, 20 of them the server's
+    assert e.value.key == "data.val_per_class" and "for validation" in e.value.message
+    assert "at most 179" in e.value.message

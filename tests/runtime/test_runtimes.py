@@ -45,8 +45,8 @@ FIGURES = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "eval/best_accura
 @pytest.mark.ray
 def test_local_and_ray_give_identical_summaries(ray_local, tmp_path):
     """The same figures in-process and on Ray, with the server in the driver (the default here: it reserves no
-    resources) and in a server actor."""
-    cfg = tiny_config(algorithm__name="fedprox", algorithm__mu=0.1, federation__rounds=3)
+    resources) and in a server actor; the validation set's too."""
+    cfg = tiny_config(algorithm__name="fedprox", algorithm__mu=0.1, federation__rounds=3, data__val_per_class=5)
     local = run_experiment(cfg, tmp_path / "local", progress=False)
     a = json.loads((tmp_path / "local" / "summary.json").read_text())
     for where, server in (("driver", "auto"), ("actor", False)):
@@ -54,7 +54,7 @@ def test_local_and_ray_give_identical_summaries(ray_local, tmp_path):
             update={"backend": "ray", "server_in_driver": server})})
         remote = run_experiment(ray_cfg, tmp_path / where, progress=False)
         b = json.loads((tmp_path / where / "summary.json").read_text())
-        assert {k: a[k] for k in FIGURES} == {k: b[k] for k in FIGURES}, where
+        assert {k: a[k] for k in (*FIGURES, "val/accuracy")} == {k: b[k] for k in (*FIGURES, "val/accuracy")}, where
         assert b["runtime"].startswith("ray: 2 client worker(s)")
         assert ("server in the driver" in b["runtime"]) == (where == "driver"), b["runtime"]
         for ra, rb in zip(local.history, remote.history):
