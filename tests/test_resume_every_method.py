@@ -47,7 +47,9 @@ class CrashAfter:
 
 
 def test_every_built_in_method_has_a_case():
-    assert set(ALGORITHMS) <= {name.split("-")[0] for name in CASES}
+    # (other tests register methods of their own: those live outside fedray.algorithms)
+    built_in = {name for name in ALGORITHMS if ALGORITHMS[name].__module__.startswith("fedray.algorithms.")}
+    assert len(built_in) >= 11 and built_in <= {name.split("-")[0] for name in CASES}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
