@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None, hooks=()) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except RunFailure as e:
-        out = getattr(args, "resume", None) or getattr(args, "output_dir", None)
+        out = (args.resume or args.output_dir) if args.command == "run" else None
         hint = f"; continue from the last checkpoint with: fedray run --resume {out}" if out else ""
         print(f"error: {e}{hint}", file=sys.stderr)
         return 1

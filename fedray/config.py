@@ -8,11 +8,12 @@ starts. Algorithm-specific keys (``algorithm.mu``) are validated by the algorith
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, flatten
@@ -57,6 +58,15 @@ class ServerDataConfig(_Strict):
         return self.labelled if self.labelled is not None else self.kind == "holdout"
 
 
+def absolute_path(path: str) -> str:
+    """``path`` with ``~`` expanded, made absolute against the current folder."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
+#: Config keys that name a folder (made absolute by validation, and by a sweep before its trials start)
+PATH_KEYS = ("data.data_dir", "data.cache_dir")
+
+
 class DataConfig(_Strict):
     dataset: DatasetName = "fashion_mnist"
     data_dir: str | None = Field(
@@ -98,6 +108,13 @@ class DataConfig(_Strict):
     synthetic_num_classes: int = Field(default=10, ge=2)
     synthetic_image_size: int = Field(default=16, ge=8)
     synthetic_channels: int = Field(default=1, ge=1)
+
+    @field_validator("data_dir", "cache_dir")
+    @classmethod
+    def _absolute(cls, folder: str | None) -> str | None:
+        """Recorded absolute: a run resumed from another folder, a sweep's trials (Tune runs each in a folder of
+        its own) and ``config.yaml`` all mean the folder the user named, from wherever it was named."""
+        return None if folder is None else absolute_path(folder)
 
     def all_domains(self) -> list[str]:
         """The run's domains (``data.domains`` or all of the dataset's); empty for single-domain datasets."""

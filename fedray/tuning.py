@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedray.algorithms import load_experiment
-from fedray.config import ExperimentConfig, read_yaml_mapping
+from fedray.config import PATH_KEYS, ExperimentConfig, absolute_path, read_yaml_mapping
 from fedray.errors import ConfigError, ResourceError
 from fedray.validation import config_error
 
@@ -133,6 +133,7 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
         raise config_error(e, SweepSpec) from None
     spec.name = name or spec.name or path.stem
     base = spec.base_config()  # the base must exist (a preset name or a file) and be valid
+    _anchor_paths(spec, base)
     for key, domain in spec.search.items():
         for value in domain.probe_values():
             try:
@@ -147,6 +148,26 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
         raise ConfigError("metric", f"'{spec.metric}' is scored on a validation set, and the base config has none; "
                           "add one to the spec: overrides: {data.val_per_class: 500}")
     return spec
+
+
+def _anchor_paths(spec: SweepSpec, base: ExperimentConfig) -> None:
+    """Relative paths of the spec made absolute here, where the sweep starts: Tune runs each trial in a folder
+    of its own, where ``data.data_dir: data`` or a ``base: my.yaml`` would name nothing (every trial failed).
+    The base config's folders (already absolute, see :func:`fedray.config.absolute_path`) are pinned as
+    overrides for the same reason."""
+    if Path(spec.base).suffix in (".yaml", ".yml") or Path(spec.base).exists():
+        spec.base = absolute_path(spec.base)
+    flat = base.flat()
+    for key in PATH_KEYS:
+        if key in spec.search:
+            domain = spec.search[key]
+            if domain.kind in ("grid", "choice"):
+                setattr(domain, domain.kind, [absolute_path(v) if isinstance(v, str) else v
+                                              for v in getattr(domain, domain.kind)])
+        elif isinstance(spec.overrides.get(key), str):
+            spec.overrides[key] = absolute_path(spec.overrides[key])
+        elif flat.get(key) is not None:
+            spec.overrides[key] = flat[key]
 
 
 def selects_on_test_data(spec: SweepSpec) -> bool:

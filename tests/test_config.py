@@ -1,6 +1,8 @@
-from fedray.algorithms import algorithm_params, validate_experiment
+import os
+
 import pytest
 
+from fedray.algorithms import algorithm_params, validate_experiment
 from fedray.config import ExperimentConfig, load_config, preset_names
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, parse_override
@@ -137,3 +139,11 @@ def test_a_domain_partitions_title_has_no_alpha():
     cross_device = load_config("fedd3a_fmnist_domains", ["data.partition=domain_dirichlet",
                                                          "data.clients_per_domain=5", "data.alpha=0.2"]).data
     assert cross_device.describe_partition() == "domain_dirichlet (alpha=0.2, 5 clients per domain)"
+
+
+def test_folders_are_recorded_as_absolute_paths(tmp_path, monkeypatch):
+    # A relative data.data_dir meant another folder once a run was resumed from elsewhere
+    monkeypatch.chdir(tmp_path)
+    data = load_config("quickstart", ["data.data_dir=d", "data.cache_dir=~/c"]).data
+    assert data.data_dir == str(tmp_path / "d") and data.cache_dir == os.path.expanduser("~/c")
+    assert load_config("quickstart").data.data_dir is None

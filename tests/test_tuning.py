@@ -392,6 +392,41 @@ def test_a_metric_the_runs_do_not_report_stops_the_sweep_at_once(tmp_path, monke
     assert not (tmp_path / "sweeps" / "t1" / "best.json").exists()
 
 
+@pytest.mark.ray
+def test_a_sweep_whose_every_trial_fails_exits_1_and_ends_failed(tmp_path, monkeypatch, capsys):
+    """Every trial failing (here: a partition no draw can satisfy, found only once a trial loads the data) used to
+    end with exit 0, an empty best trial in best.json and the sweep's MLflow run FINISHED."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "fails.yaml", search={"federation.lr": {"grid": [0.1, 0.05]}},
+                      overrides={"tracking.experiment": "fails", "data.min_samples": 5000}, trial_cpus=1)
+    assert main(["tune", str(spec), "--name", "f1"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: every trial of sweep f1 failed (2); the first: ") and "data.min_samples" in err
+    assert "--resume" not in err  # a rerun would fail alike
+    parents, kids = children(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), "fails")
+    assert [p.info.status for p in parents] == ["FAILED"] and [k.info.status for k in kids] == ["FAILED"] * 2
+    assert not (tmp_path / "sweeps" / "f1" / "best.json").exists()
+
+
+def test_relative_paths_of_a_spec_still_name_their_folders_inside_a_trials_own_folder(tmp_path, monkeypatch):
+    """Tune runs each trial in a folder of its own: a relative data.data_dir, or a base config given as a relative
+    YAML path (with a relative data.cache_dir in it), named nothing there and every trial failed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"data": {"dataset": "synthetic", "cache_dir": "cache"}}))
+    spec = load_spec(write_spec(tmp_path / "s.yaml", base="base.yaml", search={"federation.lr": {"grid": [0.1]}},
+                                overrides={"data.data_dir": "data"}))
+    monkeypatch.chdir(tmp_path / "data")  # as Tune does before a trial builds its config
+    cfg = spec.trial_config({"federation.lr": 0.1})
+    assert (cfg.data.data_dir, cfg.data.cache_dir) == (str(tmp_path / "data"), str(tmp_path / "cache"))
+    searched = load_spec(write_spec(tmp_path / "g.yaml", search={"data.data_dir": {"grid": ["a", "../b"]}}))
+    assert searched.search["data.data_dir"].grid == [str(tmp_path / "data" / "a"), str(tmp_path / "b")]
+
+
 def _sweep_command(tmp_path, experiment: str, name: str, lrs: list[float], rounds: int):
     """A one-trial-at-a-time sweep over federation.lr run as `fedray tune` in a process: (cmd, env, MLflow URI)."""
     spec = write_spec(tmp_path / f"{experiment}.yaml", search={"federation.lr": {"grid": lrs}},

@@ -32,7 +32,7 @@ from ray.tune.error import TuneError
 from ray.tune.schedulers import ASHAScheduler
 
 from fedray.checkpoint import CheckpointError, load_checkpoint
-from fedray.errors import ConfigError, check_interrupted, record_interrupt
+from fedray.errors import ConfigError, RunFailure, check_interrupted, record_interrupt
 from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, plot_sweep
@@ -312,6 +312,11 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                 signal.signal(sig, handler)
         check_interrupted()  # fit() returned because of Ctrl-C / SIGTERM: the sweep ends KILLED
         best = _best(results, spec)
+        if best["trials"] and best["errored"] == best["trials"]:
+            # No best trial to give: an error, not a finished sweep with an empty best.json
+            raise RunFailure(f"every trial of sweep {spec.name} failed ({best['trials']}); the first: "
+                             f"{_last_line(next(r.error for r in results if r.error is not None))}; each trial's "
+                             f"traceback is its error.txt under {sweep_dir}, Ray's and Tune's logs in ray.log")
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
         plot = plot_sweep(results, spec, sweep_dir / SWEEP_PLOT)
         if parent is not None:
@@ -335,6 +340,12 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             ray.shutdown()
         if ray_log is not None:
             ray_log.close()
+
+
+def _last_line(error: BaseException) -> str:
+    """A trial's error as its last line (Tune wraps the trial's exception; its text ends with the cause)."""
+    lines = str(error).strip().splitlines()
+    return lines[-1][:300] if lines else type(error).__name__
 
 
 def _best(results, spec: SweepSpec) -> dict[str, Any]:
