@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None, hooks=()) -> int:
     else:
         args = parser.parse_args(argv)
     clear_interrupted()
+    from fedray.config import anchor_path_env
+
+    anchor_path_env()
     if threading.current_thread() is threading.main_thread():
         # A scheduler's SIGTERM (preemption, `kill`) ends the run like Ctrl-C: MLflow run KILLED, not RUNNING.
         signal.signal(signal.SIGTERM, interrupt)

@@ -65,6 +65,17 @@ def absolute_path(path: str) -> str:
 
 #: Config keys that name a folder (made absolute by validation, and by a sweep before its trials start)
 PATH_KEYS = ("data.data_dir", "data.cache_dir")
+#: Environment variables that name the default data and decoded-cache folders
+DATA_DIR_ENV, CACHE_DIR_ENV = "FEDRAY_DATA_DIR", "FEDRAY_CACHE_DIR"
+
+
+def anchor_path_env() -> None:
+    """A relative ``$FEDRAY_DATA_DIR`` / ``$FEDRAY_CACHE_DIR`` made absolute in this process's environment,
+    which the processes it starts inherit: a local Ray cluster's workers, and a sweep's trials, which Tune runs
+    each in a folder of its own (where a relative folder would be another one, downloaded into anew)."""
+    for var in (DATA_DIR_ENV, CACHE_DIR_ENV):
+        if os.environ.get(var):
+            os.environ[var] = absolute_path(os.environ[var])
 
 
 class DataConfig(_Strict):

@@ -147,3 +147,16 @@ def test_folders_are_recorded_as_absolute_paths(tmp_path, monkeypatch):
     data = load_config("quickstart", ["data.data_dir=d", "data.cache_dir=~/c"]).data
     assert data.data_dir == str(tmp_path / "d") and data.cache_dir == os.path.expanduser("~/c")
     assert load_config("quickstart").data.data_dir is None
+
+
+def test_the_cli_makes_relative_data_folders_in_the_environment_absolute(tmp_path, monkeypatch):
+    # A sweep's trials (each run in a folder of its own) inherit the environment: a relative folder there
+    # was another, empty one
+    from fedray.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDRAY_DATA_DIR", "data")
+    monkeypatch.setenv("FEDRAY_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["models", "synthetic"]) == 0
+    assert os.environ["FEDRAY_DATA_DIR"] == str(tmp_path / "data")
+    assert os.environ["FEDRAY_CACHE_DIR"] == str(tmp_path / "cache")

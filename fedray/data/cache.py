@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedray.config import CACHE_DIR_ENV
+
 log = logging.getLogger("fedray")
 
-CACHE_DIR_ENV = "FEDRAY_CACHE_DIR"
 #: Bumped when what is stored, or how, changes: older entries then miss and are rebuilt.
 FORMAT_VERSION = 1
 ARRAYS = ("train_x", "train_y", "test_x", "test_y")

@@ -27,7 +27,7 @@ from urllib.error import URLError
 
 import numpy as np
 
-from fedray.config import DOMAINS, DataConfig
+from fedray.config import DATA_DIR_ENV, DOMAINS, DataConfig
 from fedray.data.cache import DecodedCache, default_cache_dir, fingerprint
 from fedray.errors import DataError
 
@@ -35,7 +35,6 @@ from fedray.errors import DataError
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 #: Environment variable that overrides :data:`DEBIAN_FASHION_MNIST` (tests point it at a fake folder).
 DEBIAN_FASHION_MNIST_ENV = "FEDRAY_DEBIAN_FASHION_MNIST"
-DATA_DIR_ENV = "FEDRAY_DATA_DIR"
 
 # torchvision's unzipped raw file names for Fashion-MNIST (FashionMNIST._check_exists looks for these).
 _FMNIST_FILES = (
