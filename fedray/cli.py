@@ -301,8 +301,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
                      address=args.address, verbose=args.verbose, console=console)
     rows = [{"key": k, "value": v} for k, v in best["config"].items()]
+    what = "trial"
+    if "seeds" in best:  # a seed dimension: the best setting by its mean over seeds, figures averaged
+        what = f"setting (mean over seeds {', '.join(map(str, best['seeds']))})"
+        rows.append({"key": f"{spec.metric} std", "value": best["metric_std"]})
     rows += [{"key": k, "value": v} for k, v in sorted(best["metrics"].items())]
-    console.print(comparison_table(rows, ["key", "value"], title=f"best trial of {spec.name} "
+    console.print(comparison_table(rows, ["key", "value"], title=f"best {what} of {spec.name} "
                                    f"({best['trials']} trials, {best['errored']} failed)"))
     console.print(f"saved to {spec.storage}/{spec.name}/best.json", highlight=False)
     return 0

@@ -145,10 +145,9 @@ class Evaluator:
         self.mean, self.std = data.mean, data.std
         self.index = EvalIndex(data)
         # One uint8 copy (also off Ray's read-only object store, which torch warns about).
-        val = [np.asarray(data.val_x)] if data.num_val else []
-        self.x = np.concatenate([np.asarray(data.test_x), *val, data.train_x[self.index.client_rows]])
-        val = [np.asarray(data.val_y)] if data.num_val else []
-        self.y = np.concatenate([np.asarray(data.test_y), *val, data.train_y[self.index.client_rows]])
+        val_x, val_y = ([np.asarray(data.val_x)], [np.asarray(data.val_y)]) if data.num_val else ([], [])
+        self.x = np.concatenate([np.asarray(data.test_x), *val_x, data.train_x[self.index.client_rows]])
+        self.y = np.concatenate([np.asarray(data.test_y), *val_y, data.train_y[self.index.client_rows]])
         self.cache_bytes = cache_bytes
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
         self._cached = 0

@@ -25,6 +25,7 @@ import itertools
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedray.algorithms import load_experiment
@@ -168,6 +169,40 @@ def _anchor_paths(spec: SweepSpec, base: ExperimentConfig) -> None:
             spec.overrides[key] = absolute_path(spec.overrides[key])
         elif flat.get(key) is not None:
             spec.overrides[key] = flat[key]
+
+
+def best_setting(rows: list[tuple[dict[str, Any], dict[str, Any], str]], spec: SweepSpec) -> dict[str, Any]:
+    """The sweep's best from its trials' (config, last reported figures, folder), each holding the metric.
+
+    With a ``seed`` dimension the trials of one setting (the same values but the seed) are taken together and
+    the best setting is the one whose mean metric over its seeds is best: one seed's lucky round is no choice
+    of hyperparameters. ``config`` is then the setting without its seed, ``metrics`` the mean of each figure
+    over the seeds, and ``seeds``, ``metric_per_seed`` and ``metric_std`` (sample, ddof=1; 0 for one seed) say
+    what the mean is of. Without a seed dimension the best trial, as Tune gives it."""
+    sign = 1.0 if spec.mode == "max" else -1.0
+    if "seed" not in spec.search:
+        cfg, figures, path = max(rows, key=lambda r: sign * r[1][spec.metric])
+        return {"config": dict(cfg), "metric_value": figures[spec.metric], "metrics": _figures(figures),
+                "trial_dir": path}
+    groups: dict[tuple, list[tuple[dict[str, Any], dict[str, Any], str]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(sorted((k, repr(v)) for k, v in row[0].items() if k != "seed")), []).append(row)
+    trials = max(groups.values(), key=lambda g: sign * float(np.mean([r[1][spec.metric] for r in g])))
+    trials.sort(key=lambda r: r[0]["seed"])
+    values = [float(r[1][spec.metric]) for r in trials]
+    figures = [_figures(r[1]) for r in trials]
+    shared = [k for k in figures[0] if all(k in f and isinstance(f[k], (int, float)) for f in figures)]
+    return {"config": {k: v for k, v in trials[0][0].items() if k != "seed"},
+            "metric_value": float(np.mean(values)),
+            "metric_std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+            "seeds": [r[0]["seed"] for r in trials],
+            "metric_per_seed": {str(r[0]["seed"]): v for r, v in zip(trials, values)},
+            "metrics": {k: float(np.mean([f[k] for f in figures])) for k in shared},
+            "trial_dirs": [path for _, _, path in trials]}
+
+
+def _figures(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if "/" in k or k == "round"}
 
 
 def selects_on_test_data(spec: SweepSpec) -> bool:

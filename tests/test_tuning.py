@@ -392,6 +392,42 @@ def test_a_metric_the_runs_do_not_report_stops_the_sweep_at_once(tmp_path, monke
     assert not (tmp_path / "sweeps" / "t1" / "best.json").exists()
 
 
+def test_the_best_of_a_sweep_over_seeds_is_the_setting_with_the_best_mean(tmp_path):
+    """One seed's lucky run used to be the sweep's best: setting A (0.9 and 0.1 over two seeds) won over B (0.6
+    and 0.6). Over seeds the best is the setting with the best mean, its figures averaged; without a seed
+    dimension it stays the best trial."""
+    from types import SimpleNamespace
+
+    from fedray.runtime.tune_report import plot_sweep
+    from fedray.tuning import best_setting
+
+    def row(mu, seed, acc):
+        return ({"algorithm.mu": mu, "seed": seed}, {"val/accuracy": acc, "eval/accuracy": acc / 2, "round": 3,
+                                                     "time/round_s": 1.0}, f"t-{mu}-{seed}")
+
+    rows = [row(0.1, 0, 0.9), row(0.1, 1, 0.1), row(1.0, 1, 0.6), row(1.0, 0, 0.6)]
+    spec = load_spec(write_spec(tmp_path / "s.yaml", metric="val/accuracy", search={
+        "algorithm.mu": {"grid": [0.1, 1.0]}, "seed": {"grid": [0, 1]}},
+        overrides={"data.val_per_class": 5, "algorithm.name": "fedprox"}))
+    best = best_setting(rows, spec)
+    assert best["config"] == {"algorithm.mu": 1.0} and best["seeds"] == [0, 1]
+    assert best["metric_value"] == pytest.approx(0.6) and best["metric_std"] == pytest.approx(0.0)
+    assert best["metric_per_seed"] == {"0": 0.6, "1": 0.6} and best["trial_dirs"] == ["t-1.0-0", "t-1.0-1"]
+    assert best["metrics"] == {"val/accuracy": pytest.approx(0.6), "eval/accuracy": pytest.approx(0.3),
+                               "round": 3, "time/round_s": 1.0}
+    spec.mode = "min"
+    assert best_setting(rows, spec)["config"] == {"algorithm.mu": 0.1}
+    spec.mode, spec.search = "max", {"algorithm.mu": spec.search["algorithm.mu"]}
+    single = best_setting(rows, spec)
+    assert single["config"] == {"algorithm.mu": 0.1, "seed": 0} and single["metric_value"] == 0.9
+    # sweep.png marks the best setting on each of its parameters' panels, not on the seed's
+    spec.search = load_spec(write_spec(tmp_path / "s.yaml", search={"algorithm.mu": {"grid": [0.1]},
+                                                                     "seed": {"grid": [0, 1]}},
+                                       overrides={"algorithm.name": "fedprox"})).search
+    results = [SimpleNamespace(error=None, config=c, metrics=m) for c, m, _ in rows]
+    assert plot_sweep(results, spec, best, tmp_path / "sweep.png").stat().st_size > 1000
+
+
 @pytest.mark.ray
 def test_a_sweep_whose_every_trial_fails_exits_1_and_ends_failed(tmp_path, monkeypatch, capsys):
     """Every trial failing (here: a partition no draw can satisfy, found only once a trial loads the data) used to

@@ -120,9 +120,10 @@ class MetricCheck(tune.Callback):
                           + (f"; did you mean '{close[0]}'?" if close else ""))
 
 
-def plot_sweep(results, spec: SweepSpec, path: Path) -> Path | None:
+def plot_sweep(results, spec: SweepSpec, best: dict[str, Any], path: Path) -> Path | None:
     """The sweep's metric (last reported value of each trial) against each searched parameter, one panel per
-    parameter, the best trial marked; None when no trial reported the metric."""
+    parameter, ``best`` marked (the best trial, or the best setting at its mean over seeds); None when no trial
+    reported the metric."""
     rows = [(r.config, r.metrics[spec.metric]) for r in results
             if r.error is None and spec.metric in (r.metrics or {})]
     if not rows:
@@ -134,24 +135,31 @@ def plot_sweep(results, spec: SweepSpec, path: Path) -> Path | None:
 
     keys = list(spec.search)
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
-    best = (max if spec.mode == "max" else min)(rows, key=lambda r: r[1])
+    label = "best" + (" (mean over seeds)" if "seeds" in best else "")
     for ax, key in zip(axes[0], keys):
         values = [cfg.get(key) for cfg, _ in rows]
+        bx = best["config"].get(key)  # None on the seed panel of a best setting
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            xs, bx = values, best[0].get(key)
-            if spec.search[key].kind == "loguniform" or (min(values) > 0 and max(values) >= 100 * min(values)):
-                ax.set_xscale("log")
+            xs, positive = values, [v for v in values if v > 0]
+            if spec.search[key].kind == "loguniform" or (
+                    positive and min(values) >= 0 and max(positive) >= 100 * min(positive)):
+                # a grid with 0 (FedProx's mu: 0, 0.001, ..., 1) on a log scale that is linear near 0
+                ax.set_xscale("log") if min(values) > 0 else ax.set_xscale("symlog", linthresh=min(positive))
         else:  # categories, in order of first appearance
             labels = list(dict.fromkeys(map(str, values)))
-            xs, bx = [labels.index(str(v)) for v in values], labels.index(str(best[0].get(key)))
+            xs, bx = [labels.index(str(v)) for v in values], labels.index(str(bx)) if key in best["config"] else None
             ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
         ax.scatter(xs, [m for _, m in rows], alpha=0.7)
         ax.margins(x=0.15)
-        ax.scatter([bx], [best[1]], marker="*", s=200, color="tab:red", label="best")
+        if bx is not None:
+            ax.scatter([bx], [best["metric_value"]], marker="*", s=200, color="tab:red", label=label)
         ax.set_xlabel(key)
         ax.set_ylabel(spec.metric)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(loc="best")
+    for ax in axes[0]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best")
+            break
     fig.suptitle(f"{spec.name}: {len(rows)} trials, last reported {spec.metric}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -38,8 +39,8 @@ from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
-from fedray.tuning import (SweepSpec, check_repeats, check_trials_fit, planned_trials, search_space_summary,
-                           trial_bundles)
+from fedray.tuning import (SweepSpec, best_setting, check_repeats, check_trials_fit, planned_trials,
+                           search_space_summary, trial_bundles)
 
 SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
@@ -318,7 +319,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                              f"{_last_line(next(r.error for r in results if r.error is not None))}; each trial's "
                              f"traceback is its error.txt under {sweep_dir}, Ray's and Tune's logs in ray.log")
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
-        plot = plot_sweep(results, spec, sweep_dir / SWEEP_PLOT)
+        plot = plot_sweep(results, spec, best, sweep_dir / SWEEP_PLOT)
         if parent is not None:
             for k, v in best["config"].items():
                 parent.client.set_tag(parent.run_id, f"best.{k}", str(v))
@@ -353,9 +354,7 @@ def _best(results, spec: SweepSpec) -> dict[str, Any]:
     ok = [r for r in results if r.error is None and spec.metric in (r.metrics or {})]
     summary = {"sweep": spec.name, "metric": spec.metric, "mode": spec.mode, "trials": len(results),
                "errored": len(errors)}
+    ok = [r for r in ok if isinstance(r.metrics[spec.metric], (int, float)) and math.isfinite(r.metrics[spec.metric])]
     if not ok:
         return {**summary, "config": {}, "metric_value": None, "metrics": {}}
-    best = results.get_best_result(metric=spec.metric, mode=spec.mode, scope="last", filter_nan_and_inf=True)
-    figures = {k: v for k, v in best.metrics.items() if "/" in k or k == "round"}
-    return {**summary, "config": dict(best.config), "metric_value": best.metrics.get(spec.metric),
-            "metrics": figures, "trial_dir": str(best.path)}
+    return {**summary, **best_setting([(dict(r.config), dict(r.metrics), str(r.path)) for r in ok], spec)}
