@@ -26,6 +26,7 @@ from fedray.report import (
     report,
     to_markdown,
 )
+from fedray.report.table import footnote
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
 
@@ -225,6 +226,19 @@ def test_megabytes_to_reach_the_target_and_setup_bytes():
     assert rows["fedavg"]["MB to 60%"] == "—"  # never reached
     table = to_markdown(list(rows.values()))
     assert "| MB setup |" in table and table.count("\n| fed") == 2
+
+
+def test_runs_with_a_validation_set_get_its_column():
+    def rec(seed, method, val=None):
+        summary = {"eval/accuracy": 0.5, **({"val/accuracy": val} if val is not None else {})}
+        return RunRecord(f"s{seed}", {"algorithm.name": method, "data.dataset": "mnist", "data.alpha": 0.1,
+                                      "seed": seed}, [], summary)
+
+    rows = {r["method"]: r for r in build_table([rec(0, "fedavg", 0.4), rec(1, "fedavg", 0.6), rec(0, "fedprox")])}
+    assert rows["fedavg"]["val (%)"] == f"50.00 ± {statistics.stdev([40, 60]):.2f}"
+    assert "val (%)" not in rows["fedprox"] and "| val (%) |" in to_markdown(list(rows.values()))
+    assert "validation set" in footnote(list(rows.values()))
+    assert "val (%)" not in build_table([rec(0, "fedprox")])[0]
 
 
 def test_pool_of_different_configs_warns(capsys):

@@ -55,6 +55,7 @@ METRIC_COLUMNS: tuple[tuple[str, str, float, int], ...] = (
 )
 LAST_N = 5
 LAST_N_COLUMN = f"last {LAST_N} (%)"
+VAL_COLUMN = "val (%)"
 COMM_COLUMNS: tuple[tuple[str, str], ...] = (("comm/bytes_up", "MB up"), ("comm/bytes_down", "MB down"))
 
 # Config keys that may differ between runs pooled in one row without changing what is compared.
@@ -255,6 +256,10 @@ def build_table(
                 last = [v for v in (last_n_mean(r.history) for r in g.runs) if v is not None]
                 row[LAST_N_COLUMN] = _fmt_mean_std(last, scale, decimals)
                 stats["eval/accuracy_last_n"] = last
+        val = [v for v in (_final(r, "val/accuracy") for r in g.runs) if v is not None]
+        if val:  # runs with a validation set (data.val_per_class)
+            row[VAL_COLUMN] = _fmt_mean_std(val, 100.0, 2)
+            stats["val/accuracy"] = val
         if tgt is not None:
             reached = [rounds_to_target(r.history, tgt) for r in g.runs]
             row[target_column(tgt)] = _fmt_reached(reached)
@@ -285,6 +290,9 @@ def footnote(rows: Sequence[dict]) -> str:
         "rounds; AMP / FM / WLP: FedKF Def. 1-3 on the clients' test splits; FM is the population "
         "variance of client accuracy in fraction² ×10⁻³, as FedKF Tables V-VII print it."
     ]
+    if VAL_COLUMN in cols:
+        parts.append("val: the same accuracy on the validation set held out of the training set "
+                     "(data.val_per_class), at the last round.")
     if any(c.startswith("rounds to ") for c in cols):
         parts.append(
             "rounds to target: first evaluated round with accuracy ≥ target, mean over the seeds that reach it."
