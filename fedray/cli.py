@@ -302,9 +302,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                      address=args.address, verbose=args.verbose, console=console)
     rows = [{"key": k, "value": v} for k, v in best["config"].items()]
     what = "trial"
+    if best["metric_value"] is not None:  # what the choice was made by, then the last round's figures
+        rows.append({"key": f"{spec.metric}, {best['metric_rounds']}", "value": best["metric_value"]})
     if "seeds" in best:  # a seed dimension: the best setting by its mean over seeds, figures averaged
         what = f"setting (mean over seeds {', '.join(map(str, best['seeds']))})"
-        rows.append({"key": f"{spec.metric} std", "value": best["metric_std"]})
+        rows.append({"key": f"{spec.metric}, std over seeds", "value": best["metric_std"]})
     rows += [{"key": k, "value": v} for k, v in sorted(best["metrics"].items())]
     console.print(comparison_table(rows, ["key", "value"], title=f"best {what} of {spec.name} "
                                    f"({best['trials']} trials, {best['errored']} failed)"))

@@ -15,6 +15,8 @@ A spec (``tune_configs/*.yaml``)::
       algorithm.mu: {uniform: [0.0, 0.1]}
     metric: val/accuracy                  # chosen on validation data; eval/* (test data) gets a printed note
     mode: max
+    last_rounds: 5                        # a trial's figure: the metric over its last 5 evaluated rounds;
+                                          # with a seed dimension, a setting's: the mean over its seeds
     num_samples: 1                        # repeats of the grid, random domains redrawn (grids alone: refused)
     scheduler: {type: asha, grace_period: 5, reduction_factor: 3}
 """
@@ -22,6 +24,8 @@ A spec (``tune_configs/*.yaml``)::
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,6 +87,9 @@ class SweepSpec(BaseModel):
     search: dict[str, Domain]
     metric: str = "eval/accuracy"
     mode: Literal["max", "min"] = "max"
+    last_rounds: int = Field(default=5, ge=1, description="a trial's figure for choosing the best: its metric "
+                             "averaged over its last N evaluated rounds (5, as fedray report's 'last 5': at alpha=0.1 "
+                             "one round swings 10-20 points); 1: the last round alone")
     num_samples: int = Field(default=1, ge=1)
     max_concurrent: int | None = Field(default=None, ge=1)
     scheduler: SchedulerSpec | None = None
@@ -171,34 +178,54 @@ def _anchor_paths(spec: SweepSpec, base: ExperimentConfig) -> None:
             spec.overrides[key] = flat[key]
 
 
-def best_setting(rows: list[tuple[dict[str, Any], dict[str, Any], str]], spec: SweepSpec) -> dict[str, Any]:
-    """The sweep's best from its trials' (config, last reported figures, folder), each holding the metric.
+@dataclass
+class TrialRow:
+    """A finished trial as the sweep's choice sees it: its config, its last reported figures, its folder, and
+    ``value``, its metric averaged over its last ``last_rounds`` evaluated rounds (:func:`trial_value`)."""
+
+    config: dict[str, Any]
+    figures: dict[str, Any]
+    path: str
+    value: float
+
+
+def trial_value(history: list[float | None], spec: SweepSpec) -> float | None:
+    """The mean of a trial's metric over its last ``spec.last_rounds`` finite values (rounds that reported it);
+    None when it reported none."""
+    values = [float(v) for v in history if isinstance(v, (int, float)) and math.isfinite(v)][-spec.last_rounds:]
+    return float(np.mean(values)) if values else None
+
+
+def best_setting(rows: list[TrialRow], spec: SweepSpec) -> dict[str, Any]:
+    """The sweep's best from its finished trials, each judged by :attr:`TrialRow.value`.
 
     With a ``seed`` dimension the trials of one setting (the same values but the seed) are taken together and
-    the best setting is the one whose mean metric over its seeds is best: one seed's lucky round is no choice
-    of hyperparameters. ``config`` is then the setting without its seed, ``metrics`` the mean of each figure
-    over the seeds, and ``seeds``, ``metric_per_seed`` and ``metric_std`` (sample, ddof=1; 0 for one seed) say
-    what the mean is of. Without a seed dimension the best trial, as Tune gives it."""
+    the best setting is the one whose mean value over its seeds is best: one seed's lucky run is no choice of
+    hyperparameters. ``config`` is then the setting without its seed, ``metrics`` each last-round figure
+    averaged over the seeds, and ``seeds``, ``metric_per_seed`` and ``metric_std`` (sample, ddof=1; 0 for one
+    seed) say what the mean is of. Without a seed dimension, the best trial."""
     sign = 1.0 if spec.mode == "max" else -1.0
+    scope = {"metric_rounds": f"mean of the last {spec.last_rounds} evaluated rounds" if spec.last_rounds > 1
+             else "the last round"}
     if "seed" not in spec.search:
-        cfg, figures, path = max(rows, key=lambda r: sign * r[1][spec.metric])
-        return {"config": dict(cfg), "metric_value": figures[spec.metric], "metrics": _figures(figures),
-                "trial_dir": path}
-    groups: dict[tuple, list[tuple[dict[str, Any], dict[str, Any], str]]] = {}
+        best = max(rows, key=lambda r: sign * r.value)
+        return {"config": dict(best.config), "metric_value": best.value, **scope, "metrics": _figures(best.figures),
+                "trial_dir": best.path}
+    groups: dict[tuple, list[TrialRow]] = {}
     for row in rows:
-        groups.setdefault(tuple(sorted((k, repr(v)) for k, v in row[0].items() if k != "seed")), []).append(row)
-    trials = max(groups.values(), key=lambda g: sign * float(np.mean([r[1][spec.metric] for r in g])))
-    trials.sort(key=lambda r: r[0]["seed"])
-    values = [float(r[1][spec.metric]) for r in trials]
-    figures = [_figures(r[1]) for r in trials]
-    shared = [k for k in figures[0] if all(k in f and isinstance(f[k], (int, float)) for f in figures)]
-    return {"config": {k: v for k, v in trials[0][0].items() if k != "seed"},
-            "metric_value": float(np.mean(values)),
+        groups.setdefault(tuple(sorted((k, repr(v)) for k, v in row.config.items() if k != "seed")), []).append(row)
+    trials = sorted(max(groups.values(), key=lambda g: sign * float(np.mean([r.value for r in g]))),
+                    key=lambda r: r.config["seed"])
+    values = [r.value for r in trials]
+    figures = [_figures(r.figures) for r in trials]
+    shared = [k for k in figures[0] if all(isinstance(f.get(k), (int, float)) for f in figures)]
+    return {"config": {k: v for k, v in trials[0].config.items() if k != "seed"},
+            "metric_value": float(np.mean(values)), **scope,
             "metric_std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-            "seeds": [r[0]["seed"] for r in trials],
-            "metric_per_seed": {str(r[0]["seed"]): v for r, v in zip(trials, values)},
+            "seeds": [r.config["seed"] for r in trials],
+            "metric_per_seed": {str(r.config["seed"]): v for r, v in zip(trials, values)},
             "metrics": {k: float(np.mean([f[k] for f in figures])) for k in shared},
-            "trial_dirs": [path for _, _, path in trials]}
+            "trial_dirs": [r.path for r in trials]}
 
 
 def _figures(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 
+import numpy as np
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -267,8 +268,9 @@ def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
     assert seen == {("0.5", "fedavg"), ("0.5", "fedprox"), ("1.0", "fedavg"), ("1.0", "fedprox")}
     best = json.loads((root / "sweeps" / "g1" / "best.json").read_text())
     assert best["trials"] == 4 and best["errored"] == 0
-    accs = [client.get_metric_history(k.info.run_id, "eval/accuracy")[-1].value for k in kids]
-    assert best["metric_value"] == max(accs)
+    # each trial judged by its metric over its last 5 evaluated rounds (all 3 here)
+    accs = [np.mean([m.value for m in client.get_metric_history(k.info.run_id, "eval/accuracy")]) for k in kids]
+    assert best["metric_value"] == pytest.approx(max(accs)) and best["metric_rounds"].startswith("mean of the last 5")
     assert best_params == {f"best.{k}": str(v) for k, v in best["config"].items()}
 
 
@@ -392,18 +394,27 @@ def test_a_metric_the_runs_do_not_report_stops_the_sweep_at_once(tmp_path, monke
     assert not (tmp_path / "sweeps" / "t1" / "best.json").exists()
 
 
+def test_a_trials_value_is_its_metric_over_its_last_evaluated_rounds(tmp_path):
+    from fedray.tuning import trial_value
+
+    spec = load_spec(write_spec(tmp_path / "s.yaml", search={"federation.lr": {"grid": [0.1]}}))
+    assert spec.last_rounds == 5  # as fedray report's "last 5"
+    history = [0.1, None, 0.9, float("nan"), 0.2, 0.4, 0.3, 0.5, 0.6]  # rounds without evaluation skipped
+    assert trial_value(history, spec) == pytest.approx((0.2 + 0.4 + 0.3 + 0.5 + 0.6) / 5)
+    spec.last_rounds = 1
+    assert trial_value(history, spec) == 0.6 and trial_value([None], spec) is None
+
+
 def test_the_best_of_a_sweep_over_seeds_is_the_setting_with_the_best_mean(tmp_path):
     """One seed's lucky run used to be the sweep's best: setting A (0.9 and 0.1 over two seeds) won over B (0.6
     and 0.6). Over seeds the best is the setting with the best mean, its figures averaged; without a seed
     dimension it stays the best trial."""
-    from types import SimpleNamespace
-
     from fedray.runtime.tune_report import plot_sweep
-    from fedray.tuning import best_setting
+    from fedray.tuning import TrialRow, best_setting
 
     def row(mu, seed, acc):
-        return ({"algorithm.mu": mu, "seed": seed}, {"val/accuracy": acc, "eval/accuracy": acc / 2, "round": 3,
-                                                     "time/round_s": 1.0}, f"t-{mu}-{seed}")
+        return TrialRow({"algorithm.mu": mu, "seed": seed}, {"val/accuracy": acc, "eval/accuracy": acc / 2,
+                                                             "round": 3, "time/round_s": 1.0}, f"t-{mu}-{seed}", acc)
 
     rows = [row(0.1, 0, 0.9), row(0.1, 1, 0.1), row(1.0, 1, 0.6), row(1.0, 0, 0.6)]
     spec = load_spec(write_spec(tmp_path / "s.yaml", metric="val/accuracy", search={
@@ -424,8 +435,7 @@ def test_the_best_of_a_sweep_over_seeds_is_the_setting_with_the_best_mean(tmp_pa
     spec.search = load_spec(write_spec(tmp_path / "s.yaml", search={"algorithm.mu": {"grid": [0.1]},
                                                                      "seed": {"grid": [0, 1]}},
                                        overrides={"algorithm.name": "fedprox"})).search
-    results = [SimpleNamespace(error=None, config=c, metrics=m) for c, m, _ in rows]
-    assert plot_sweep(results, spec, best, tmp_path / "sweep.png").stat().st_size > 1000
+    assert plot_sweep(rows, spec, best, tmp_path / "sweep.png").stat().st_size > 1000
 
 
 @pytest.mark.ray

@@ -11,7 +11,7 @@ from ray import tune
 
 from fedray.console import make_console
 from fedray.errors import ConfigError
-from fedray.tuning import SweepSpec
+from fedray.tuning import SweepSpec, TrialRow
 
 # In a trial's first report when the checkpoint Tune handed back was gone: the round it went on from (0: from
 # scratch). No "/" in the key: it is not a per-round metric.
@@ -120,12 +120,11 @@ class MetricCheck(tune.Callback):
                           + (f"; did you mean '{close[0]}'?" if close else ""))
 
 
-def plot_sweep(results, spec: SweepSpec, best: dict[str, Any], path: Path) -> Path | None:
-    """The sweep's metric (last reported value of each trial) against each searched parameter, one panel per
-    parameter, ``best`` marked (the best trial, or the best setting at its mean over seeds); None when no trial
-    reported the metric."""
-    rows = [(r.config, r.metrics[spec.metric]) for r in results
-            if r.error is None and spec.metric in (r.metrics or {})]
+def plot_sweep(trials: list[TrialRow], spec: SweepSpec, best: dict[str, Any], path: Path) -> Path | None:
+    """Each trial's value (its metric over its last ``spec.last_rounds`` evaluated rounds) against each searched
+    parameter, one panel per parameter, ``best`` marked (the best trial, or the best setting at its mean over
+    seeds); None when no trial reported the metric."""
+    rows = [(t.config, t.value) for t in trials]
     if not rows:
         return None
     import matplotlib
@@ -160,7 +159,8 @@ def plot_sweep(results, spec: SweepSpec, best: dict[str, Any], path: Path) -> Pa
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best")
             break
-    fig.suptitle(f"{spec.name}: {len(rows)} trials, last reported {spec.metric}")
+    fig.suptitle(f"{spec.name}: {len(rows)} trials, {spec.metric}"
+                 + (f", mean of the last {spec.last_rounds} evaluated rounds" if spec.last_rounds > 1 else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

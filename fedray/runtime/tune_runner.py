@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -39,8 +38,8 @@ from fedray.runtime.ray_start import start_ray
 from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
-from fedray.tuning import (SweepSpec, best_setting, check_repeats, check_trials_fit, planned_trials,
-                           search_space_summary, trial_bundles)
+from fedray.tuning import (SweepSpec, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
+                           search_space_summary, trial_bundles, trial_value)
 
 SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
@@ -312,14 +311,15 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         check_interrupted()  # fit() returned because of Ctrl-C / SIGTERM: the sweep ends KILLED
-        best = _best(results, spec)
+        rows = trial_rows(results, spec)
+        best = _best(results, rows, spec)
         if best["trials"] and best["errored"] == best["trials"]:
             # No best trial to give: an error, not a finished sweep with an empty best.json
             raise RunFailure(f"every trial of sweep {spec.name} failed ({best['trials']}); the first: "
                              f"{_last_line(next(r.error for r in results if r.error is not None))}; each trial's "
                              f"traceback is its error.txt under {sweep_dir}, Ray's and Tune's logs in ray.log")
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
-        plot = plot_sweep(results, spec, best, sweep_dir / SWEEP_PLOT)
+        plot = plot_sweep(rows, spec, best, sweep_dir / SWEEP_PLOT)
         if parent is not None:
             for k, v in best["config"].items():
                 parent.client.set_tag(parent.run_id, f"best.{k}", str(v))
@@ -349,12 +349,24 @@ def _last_line(error: BaseException) -> str:
     return lines[-1][:300] if lines else type(error).__name__
 
 
-def _best(results, spec: SweepSpec) -> dict[str, Any]:
-    errors = [r for r in results if r.error is not None]
-    ok = [r for r in results if r.error is None and spec.metric in (r.metrics or {})]
+def trial_rows(results, spec: SweepSpec) -> list[TrialRow]:
+    """The finished trials that reported the metric, each with its value: the metric over its last
+    ``spec.last_rounds`` evaluated rounds, from the trial's reported history (Tune's ``metrics_dataframe``)."""
+    rows = []
+    for r in results:
+        if r.error is not None or spec.metric not in (r.metrics or {}):
+            continue
+        frame = r.metrics_dataframe
+        history = (list(frame[spec.metric]) if frame is not None and spec.metric in frame else [])
+        value = trial_value(history or [r.metrics[spec.metric]], spec)
+        if value is not None:
+            rows.append(TrialRow(dict(r.config), dict(r.metrics), str(r.path), value))
+    return rows
+
+
+def _best(results, rows: list[TrialRow], spec: SweepSpec) -> dict[str, Any]:
     summary = {"sweep": spec.name, "metric": spec.metric, "mode": spec.mode, "trials": len(results),
-               "errored": len(errors)}
-    ok = [r for r in ok if isinstance(r.metrics[spec.metric], (int, float)) and math.isfinite(r.metrics[spec.metric])]
-    if not ok:
+               "errored": sum(r.error is not None for r in results)}
+    if not rows:
         return {**summary, "config": {}, "metric_value": None, "metrics": {}}
-    return {**summary, **best_setting([(dict(r.config), dict(r.metrics), str(r.path)) for r in ok], spec)}
+    return {**summary, **best_setting(rows, spec)}
