@@ -54,6 +54,23 @@ OPTIONAL_FILES = (CLIENTS_FILE,)  # left by some runs only (personalised methods
 EVAL_KEYS = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp")
 
 
+def final_figures(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's final evaluation figures from its evaluated history rows (round order): the last round's
+    ``eval/*`` and ``val/*``, ``eval/best_accuracy`` (the best round chosen on the test set itself, as papers
+    often report it), and with a validation set ``eval/accuracy_at_best_val``: the test accuracy of the round
+    with the best ``val/accuracy`` (the earliest of equals; ``val/best_round``), a round chosen without the
+    test set."""
+    if not evaluated:
+        return {}
+    out = {k: v for k, v in evaluated[-1].items() if k.startswith(("eval/", "val/"))}
+    out["eval/best_accuracy"] = max(row["eval/accuracy"] for row in evaluated)
+    scored = [row for row in evaluated if isinstance(row.get("val/accuracy"), (int, float))]
+    if scored:
+        chosen = max(scored, key=lambda row: row["val/accuracy"])
+        out["eval/accuracy_at_best_val"], out["val/best_round"] = chosen["eval/accuracy"], int(chosen["round"])
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # writing
 

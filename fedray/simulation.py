@@ -20,7 +20,7 @@ from fedray.config import ExperimentConfig
 from fedray.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
-from fedray.results import EVAL_KEYS, claim_run_dir, clear_previous_run, write_run_outputs
+from fedray.results import EVAL_KEYS, claim_run_dir, clear_previous_run, final_figures, write_run_outputs
 from fedray.runtime import make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
 from fedray.seeding import sample_clients
@@ -43,7 +43,6 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
               bytes_setup: int = 0) -> dict[str, Any]:
     """Final figures: the last evaluation, communication totals, timing."""
     evaluated = [row for row in history if row.get("eval/accuracy") is not None]
-    last = evaluated[-1] if evaluated else {}
     summary: dict[str, Any] = {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
@@ -55,11 +54,7 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
         "fedray_version": __version__,
         "rounds": len(history),
     }
-    for key in last:
-        if key.startswith(("eval/", "val/")):
-            summary[key] = last[key]
-    accs = [row["eval/accuracy"] for row in evaluated]
-    summary["eval/best_accuracy"] = max(accs) if accs else math.nan
+    summary.update(final_figures(evaluated) or {"eval/best_accuracy": math.nan})
     summary["comm/bytes_up"] = float(sum(row["comm/bytes_up"] for row in history))
     summary["comm/bytes_down"] = float(sum(row["comm/bytes_down"] for row in history))
     if bytes_setup:  # one-time, before round 1 (e.g. FedCD's shared validation images to every client)

@@ -241,6 +241,19 @@ def test_runs_with_a_validation_set_get_its_column():
     assert "val (%)" not in build_table([rec(0, "fedprox")])[0]
 
 
+def test_final_figures_choose_a_round_by_validation_without_the_test_set():
+    from fedray.results import final_figures
+
+    rows = [{"round": r, "eval/accuracy": test, "val/accuracy": val}
+            for r, test, val in ((1, 0.3, 0.5), (2, 0.8, 0.6), (4, 0.4, 0.7), (5, 0.5, 0.7))]
+    got = final_figures(rows)
+    assert got["eval/accuracy"] == 0.5 and got["val/accuracy"] == 0.7 and got["eval/best_accuracy"] == 0.8
+    assert got["eval/accuracy_at_best_val"] == 0.4 and got["val/best_round"] == 4  # the earliest of equals
+    plain = final_figures([{k: v for k, v in r.items() if k != "val/accuracy"} for r in rows])
+    assert "eval/accuracy_at_best_val" not in plain and plain["eval/best_accuracy"] == 0.8
+    assert final_figures([]) == {}
+
+
 def test_pool_of_different_configs_warns(capsys):
     def rec(seed, rounds):
         return RunRecord(f"s{seed}", {"algorithm.name": "fedavg", "data.dataset": "mnist", "data.alpha": 0.1,

@@ -26,6 +26,7 @@ from fedray.results import (
     HISTORY_FILE,
     MLFLOW_RUN_FILE,
     SUMMARY_FILE,
+    final_figures,
     is_finished,
     read_history,
     read_summary,
@@ -265,9 +266,7 @@ def _mlflow_record(client: Any, run: Any) -> RunRecord:
         "seed": params.get("seed"),
         "rounds": len(history),
     }
-    if evaluated:
-        summary.update({k: v for k, v in evaluated[-1].items() if k.startswith(("eval/", "val/"))})
-        summary["eval/best_accuracy"] = max(row["eval/accuracy"] for row in evaluated)
+    summary.update(final_figures(evaluated))
     for key in ("comm/bytes_up", "comm/bytes_down"):
         vals = [row[key] for row in history if not _missing(row.get(key))]
         if vals:
