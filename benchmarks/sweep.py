@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/sweep.py [--out benchmarks/results]
 
 Target (issue 3): under 2 minutes on a 2-core machine, 1 parent and 4 FINISHED children, each with
-eval/accuracy and the sweep's metric, val/accuracy, at steps 1..3. Runs in a temporary directory (its own mlflow.db and sweep state).
+eval/accuracy and the sweep's metric, val/accuracy, at steps 1..3. Runs in a temporary directory (its own
+mlflow.db and sweep state).
 """
 
 from __future__ import annotations
