@@ -55,11 +55,12 @@ def test_every_built_in_method_has_a_case():
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_run_interrupted_after_round_2_resumes_to_the_same_figures(case, tmp_path):
     extra = {"algorithm__name": case.split("-")[0], **CASES[case]}
-    cfg = tiny_config(federation__rounds=4, runtime__checkpoint_every=1, **extra)
+    # with a validation set: val/accuracy is among the figures compared
+    cfg = tiny_config(federation__rounds=4, runtime__checkpoint_every=1, data__val_per_class=5, **extra)
     reference = run_experiment(cfg, progress=False)
     with pytest.raises(_Crash):
         run_experiment(cfg, tmp_path / "run", progress=False, hooks=[CrashAfter(2)])
     resumed = run_experiment(cfg, tmp_path / "run", progress=False, resume_from=tmp_path / "run")
     assert [row["round"] for row in resumed.history] == [1, 2, 3, 4]
-    keys = [k for k in reference.history[-1] if k.startswith(("eval/", "server/", "train/", "comm/", "diag/"))]
-    assert keys and {k: resumed.history[-1][k] for k in keys} == {k: reference.history[-1][k] for k in keys}
+    keys = [k for k in reference.history[-1] if k.startswith(("eval/", "val/", "server/", "train/", "comm/", "diag/"))]
+    assert "val/accuracy" in keys and {k: resumed.history[-1][k] for k in keys} == {k: reference.history[-1][k] for k in keys}
