@@ -40,8 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one experiment and print its result table")
     _add_config_args(run, optional=True)
     run.add_argument("--output-dir", help="where summary.json and history.parquet go (default runs/NAME-TIME)")
-    run.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR (only runtime.* "
-                     "and tracking.* overrides allowed)")
+    run.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR (only runtime.*, "
+                     "tracking.* and --data-dir / data.cache_dir overrides allowed)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     part = sub.add_parser("partition", help="print per-client sample counts; optionally plot them")
     _add_config_args(part)

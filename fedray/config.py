@@ -65,6 +65,9 @@ def absolute_path(path: str) -> str:
 
 #: Config keys that name a folder (made absolute by validation, and by a sweep before its trials start)
 PATH_KEYS = ("data.data_dir", "data.cache_dir")
+#: Config keys that say where the data comes from, not what it is: a resumed run may change them (the dataset
+#: moved, another machine), and runs that differ in them alone are the same experiment
+DATA_SOURCE_KEYS = (*PATH_KEYS, "data.download", "data.cache")
 #: Environment variables that name the default data and decoded-cache folders
 DATA_DIR_ENV, CACHE_DIR_ENV = "FEDRAY_DATA_DIR", "FEDRAY_CACHE_DIR"
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedray import __version__
 from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
-from fedray.config import ExperimentConfig
+from fedray.config import DATA_SOURCE_KEYS, ExperimentConfig
 from fedray.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
@@ -162,13 +162,16 @@ def _run(cfg: ExperimentConfig, output_dir: str | Path | None, progress: bool, d
 
 
 def check_resumable(cfg: ExperimentConfig, ckpt: dict[str, Any]) -> None:
-    """Only where the work runs and how it is tracked may change on resume; the experiment may not."""
+    """Only where the work runs, where the data is read from and how it is tracked may change on resume; the
+    experiment may not."""
     saved = ExperimentConfig.model_validate(ckpt["config"])
     mine, theirs = cfg.flat(), saved.flat()
-    changed = sorted(k for k in mine if not k.startswith(("runtime.", "tracking.")) and mine[k] != theirs.get(k))
+    changed = sorted(k for k in mine if not k.startswith(("runtime.", "tracking.")) and k not in DATA_SOURCE_KEYS
+                     and mine[k] != theirs.get(k))
     if changed:
         raise CheckpointError("--resume", f"the checkpoint was written by another experiment ({', '.join(changed)} "
-                              "differ); only runtime.* and tracking.* keys may change on resume")
+                              "differ); only runtime.*, tracking.* and where the data is read from "
+                              f"({', '.join(DATA_SOURCE_KEYS)}) may change on resume")
 
 
 def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]]) -> Path:

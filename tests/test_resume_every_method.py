@@ -1,7 +1,8 @@
 """Every built-in method resumes from its checkpoint to the figures of an uninterrupted run: a method whose
 server or client state (FedGKD's buffer of past models, FedKF's generators and cache, DaFKD's discriminators,
 FedCD's and the isolated baseline's per-client models, an optimizer's moments across rounds) were left out of
-its checkpoint would resume to other numbers."""
+its checkpoint would resume to other numbers. A resume may read the data from elsewhere, but not change the
+experiment."""
 
 import pytest
 
@@ -64,3 +65,18 @@ def test_a_run_interrupted_after_round_2_resumes_to_the_same_figures(case, tmp_p
     assert [row["round"] for row in resumed.history] == [1, 2, 3, 4]
     keys = [k for k in reference.history[-1] if k.startswith(("eval/", "val/", "server/", "train/", "comm/", "diag/"))]
     assert "val/accuracy" in keys and {k: resumed.history[-1][k] for k in keys} == {k: reference.history[-1][k] for k in keys}
+
+
+def test_a_resume_may_read_the_data_from_elsewhere_but_not_change_the_experiment(tmp_path):
+    from fedray.checkpoint import CheckpointError, load_checkpoint
+    from fedray.simulation import check_resumable
+
+    cfg = tiny_config(federation__rounds=3, runtime__checkpoint_every=1)
+    with pytest.raises(_Crash):
+        run_experiment(cfg, tmp_path / "run", progress=False, hooks=[CrashAfter(1)])
+    ckpt = load_checkpoint(tmp_path / "run")
+    # the dataset moved, or another machine: the same experiment
+    check_resumable(cfg.model_copy(update={"data": cfg.data.model_copy(update={
+        "data_dir": str(tmp_path), "cache_dir": str(tmp_path / "moved"), "download": False, "cache": False})}), ckpt)
+    with pytest.raises(CheckpointError, match="data.alpha"):
+        check_resumable(cfg.model_copy(update={"data": cfg.data.model_copy(update={"alpha": 0.3})}), ckpt)

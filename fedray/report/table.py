@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from fedray.config import DATA_SOURCE_KEYS
 from fedray.errors import UserError
 from fedray.metrics import rounds_to_target as _first_round_reaching
 from fedray.results import HISTORY_FILE
@@ -59,8 +60,7 @@ VAL_COLUMN = "val (%)"
 COMM_COLUMNS: tuple[tuple[str, str], ...] = (("comm/bytes_up", "MB up"), ("comm/bytes_down", "MB down"))
 
 # Config keys that may differ between runs pooled in one row without changing what is compared.
-_POOL_IGNORED_KEYS = {"seed", "name", "data.data_dir", "data.download", "data.cache", "data.cache_dir",
-                      "federation.eval_batch_size"}
+_POOL_IGNORED_KEYS = {"seed", "name", *DATA_SOURCE_KEYS, "federation.eval_batch_size"}
 _POOL_IGNORED_PREFIXES = ("runtime.", "tracking.")
 # Short labels for well-known keys (others print their last dotted part).
 _LABELS = {"data.alpha": "α"}
