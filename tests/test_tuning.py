@@ -405,6 +405,23 @@ def test_a_trials_value_is_its_metric_over_its_last_evaluated_rounds(tmp_path):
     assert trial_value(history, spec) == 0.6 and trial_value([None], spec) is None
 
 
+def test_a_restarted_trials_repeated_rounds_count_once(tmp_path):
+    """A trial restarted from its checkpoint reports its last rounds again: its value takes each round once."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from fedray.runtime.tune_runner import trial_rows
+
+    spec = load_spec(write_spec(tmp_path / "s.yaml", search={"federation.lr": {"grid": [0.1]}}))
+    frame = pd.DataFrame({"round": [1, 2, 3, 4, 5, 6, 5, 6], "eval/accuracy": [.1, .2, .3, .4, .9, .9, .5, .6]})
+    done = SimpleNamespace(error=None, config={"federation.lr": 0.1}, metrics={"eval/accuracy": 0.6, "round": 6},
+                           metrics_dataframe=frame, path="t0")
+    failed = SimpleNamespace(error=RuntimeError("x"), config={}, metrics={}, metrics_dataframe=None, path="t1")
+    (row,) = trial_rows([done, failed], spec)
+    assert row.value == pytest.approx((.2 + .3 + .4 + .5 + .6) / 5) and row.path == "t0"
+
+
 def test_the_best_of_a_sweep_over_seeds_is_the_setting_with_the_best_mean(tmp_path):
     """One seed's lucky run used to be the sweep's best: setting A (0.9 and 0.1 over two seeds) won over B (0.6
     and 0.6). Over seeds the best is the setting with the best mean, its figures averaged; without a seed

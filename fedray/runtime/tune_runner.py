@@ -357,7 +357,10 @@ def trial_rows(results, spec: SweepSpec) -> list[TrialRow]:
         if r.error is not None or spec.metric not in (r.metrics or {}):
             continue
         frame = r.metrics_dataframe
-        history = (list(frame[spec.metric]) if frame is not None and spec.metric in frame else [])
+        history = []
+        if frame is not None and spec.metric in frame and "round" in frame:
+            # one value a round: a trial restarted from a checkpoint reports its last rounds again
+            history = list(dict(zip(frame["round"], frame[spec.metric])).values())
         value = trial_value(history or [r.metrics[spec.metric]], spec)
         if value is not None:
             rows.append(TrialRow(dict(r.config), dict(r.metrics), str(r.path), value))
