@@ -276,6 +276,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         console.print(f"note: {spec.metric} is scored on test data, so the best trial is chosen on it; to choose "
                       "hyperparameters, hold out a validation set (data.val_per_class) and use metric: val/accuracy",
                       highlight=False)
+    if spec.scheduler is not None and "seed" in spec.search:
+        console.print("note: ASHA stops each seed's trial on its own, so a setting's mean over its seeds may mix "
+                      "stopped and finished trials; compare settings over seeds without a scheduler", highlight=False)
     if args.dry_run:
         rows = [{"trial": t["trial"], **{k: str(v) for k, v in t["values"].items()},
                  "bundles": format_bundles(t["bundles"])} for t in trials]

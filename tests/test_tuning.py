@@ -136,6 +136,10 @@ def test_a_validation_metric_needs_a_validation_set_and_a_test_metric_gets_a_not
     on_test = write_spec(tmp_path / "t.yaml", metric="eval/amp", search=search)
     assert main(["tune", str(on_test), "--dry-run"]) == 0
     assert "note: eval/amp is scored on test data" in capsys.readouterr().out.replace("\n", " ")
+    asha = write_spec(tmp_path / "a.yaml", metric="val/accuracy", search={**search, "seed": {"grid": [0, 1]}},
+                      overrides={"data.val_per_class": 5}, scheduler={"type": "asha"})
+    assert main(["tune", str(asha), "--dry-run"]) == 0
+    assert "note: ASHA stops each seed's trial on its own" in capsys.readouterr().out.replace("\n", " ")
 
 
 def test_dry_run_lists_trials_and_bundles_and_starts_nothing(tmp_path, capsys, monkeypatch):
