@@ -1,7 +1,8 @@
 """``fedray report``: compare finished runs in the papers' table form, and plot their learning curves.
 
 :mod:`fedray.report.runs` loads finished runs (output directories or an MLflow experiment) as
-:class:`RunRecord`; :mod:`fedray.report.table` aggregates them over seeds into the papers' table form.
+:class:`RunRecord`; :mod:`fedray.report.table` aggregates them over seeds into the papers' table form, and
+:mod:`fedray.report.curves` plots their learning curves.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Sequence
 
 from fedray.errors import UserError
 from fedray.report.runs import RunRecord, _fill_algorithm_defaults, load_mlflow_runs, load_run_dirs, parse_value
-from fedray.report.table import DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, build_table, plot_curves, to_markdown
+from fedray.report.curves import plot_curves
+from fedray.report.table import DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, build_table, to_markdown
 from fedray.results import SUMMARY_FILE
 
 __all__ = ["RunRecord", "_fill_algorithm_defaults", "build_table", "load_mlflow_runs", "load_run_dirs", "parse_value",

@@ -1,4 +1,4 @@
-"""The comparison table of ``fedray report`` and its learning-curve plot.
+"""The comparison table of ``fedray report`` (its learning curves: :mod:`fedray.report.curves`).
 
 Runs come from ``fedray run`` output directories (``summary.json`` marks a finished run, with
 ``history.parquet`` and ``config.yaml`` beside it) or from an MLflow experiment (params = the flattened
@@ -13,6 +13,7 @@ Tables V-VIII:
   round's figure swings by 10-20 points (a round's 8 sampled clients may miss whole classes); the papers
   print one number, and this column says how much of it is the luck of the last round.
 - ``AMP`` / ``WLP``: FedKF Def. 1 / Def. 3 on the clients' local test splits, in %.
+- ``val``: runs with a validation set (``data.val_per_class``): the global accuracy on it, in %.
 - ``FM``: FedKF Def. 2, the population variance of per-client accuracy, in fraction^2 units scaled by
   10^3, i.e. printed as "FM (x10^-3)". This is what FedKF prints: its Table II example gives FM = 0.00667
   for accuracies 0.6 / 0.7 / 0.8 (fraction^2), and Tables V-VII head the column "FM (x10^-3)" (or
@@ -32,16 +33,13 @@ Every figure is ``mean ± std`` over seeds, std being the sample std (ddof=1), 0
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
-from fedray.config import DATA_SOURCE_KEYS
+from fedray.paths import DATA_SOURCE_KEYS
 from fedray.errors import UserError
 from fedray.metrics import rounds_to_target as _first_round_reaching
-from fedray.results import HISTORY_FILE
 from fedray.report.runs import DASH, RunRecord, _canon, _fmt_value, _num, _sort_key, _warn, mean_std
 
 DEFAULT_BY_METHOD: tuple[str, ...] = ("algorithm.name",)
@@ -322,87 +320,3 @@ def to_markdown(rows: Sequence[dict]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c, DASH)) for c in cols) + " |")
     return "\n".join(lines) + "\n\n" + footnote(rows) + "\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# learning curves
-
-
-def _metric_scale(metric: str) -> tuple[float, str]:
-    for key, header, scale, _ in METRIC_COLUMNS:
-        if key == metric:
-            return scale, header.split(" ", 1)[1] if " " in header else ""
-    return 1.0, ""
-
-
-def mean_curve(runs: Sequence[RunRecord], metric: str) -> tuple[list[int], list[float], list[float]]:
-    """Rounds where some seed evaluated ``metric``, and the mean / sample std over those seeds."""
-    per_round: dict[int, list[float]] = defaultdict(list)
-    for run in runs:
-        for row in run.history:
-            v = _num(row.get(metric))
-            if v is not None and row.get("round") is not None:
-                per_round[int(row["round"])].append(v)
-    rounds = sorted(per_round)
-    stats = [mean_std(per_round[r]) for r in rounds]
-    return rounds, [m for m, _ in stats], [s for _, s in stats]
-
-
-def plot_curves(
-    runs: Sequence[RunRecord],
-    path: str | Path,
-    by_method: Sequence[str] = DEFAULT_BY_METHOD,
-    by_setting: Sequence[str] = DEFAULT_BY_SETTING,
-    metric: str = "eval/accuracy",
-) -> Path:
-    """One subplot per setting, one line per method: the mean over seeds of ``metric`` per evaluated
-    round, with a band of ± one sample std. Uses the Agg canvas directly (no pyplot, no global backend)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    if not runs:
-        raise UserError("RUNS", "no finished runs to plot; give run directories or an MLflow experiment")
-    groups = group_runs(runs, by_method, by_setting)
-    settings: dict[str, list[_Group]] = {}
-    for g in groups:
-        settings.setdefault(g.setting_label, []).append(g)
-    if not any(mean_curve(g.runs, metric)[0] for g in groups):
-        raise UserError(
-            "--plot", f"no run recorded '{metric}' per round ({HISTORY_FILE} / MLflow metrics); nothing to plot"
-        )
-    methods = list(dict.fromkeys(g.method_label for g in groups))
-    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
-    scale, unit = _metric_scale(metric)
-
-    n = len(settings)
-    ncols = min(n, 3)
-    nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(5.0 * ncols, 3.6 * nrows), dpi=100)
-    FigureCanvasAgg(fig)
-    for i, (setting, sgroups) in enumerate(settings.items()):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
-        for g in sgroups:
-            rounds, mean, std = mean_curve(g.runs, metric)
-            if not rounds:
-                continue
-            m = [x * scale for x in mean]
-            lo = [(x - s) * scale for x, s in zip(mean, std)]
-            hi = [(x + s) * scale for x, s in zip(mean, std)]
-            color = colors[g.method_label]
-            ax.plot(rounds, m, color=color, marker="o" if len(rounds) < 30 else None, markersize=3,
-                    label=f"{g.method_label} (n={len(g.runs)})")
-            ax.fill_between(rounds, lo, hi, color=color, alpha=0.2, linewidth=0)
-        ax.set_title(setting, fontsize=10)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(f"{metric} {unit}".strip())
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
-    fig.suptitle(f"{metric}: mean ± std over seeds", fontsize=11)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format=out.suffix.lstrip(".") or "png")
-    return out
-
