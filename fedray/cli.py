@@ -212,7 +212,7 @@ def _resume_target(args: argparse.Namespace):
 def cmd_partition(args: argparse.Namespace) -> int:
     from fedray.console import comparison_table, make_console
     from fedray.data import build_federated_data
-    from fedray.data.plot import partition_summary, plot_partition
+    from fedray.data.plot import partition_label, partition_summary, plot_partition
 
     cfg = _load(args)
     if args.plot:
@@ -224,7 +224,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         row.update(zip(labels, row["label_counts"]))
     columns = ["client", *(["domain"] if fd.domains else []), "train", "test", *labels, "num_labels",
                "dominant_share"]
-    title = f"{cfg.data.dataset}, {cfg.data.describe_partition()}, {fd.num_clients} clients"
+    title = f"{cfg.data.dataset}, {partition_label(cfg.data)}, {fd.num_clients} clients"
     if fd.server is not None:
         title += f"; server: {len(fd.server.y)} {'labelled' if fd.server.labelled else 'unlabelled'} samples" + (
             f" of domain {fd.server.domain}" if fd.server.domain else "")
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None, hooks=()) -> int:
     else:
         args = parser.parse_args(argv)
     clear_interrupted()
-    from fedray.config import anchor_path_env
+    from fedray.paths import anchor_path_env
 
     anchor_path_env()
     if threading.current_thread() is threading.main_thread():

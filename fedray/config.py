@@ -8,7 +8,6 @@ starts. Algorithm-specific keys (``algorithm.mu``) are validated by the algorith
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, flatten
+from fedray.paths import absolute_path
 from fedray.validation import config_error
 
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -56,29 +56,6 @@ class ServerDataConfig(_Strict):
 
     def is_labelled(self) -> bool:
         return self.labelled if self.labelled is not None else self.kind == "holdout"
-
-
-def absolute_path(path: str) -> str:
-    """``path`` with ``~`` expanded, made absolute against the current folder."""
-    return os.path.abspath(os.path.expanduser(path))
-
-
-#: Config keys that name a folder (made absolute by validation, and by a sweep before its trials start)
-PATH_KEYS = ("data.data_dir", "data.cache_dir")
-#: Config keys that say where the data comes from, not what it is: a resumed run may change them (the dataset
-#: moved, another machine), and runs that differ in them alone are the same experiment
-DATA_SOURCE_KEYS = (*PATH_KEYS, "data.download", "data.cache")
-#: Environment variables that name the default data and decoded-cache folders
-DATA_DIR_ENV, CACHE_DIR_ENV = "FEDRAY_DATA_DIR", "FEDRAY_CACHE_DIR"
-
-
-def anchor_path_env() -> None:
-    """A relative ``$FEDRAY_DATA_DIR`` / ``$FEDRAY_CACHE_DIR`` made absolute in this process's environment,
-    which the processes it starts inherit: a local Ray cluster's workers, and a sweep's trials, which Tune runs
-    each in a folder of its own (where a relative folder would be another one, downloaded into anew)."""
-    for var in (DATA_DIR_ENV, CACHE_DIR_ENV):
-        if os.environ.get(var):
-            os.environ[var] = absolute_path(os.environ[var])
 
 
 class DataConfig(_Strict):
@@ -143,16 +120,6 @@ class DataConfig(_Strict):
     def client_domains(self) -> list[str]:
         """The domains clients' data comes from: every domain but the server's."""
         return [x for x in self.all_domains() if x != self.server_domain()]
-
-    def describe_partition(self) -> str:
-        """The partition with the settings it uses, for titles: alpha only where a Dirichlet draw reads it."""
-        if self.partition == "dirichlet":
-            return f"dirichlet (alpha={self.alpha:g})"
-        if self.partition == "domain_dirichlet":
-            return f"domain_dirichlet (alpha={self.alpha:g}, {self.clients_per_domain} clients per domain)"
-        if self.partition == "shards":
-            return f"shards ({self.shards_per_client} per client)"
-        return self.partition
 
 
 class ModelConfig(_Strict):

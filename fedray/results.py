@@ -131,7 +131,7 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     import torch
 
     from fedray.checkpoint import FILENAME as CHECKPOINT_FILE
-    from fedray.data.plot import plot_partition
+    from fedray.data.plot import partition_label, plot_partition
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     title = f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"
     plot_learning_curve(history, out / CURVES_FILE, title=title)
     plot_partition(data, out / PARTITION_FILE,
-                   title=f"{cfg.data.dataset}, {cfg.data.describe_partition()}")
+                   title=f"{cfg.data.dataset}, {partition_label(cfg.data)}")
     write_history(out / HISTORY_FILE, history)
     if clients is not None:
         write_json(out / CLIENTS_FILE, clients)

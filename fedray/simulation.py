@@ -16,10 +16,11 @@ import numpy as np
 
 from fedray import __version__
 from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
-from fedray.config import DATA_SOURCE_KEYS, ExperimentConfig
+from fedray.config import ExperimentConfig
 from fedray.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
+from fedray.paths import DATA_SOURCE_KEYS
 from fedray.results import EVAL_KEYS, claim_run_dir, clear_previous_run, final_figures, write_run_outputs
 from fedray.runtime import make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients

@@ -33,8 +33,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedray.algorithms import load_experiment
-from fedray.config import PATH_KEYS, ExperimentConfig, absolute_path, read_yaml_mapping
+from fedray.config import ExperimentConfig, read_yaml_mapping
 from fedray.errors import ConfigError, ResourceError
+from fedray.paths import PATH_KEYS, absolute_path
 from fedray.validation import config_error
 
 
@@ -161,7 +162,7 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
 def _anchor_paths(spec: SweepSpec, base: ExperimentConfig) -> None:
     """Relative paths of the spec made absolute here, where the sweep starts: Tune runs each trial in a folder
     of its own, where ``data.data_dir: data`` or a ``base: my.yaml`` would name nothing (every trial failed).
-    The base config's folders (already absolute, see :func:`fedray.config.absolute_path`) are pinned as
+    The base config's folders (already absolute, see :func:`fedray.paths.absolute_path`) are pinned as
     overrides for the same reason."""
     if Path(spec.base).suffix in (".yaml", ".yml") or Path(spec.base).exists():
         spec.base = absolute_path(spec.base)

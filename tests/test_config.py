@@ -4,6 +4,7 @@ import pytest
 
 from fedray.algorithms import algorithm_params, validate_experiment
 from fedray.config import ExperimentConfig, load_config, preset_names
+from fedray.data.plot import partition_label
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, parse_override
 
@@ -130,15 +131,15 @@ def test_a_cosine_schedule_that_would_raise_the_lr_is_refused():
 def test_a_partitions_title_names_only_the_settings_it_uses(overrides, text):
     # `fedray partition` and a run's partition plot printed "(alpha=0.1)" for iid, shards and domain
     # partitions too, where no Dirichlet draw reads it.
-    assert load_config("quickstart", overrides).data.describe_partition() == text
+    assert partition_label(load_config("quickstart", overrides).data) == text
 
 
 def test_a_domain_partitions_title_has_no_alpha():
     data = load_config("fedd3a_fmnist_domains").data
-    assert data.describe_partition() == "domain"
+    assert partition_label(data) == "domain"
     cross_device = load_config("fedd3a_fmnist_domains", ["data.partition=domain_dirichlet",
                                                          "data.clients_per_domain=5", "data.alpha=0.2"]).data
-    assert cross_device.describe_partition() == "domain_dirichlet (alpha=0.2, 5 clients per domain)"
+    assert partition_label(cross_device) == "domain_dirichlet (alpha=0.2, 5 clients per domain)"
 
 
 def test_folders_are_recorded_as_absolute_paths(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedray.config import CACHE_DIR_ENV
+from fedray.paths import CACHE_DIR_ENV
 
 log = logging.getLogger("fedray")
 

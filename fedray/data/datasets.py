@@ -27,9 +27,10 @@ from urllib.error import URLError
 
 import numpy as np
 
-from fedray.config import DATA_DIR_ENV, DOMAINS, DataConfig
+from fedray.config import DOMAINS, DataConfig
 from fedray.data.cache import DecodedCache, default_cache_dir, fingerprint
 from fedray.errors import DataError
+from fedray.paths import DATA_DIR_ENV
 
 #: Where Debian's ``dataset-fashion-mnist`` installs the four gzipped IDX files.
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")

@@ -18,9 +18,21 @@ from pathlib import Path
 
 import numpy as np
 
+from fedray.config import DataConfig
 from fedray.data.federated import FederatedData
 
 MAX_PLOTTED_CLIENTS = 100  # beyond this the bubbles are unreadable
+
+
+def partition_label(data: DataConfig) -> str:
+    """The partition with the settings it uses, for titles: alpha only where a Dirichlet draw reads it."""
+    if data.partition == "dirichlet":
+        return f"dirichlet (alpha={data.alpha:g})"
+    if data.partition == "domain_dirichlet":
+        return f"domain_dirichlet (alpha={data.alpha:g}, {data.clients_per_domain} clients per domain)"
+    if data.partition == "shards":
+        return f"shards ({data.shards_per_client} per client)"
+    return data.partition
 
 
 def _train_label_counts(fd: FederatedData, clients: int) -> np.ndarray:
