@@ -7,8 +7,9 @@ import os
 
 
 def absolute_path(path: str) -> str:
-    """``path`` with ``~`` expanded, made absolute against the current folder."""
-    return os.path.abspath(os.path.expanduser(path))
+    """``path`` made independent of the current folder: a relative one is made absolute against it; one under
+    ``~`` is left for each process to expand (its own home folder, on whichever node of a cluster it runs)."""
+    return path if path.startswith("~") else os.path.abspath(path)
 
 
 #: Config keys that name a folder (made absolute by validation, and by a sweep before its trials start)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -165,7 +166,7 @@ def _anchor_paths(spec: SweepSpec, base: ExperimentConfig) -> None:
     The base config's folders (already absolute, see :func:`fedray.paths.absolute_path`) are pinned as
     overrides for the same reason."""
     if Path(spec.base).suffix in (".yaml", ".yml") or Path(spec.base).exists():
-        spec.base = absolute_path(spec.base)
+        spec.base = absolute_path(os.path.expanduser(spec.base))  # read here and by every trial
     flat = base.flat()
     for key in PATH_KEYS:
         if key in spec.search:
