@@ -86,9 +86,15 @@ class ConsoleTrialReporter(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         error = Path(getattr(trial, "error_file", None) or "")
-        lines = error.read_text(errors="replace").strip().splitlines() if error.is_file() else []
-        reason = lines[-1][:200] if lines else "see the sweep's ray.log"
-        self._say(trial, f"failed    {reason}" + (f" (traceback: {error})" if lines else ""))
+        reason = last_line(error.read_text(errors="replace")) if error.is_file() else None
+        self._say(trial, f"failed    {reason} (traceback: {error})" if reason else "failed    see the sweep's ray.log")
+
+
+def last_line(text: str, limit: int = 200) -> str | None:
+    """A trial's error as one line: the last of its text (a traceback, or Tune's wrapper of the trial's
+    exception, both end with the cause), cut at ``limit`` characters; None for an empty text."""
+    lines = text.strip().splitlines()
+    return lines[-1][:limit] if lines else None
 
 
 class MetricCheck(tune.Callback):

@@ -35,7 +35,7 @@ from fedray.checkpoint import CheckpointError, load_checkpoint
 from fedray.errors import ConfigError, RunFailure, check_interrupted, record_interrupt
 from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
-from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, plot_sweep
+from fedray.runtime.tune_report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
 from fedray.tuning import (SweepSpec, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
@@ -316,7 +316,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         if best["trials"] and best["errored"] == best["trials"]:
             # No best trial to give: an error, not a finished sweep with an empty best.json
             raise RunFailure(f"every trial of sweep {spec.name} failed ({best['trials']}); the first: "
-                             f"{_last_line(next(r.error for r in results if r.error is not None))}; each trial's "
+                             f"{_first_error(results)}; each trial's "
                              f"traceback is its error.txt under {sweep_dir}, Ray's and Tune's logs in ray.log")
         (sweep_dir / "best.json").write_text(json.dumps(best, indent=2, default=str) + "\n")
         plot = plot_sweep(rows, spec, best, sweep_dir / SWEEP_PLOT)
@@ -343,10 +343,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             ray_log.close()
 
 
-def _last_line(error: BaseException) -> str:
-    """A trial's error as its last line (Tune wraps the trial's exception; its text ends with the cause)."""
-    lines = str(error).strip().splitlines()
-    return lines[-1][:300] if lines else type(error).__name__
+def _first_error(results) -> str:
+    error = next(r.error for r in results if r.error is not None)
+    return last_line(str(error), 300) or type(error).__name__
 
 
 def trial_rows(results, spec: SweepSpec) -> list[TrialRow]:
