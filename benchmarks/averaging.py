@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from fedray.algorithms.weights import Weights, weighted_average
+from fedray.learning.weights import Weights, weighted_average
 from fedray.models import build_model
 from fedray.models.dcgan import DCGANGenerator
 from fedray.runtime.malloc import keep_freed_memory

@@ -94,7 +94,7 @@ def make_config(method: str, alpha: float, seed: int, rounds: int, track: bool, 
 
 def run_one(job: dict) -> str:
     """One run, in its own process; skipped when its directory already holds summary.json."""
-    from fedray.results import MLFLOW_RUN_FILE, is_finished
+    from fedray.report.results import MLFLOW_RUN_FILE, is_finished
     from fedray.simulation import run_experiment
 
     out = Path(job["out"])
@@ -104,10 +104,10 @@ def run_one(job: dict) -> str:
                       job["eval_average"], job["preset"], job["budget"], job["device"])
     hooks = []
     if job["track"]:
-        from fedray.tracking import RunTracking
+        from fedray.report.tracking import RunTracking
 
         hooks = [RunTracking(cfg, run_file=out / MLFLOW_RUN_FILE)]
-    from fedray.checkpoint import FILENAME
+    from fedray.report.checkpoint import FILENAME
 
     t0 = time.perf_counter()
     # an interrupted run goes on from its last checkpoint (same figures as an uninterrupted one)
@@ -129,9 +129,9 @@ def _num(v: Any) -> float | None:
 
 
 def collect(root: Path, methods, alphas, seeds) -> list[dict]:
-    from fedray.metrics import rounds_to_target
+    from fedray.report.metrics import rounds_to_target
     from fedray.report.table import last_n_mean
-    from fedray.results import is_finished, read_history, read_summary
+    from fedray.report.results import is_finished, read_history, read_summary
 
     runs = []
     for m in methods:

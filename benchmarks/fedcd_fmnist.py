@@ -69,7 +69,7 @@ def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str, data_dir: str | None,
                 eval_every: int = 2):
-    from fedray.algorithms import validate_experiment
+    from fedray.methods import validate_experiment
     from fedray.config import load_config, validate_config
     from fedray.overrides import apply_overrides
 
@@ -90,7 +90,7 @@ def run_one(job: dict) -> str:
     figures in clients.json; the final models are deleted unless --keep-models (15 MB a run)."""
     import torch
 
-    from fedray.results import MODEL_FILE, is_finished
+    from fedray.report.results import MODEL_FILE, is_finished
     from fedray.simulation import run_experiment
 
     torch.set_num_threads(job["threads"])
@@ -112,7 +112,7 @@ def run_one(job: dict) -> str:
 
 def collect(root: Path, seeds: list[int], settings: list[str]) -> dict:
     from fedray.report.table import bytes_to_round, last_n_mean
-    from fedray.results import CLIENTS_FILE, is_finished, read_history, read_summary
+    from fedray.report.results import CLIENTS_FILE, is_finished, read_history, read_summary
 
     runs: dict[tuple[str, str], list[dict]] = {}
     for method in METHODS:

@@ -64,7 +64,7 @@ def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
 
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
-    from fedray.algorithms import validate_experiment
+    from fedray.methods import validate_experiment
     from fedray.config import load_config, validate_config
     from fedray.overrides import apply_overrides
 
@@ -80,7 +80,7 @@ def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
 def run_one(job: dict) -> str:
     import torch
 
-    from fedray.results import MODEL_FILE, is_finished
+    from fedray.report.results import MODEL_FILE, is_finished
     from fedray.simulation import run_experiment
 
     torch.set_num_threads(job["threads"])
@@ -96,7 +96,7 @@ def run_one(job: dict) -> str:
 
 def collect(root: Path, seeds, settings) -> dict:
     from fedray.report.table import last_n_mean
-    from fedray.results import is_finished, read_history, read_summary
+    from fedray.report.results import is_finished, read_history, read_summary
 
     res: dict[str, list[dict]] = {}
     for method in METHODS:

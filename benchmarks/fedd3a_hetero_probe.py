@@ -22,7 +22,7 @@ from fedd3a_domains import make_config  # noqa: E402
 
 
 def main() -> None:
-    from fedray.algorithms.proxy_distill import teacher_logits
+    from fedray.learning.proxy_distill import teacher_logits
     from fedray.data import build_federated_data
     from fedray.runtime.core import ClientWorkerCore, ServerCore
 

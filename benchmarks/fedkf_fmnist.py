@@ -18,7 +18,7 @@ methods), hence every 2 rounds. ``--local-epochs 10 --lr 0.01 --generator-batch 
 --eval-every 1`` is the paper's setting.
 
 One FedAvg run with ``report_model=oca`` gives both FedAvg rows: its ACA model is plain FedAvg (the training
-is identical; tests/algorithms/test_fedkf.py checks it bit for bit) and its OCA model is "FedAvg (OCA)".
+is identical; tests/methods/test_fedkf.py checks it bit for bit) and its OCA model is "FedAvg (OCA)".
 Likewise one FedKF run gives FedKF (ACA) and FedKF (OCA).
 
 Resumable: each run writes ``RUNS/a<alpha>/<method>/s<seed>/`` and is skipped when its summary.json
@@ -51,7 +51,7 @@ from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.errors import DataError  # noqa: E402
 from fedray.report import load_run_dirs  # noqa: E402
-from fedray.results import is_finished  # noqa: E402
+from fedray.report.results import is_finished  # noqa: E402
 from fedray.simulation import run_experiment  # noqa: E402
 
 METHODS: dict[str, dict] = {

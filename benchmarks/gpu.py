@@ -202,7 +202,7 @@ def check_graphs(device: str, runs: list[str], deterministic: bool = False) -> l
     same seed: the global weights compared (a replay runs the eager step's kernels on the same tensors; the eager
     repeat shows how far two eager runs already differ, e.g. by cuDNN's atomics) and the share of steps replayed.
     ``deterministic``: with ``torch.backends.cudnn.deterministic``."""
-    from fedray.algorithms import validate_experiment
+    from fedray.methods import validate_experiment
     from fedray.data import build_federated_data
     from fedray.runtime import make_runtime
     from fedray.seeding import sample_clients

@@ -43,7 +43,7 @@ def grid_args(ap: argparse.ArgumentParser, methods: Sequence[str], settings: Seq
 def resume_point(out: Path) -> Path | None:
     """``out`` when it holds a checkpoint of an unfinished run: a stopped benchmark goes on from there, with
     the figures of an uninterrupted run (``run_experiment(..., resume_from=...)``)."""
-    from fedray.checkpoint import FILENAME
+    from fedray.report.checkpoint import FILENAME
 
     return out if (out / FILENAME).is_file() else None
 

@@ -38,8 +38,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu  # noqa: E402  (the workloads of the GPU benchmark)
 
-from fedray.algorithms import validate_experiment  # noqa: E402
-from fedray.algorithms.base import ClientContext  # noqa: E402
+from fedray.methods import validate_experiment  # noqa: E402
+from fedray.methods.api import ClientContext  # noqa: E402
 from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.runtime import make_runtime  # noqa: E402

@@ -4,7 +4,7 @@ steps replayed from a CUDA graph, with short batches padded or not.
 At alpha = 0.1 almost every lockstep step of 32 clients holds a short batch (a client's pass over its data ending),
 and DaFKD's modules have BatchNorm (its DCGAN generator's at least), so an unpadded step splits into one vmapped call
 per batch length. ``runtime.vectorize_pad`` pads such a round instead, its BatchNorm layers normalising by the real
-rows (``fedray.runtime.vectorized.PAD_BATCHNORM_FROM``). Which it is, and how much of the round a graph replays,
+rows (``fedray.vectorized.engine.PAD_BATCHNORM_FROM``). Which it is, and how much of the round a graph replays,
 does not depend on the device: here the CUDA graph path runs with the tests' stand-in for a capture (a "replay"
 runs the captured step's Python again), so "graph steps" is the share a GPU would replay, and the seconds are this
 CPU's, not a GPU's. The classifier is LeNet-5 in place of ``gpu.py``'s ResNet-11: the batches, the noise and the
@@ -13,7 +13,7 @@ updates' flags, which decide the grouping, are the same.
 Setting: ``gpu.py``'s (synthetic 1x28x28 data, 60,000 images, alpha = 0.1, 2.5x as many clients as per round, 20
 local steps of 32), DaFKD without its ``diag/*`` probe, one torch thread, ``--rounds`` rounds. ``--epochs E``: E
 local epochs instead of 20 steps (as DaFKD's paper budget, E = 20, has it): clients hold unequal data, so they are
-done after unequal numbers of steps (the lockstep's phases, ``fedray.runtime.phases.in_phases``).
+done after unequal numbers of steps (the lockstep's phases, ``fedray.vectorized.phases.in_phases``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lockstep.py [--per-round 8 32] [--rounds 2] [--epochs 1]
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from fedray import cuda_graphs
+from fedray.learning import cuda_graphs
 from fedray.config import load_config
 from fedray.simulation import run_experiment
 

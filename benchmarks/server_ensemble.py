@@ -4,7 +4,7 @@ K teachers of ``--model`` (LeNet-5 by default; random weights; 1x28x28, 10 class
 normalised per batch, as FedDF/FedD3A's ``teacher_logits`` runs them:
 
   loop     load_state_dict + forward per teacher, batches of ``--batch`` (federation.eval_batch_size)
-  stacked  fedray.algorithms.ensemble.stacked_outputs as configured for the device (on a CPU vmap over the
+  stacked  fedray.learning.ensemble.stacked_outputs as configured for the device (on a CPU vmap over the
            stacked state dicts, teachers x images per forward <= batch, the loop's memory; on CUDA teacher
            by teacher, functional calls on whole batches)
   stacked_budget  vmapped on any device, chunks grown to the activation budget (ACTIVATION_BUDGET_BYTES)
@@ -29,9 +29,9 @@ import time
 
 import torch
 
-from fedray.algorithms import ensemble
-from fedray.algorithms.ensemble import loop_outputs, stacked_outputs
-from fedray.algorithms.weights import clone_weights
+from fedray.methods import ensemble
+from fedray.learning.ensemble import loop_outputs, stacked_outputs
+from fedray.learning.weights import clone_weights
 from fedray.models import build_model
 
 

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedray.algorithms import dafkd_server
-from fedray.algorithms.dafkd import DaFKD
-from fedray.algorithms.distill import KDSteps
+from fedray.methods import dafkd_server
+from fedray.methods.dafkd import DaFKD
+from fedray.learning.distill import KDSteps
 from fedray.config import load_config
 from fedray.runtime.core import ServerCore
 from fedray.simulation import RunHooks, run_experiment

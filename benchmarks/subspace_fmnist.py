@@ -3,7 +3,7 @@ question for domains.
 
 The experiment (FedD3A Sec. 4, "Classification Ability of Subspace Projection"): split a dataset so that
 each client holds one class; every client extracts the features of its data with the shared backbone and
-uploads either its projection matrix (Eq. 5, :func:`fedray.algorithms.subspace.projector`) or its mean
+uploads either its projection matrix (Eq. 5, :func:`fedray.learning.subspace.projector`) or its mean
 feature (the prototype); the server assigns each test image to the client whose projection gives the
 highest cos(u, P_k u) (projection-based), or whose prototype has the highest cosine similarity with u
 (prototype-based). Accuracy is the share of test images assigned to their own class; 3 seeds. The paper:
@@ -36,7 +36,7 @@ Models: ``mlp`` = fedray's "2NN" (flatten -> FC 200 ReLU -> FC 200 ReLU -> head;
 
 The projection: Eq. 5's batch means over the client's features in a random order (a shuffled data loader
 with ``--batch-size`` = 256, the paper's batch size; last batch partial), computed in closed form (equal
-to the recursion, tests/algorithms/test_subspace.py). Also ``b=1``: every feature a row of Z, the paper's
+to the recursion, tests/learning/test_subspace.py). Also ``b=1``: every feature a row of Z, the paper's
 ``P = Z^T (Z Z^T + a I)^-1 Z`` before it introduces batch means. The ridge ``a`` is not given by the paper;
 its "P = I - P_hat" holds for a = 1, which is the headline column, fixed before looking at results; the
 sweep covers 1e-6 ... 1e6. Two ways to pick (a, b) are reported: ``validated`` (each client holds out 10%
@@ -76,7 +76,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedray.algorithms.subspace import projection_cosine, projector  # noqa: E402
+from fedray.learning.subspace import projection_cosine, projector  # noqa: E402
 from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data, to_float  # noqa: E402
 from fedray.models import build_model  # noqa: E402

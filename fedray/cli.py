@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(args: argparse.Namespace, registries: bool = True):
     """The config of ``args``; with ``registries=False`` only what :func:`fedray.config.load_config` checks
-    (no method imported, so no torch): the rest is :func:`fedray.algorithms.validate_experiment`'s."""
+    (no method imported, so no torch): the rest is :func:`fedray.methods.validate_experiment`'s."""
     from fedray.config import load_config
 
     overrides = list(args.overrides)
@@ -83,7 +83,7 @@ def _load(args: argparse.Namespace, registries: bool = True):
         overrides.append(f"data.data_dir={args.data_dir}")
     cfg = load_config(args.config, overrides)
     if registries:
-        from fedray.algorithms import validate_experiment
+        from fedray.methods import validate_experiment
 
         cfg = validate_experiment(cfg)
     return cfg
@@ -154,10 +154,10 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
         from fedray.gc_pause import imports_without_gc
 
         with imports_without_gc():
-            from fedray.algorithms import validate_experiment
-            from fedray.results import MLFLOW_RUN_FILE
+            from fedray.methods import validate_experiment
+            from fedray.report.results import MLFLOW_RUN_FILE
             from fedray.simulation import run_experiment
-            from fedray.tracking import RunTracking
+            from fedray.report.tracking import RunTracking
 
             if cfg.tracking.enabled:  # MLflow's ~1 s of imports here, frozen with the rest, not in RunTracking
                 importlib.import_module("mlflow.tracking")
@@ -176,14 +176,14 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
         release_unclaimed()  # a Ray started above that the run never took over (it failed before)
         if not args.resume and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # made by _output_dir for a run that failed before writing anything
-    from fedray.console import make_console, summary_table
-    from fedray.results import HISTORY_FILE, SUMMARY_FILE
+    from fedray.report.console import make_console, summary_table
+    from fedray.report.results import HISTORY_FILE, SUMMARY_FILE
 
     console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ ({SUMMARY_FILE}, {HISTORY_FILE})")
     if tracking:
-        from fedray.tracking import ui_hint
+        from fedray.report.tracking import ui_hint
 
         console.print(ui_hint(tracking[0].tracker.uri, tracking[0].tracker.experiment_id,
                               tracking[0].started_run_id), highlight=False, soft_wrap=True)
@@ -191,11 +191,11 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
 
 def _resume_target(args: argparse.Namespace):
-    from fedray.checkpoint import CheckpointError, load_checkpoint
-    from fedray.algorithms import validate_experiment
+    from fedray.report.checkpoint import CheckpointError, load_checkpoint
+    from fedray.methods import validate_experiment
     from fedray.config import validate_config
     from fedray.overrides import apply_overrides
-    from fedray.results import SUMMARY_FILE, is_finished
+    from fedray.report.results import SUMMARY_FILE, is_finished
 
     out = Path(args.resume)
     if args.output_dir and Path(args.output_dir) != out:
@@ -210,7 +210,7 @@ def _resume_target(args: argparse.Namespace):
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from fedray.console import comparison_table, make_console
+    from fedray.report.console import comparison_table, make_console
     from fedray.data import build_federated_data
     from fedray.data.plot import partition_label, partition_summary, plot_partition
 
@@ -242,7 +242,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from fedray.config import load_config
-    from fedray.console import comparison_table, make_console
+    from fedray.report.console import comparison_table, make_console
     from fedray.data.datasets import input_spec
     from fedray.models import describe_models
 
@@ -260,8 +260,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from fedray.console import comparison_table, make_console
-    from fedray.tuning import check_repeats, format_bundles, load_spec, planned_trials, selects_on_test_data
+    from fedray.report.console import comparison_table, make_console
+    from fedray.sweep.spec import check_repeats, format_bundles, load_spec, planned_trials, selects_on_test_data
 
     for flag in ("num_samples", "max_concurrent"):
         value = getattr(args, flag)
@@ -291,7 +291,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         console.print(f"each trial reserves {cpus:g} CPU: {where} ({os.cpu_count()} CPUs); nothing was started",
                       highlight=False)
         return 0
-    from fedray.runtime.tune_runner import latest_sweep, run_sweep  # imports Ray: after validation
+    from fedray.sweep.runner import latest_sweep, run_sweep  # imports Ray: after validation
 
     stem = spec.name
     if args.name:

@@ -123,7 +123,7 @@ class DataConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """Model names are checked against the zoo by :func:`fedray.algorithms.validate_experiment`."""
+    """Model names are checked against the zoo by :func:`fedray.methods.validate_experiment`."""
 
     name: str = Field(default="lenet5", description="the global model (and every client's, by default)")
     client_models: list[str] | None = Field(
@@ -209,7 +209,7 @@ class RuntimeConfig(_Strict):
     precision: Literal["float32", "bf16"] = Field(default="float32", description="the clients' local training: "
         "float32, or bf16 mixed precision (not faster than float32 in DaFKD's ResNet-11 rounds on an H200), "
         "changing the figures beyond float32 rounding (convolutions and linear layers on bfloat16 copies, the "
-        "rest float32: fedray/runtime/precision.py)")
+        "rest float32: fedray/vectorized/precision.py)")
     cpu_channels_last: bool = Field(
         default=False, description="on a CPU, train convolutional models without GroupNorm in the channels-last "
         "layout (training steps 1.17-1.38x, rounds 1.1-1.2x faster on the project's CPU machine); float rounding differs from the "
@@ -381,7 +381,7 @@ def validate_config(raw: dict) -> ExperimentConfig:
     """Validate a nested dict into an :class:`ExperimentConfig`.
 
     The algorithm's own parameters and the model names are checked against their registries by
-    :func:`fedray.algorithms.validate_experiment` (this module imports no method and no model).
+    :func:`fedray.methods.validate_experiment` (this module imports no method and no model).
     """
     try:
         return ExperimentConfig.model_validate(raw)

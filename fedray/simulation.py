@@ -15,13 +15,13 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from fedray import __version__
-from fedray.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from fedray.report.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
-from fedray.console import ConsoleReporter
+from fedray.report.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
-from fedray.results import EVAL_KEYS, claim_run_dir, clear_previous_run, final_figures, write_run_outputs
+from fedray.report.results import EVAL_KEYS, claim_run_dir, clear_previous_run, final_figures, write_run_outputs
 from fedray.runtime import make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
 from fedray.seeding import sample_clients
@@ -94,7 +94,7 @@ def run_experiment(
     ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
     folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
     """
-    from fedray.algorithms import validate_experiment
+    from fedray.methods import validate_experiment
 
     validate_experiment(cfg)  # a config built in code gets the registries' checks too, before any work
     if output_dir is None:
@@ -105,7 +105,7 @@ def run_experiment(
 
 def _run(cfg: ExperimentConfig, output_dir: str | Path | None, progress: bool, data: FederatedData | None,
          hooks: Sequence[RunHooks], resume_from: str | Path | None) -> RunResult:
-    from fedray.algorithms import get_algorithm
+    from fedray.methods import get_algorithm
 
     start = time.perf_counter()
     fed = cfg.federation

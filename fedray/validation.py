@@ -1,7 +1,7 @@
 """Pydantic's validation errors as one :class:`ConfigError` naming the key and what it takes.
 
 Shared by the experiment config (:mod:`fedray.config`), a method's parameters (``algorithm.*``) and sweep specs
-(:mod:`fedray.tuning`), so that a bad value reads alike wherever it is written.
+(:mod:`fedray.sweep.spec`), so that a bad value reads alike wherever it is written.
 """
 
 from __future__ import annotations

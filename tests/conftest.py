@@ -152,12 +152,12 @@ class _CaptureRules(TorchDispatchMode):
 
 @pytest.fixture
 def graphs_on_cpu(monkeypatch):
-    """CUDA graphs (``fedray.cuda_graphs``) on the CPU, where CI runs: a "replay" calls the captured step again, under
+    """CUDA graphs (``fedray.learning.cuda_graphs``) on the CPU, where CI runs: a "replay" calls the captured step again, under
     the capture's rules (:class:`_CaptureRules`), so the bookkeeping (when to capture, the inputs copied in, outputs,
     the optimizers' host counts, when to drop a graph) and what the step may do are checked. ``replays`` counts the
     replays. CUDA's own part, kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check."""
-    from fedray import cuda_graphs
-    from fedray.runtime.stacked_optimizer import StackedOptimizer
+    from fedray.learning import cuda_graphs
+    from fedray.vectorized.stacked_optimizer import StackedOptimizer
 
     replays = []
 

@@ -299,7 +299,7 @@ def _check_fedray_command(argv: list[str], where: str) -> None:
         load_config(args.config, list(args.overrides))  # every override key and value is valid
     if cmd == "tune":
         assert (REPO / args.spec).is_file(), f"{where}: {args.spec} is not in this repository"
-        from fedray.tuning import load_spec
+        from fedray.sweep.spec import load_spec
 
         load_spec(str(REPO / args.spec))
 

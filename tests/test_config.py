@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from fedray.algorithms import algorithm_params, validate_experiment
+from fedray.methods import algorithm_params, validate_experiment
 from fedray.config import ExperimentConfig, load_config, preset_names
 from fedray.data.plot import partition_label
 from fedray.errors import ConfigError

@@ -37,13 +37,13 @@ def test_the_helper_sees_local_imports():
 
 
 @pytest.mark.parametrize(("module", "forbidden"), [
-    ("tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.results'
-    ("simulation", "fedray.tracking"),  # the round loop reaches MLflow only through hooks
-    ("results", "fedray.tracking"),
+    ("tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.report.results'
+    ("simulation", "fedray.report.tracking"),  # the round loop reaches MLflow only through hooks
+    ("results", "fedray.report.tracking"),
     ("results", "fedray.simulation"),
-    ("console", "fedray.tracking"),
+    ("console", "fedray.report.tracking"),
     ("console", "fedray.simulation"),
-    ("config", "fedray.algorithms"),  # loading a config builds no method or model
+    ("config", "fedray.methods"),  # loading a config builds no method or model
     ("config", "fedray.models"),
 ])
 def test_module_does_not_import(module, forbidden):
@@ -78,13 +78,13 @@ def test_the_command_line_imports_no_torch_before_it_starts_ray():
 
 
 def test_a_method_module_is_imported_when_its_name_is_looked_up():
-    """Every Ray actor imports fedray.algorithms: it loads the method a run names, not all of them (~0.1 s of
+    """Every Ray actor imports fedray.methods: it loads the method a run names, not all of them (~0.1 s of
     CPU each on a CPU-bound start-up), yet lists every built-in and still refuses a clashing registration."""
     code = """
 import sys
 import fedray.runtime.actors
-from fedray.algorithms import ALGORITHMS, get_algorithm, register_algorithm
-loaded = lambda: sorted(n for n in ALGORITHMS if f"fedray.algorithms.{n}" in sys.modules)
+from fedray.methods import ALGORITHMS, get_algorithm, register_algorithm
+loaded = lambda: sorted(n for n in ALGORITHMS if f"fedray.methods.{n}" in sys.modules)
 before = loaded()
 get_algorithm("fedprox")
 after = loaded()
@@ -102,7 +102,7 @@ print(before, after, len(ALGORITHMS), "fedd3a" in ALGORITHMS, refused)
 
 
 def test_training_never_imports_torchs_compiler_stack():
-    """Local and server-side optimizers (fedray.algorithms.optim) step without torch.optim.Optimizer, whose methods
+    """Local and server-side optimizers (fedray.learning.optim) step without torch.optim.Optimizer, whose methods
     import torch._dynamo on first use (~1 s and ~150 MB in every process that trains): a round of FedAvg, DaFKD
     (GAN steps, server distillation), FedKF (generator Adam) and FedDF (proxy distillation), one by one and
     batched, leaves it out."""
@@ -110,7 +110,7 @@ def test_training_never_imports_torchs_compiler_stack():
 import sys
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
-from tests.runtime.test_vectorized import DAFKD, SERVER
+from tests.vectorized.test_vectorized import DAFKD, SERVER
 for vec in (False, True):
     for kw in (dict(), DAFKD, dict(algorithm__name="fedkf"), dict(algorithm__name="feddf", **SERVER)):
         run_experiment(tiny_config(federation__rounds=1, runtime__vectorize=vec, **kw), progress=False)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from fedray.algorithms import ALGORITHMS, load_experiment
+from fedray.methods import ALGORITHMS, load_experiment
 from fedray.cli import build_parser
 from fedray.config import ExperimentConfig, preset_names
 from fedray.errors import UserError

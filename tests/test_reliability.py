@@ -1,6 +1,7 @@
 """Reliability, with faults injected for real: SIGKILL of the driver, killed worker and server processes,
 a removed node, stragglers, non-finite uploads, corrupt checkpoints."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from fedray.checkpoint import FILENAME, CheckpointError, decode, encode, load_checkpoint, save_checkpoint
+from fedray.report.checkpoint import FILENAME, CheckpointError, decode, encode, load_checkpoint, save_checkpoint
 from fedray.cli import main
 from fedray.config import load_config
 from fedray.data import build_federated_data
@@ -59,7 +60,7 @@ class _Inner:
 
 
 def test_typed_state_round_trips_and_loads_without_pickle(tmp_path):
-    from fedray.algorithms.fedavg import ModelState
+    from fedray.methods.fedavg import ModelState
 
     state = {"server": ModelState({"a": torch.arange(3.0)}), "clients": {2: None, 5: [1.5, "x", True]}}
     save_checkpoint(tmp_path, {"round": 3, "state": state})
@@ -72,6 +73,20 @@ def test_typed_state_round_trips_and_loads_without_pickle(tmp_path):
     foreign["__dataclass__"] = "os.path:join"
     with pytest.raises(CheckpointError, match="refusing"):
         decode(foreign)
+
+
+def test_state_classes_named_by_their_former_modules_still_load():
+    """A checkpoint written before the package's present layout names fedray.algorithms.*: it still resumes."""
+    from fedray.learning.cached import ModelCache
+    from fedray.methods.dafkd import DaFKDClientState
+    from fedray.methods.fedavg import ModelState
+
+    for old, cls in [("fedray.algorithms.fedavg:ModelState", ModelState),
+                     ("fedray.algorithms.dafkd:DaFKDClientState", DaFKDClientState),
+                     ("fedray.algorithms.cached:ModelCache", ModelCache)]:
+        enc = encode(cls(**{f.name: None for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}))
+        enc["__dataclass__"] = old
+        assert type(decode(enc)) is cls
 
 
 class _StopAfterRound2(RunHooks):
@@ -389,7 +404,7 @@ def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog, monkeypat
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_is_finite_finds_a_single_bad_value_in_any_float_tensor_of_an_upload(dtype, bad):
-    from fedray.algorithms.fedavg import ModelUpload
+    from fedray.methods.fedavg import ModelUpload
     from fedray.runtime.core import is_finite
 
     weights = {"a": torch.ones(3, 4, dtype=dtype), "b": torch.zeros(7, dtype=dtype), "n": torch.tensor(2)}

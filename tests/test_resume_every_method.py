@@ -6,9 +6,9 @@ experiment."""
 
 import pytest
 
-from fedray.algorithms import ALGORITHMS
+from fedray.methods import ALGORITHMS
 from fedray.simulation import run_experiment
-from tests.algorithms.test_dafkd import SMALL as DAFKD_SMALL
+from tests.methods.test_dafkd import SMALL as DAFKD_SMALL
 from tests.conftest import tiny_config
 
 HOLDOUT = {"data__server_data__kind": "holdout", "data__server_data__per_class": 10}
@@ -48,8 +48,8 @@ class CrashAfter:
 
 
 def test_every_built_in_method_has_a_case():
-    # (other tests register methods of their own: those live outside fedray.algorithms)
-    built_in = {name for name in ALGORITHMS if ALGORITHMS[name].__module__.startswith("fedray.algorithms.")}
+    # (other tests register methods of their own: those live outside fedray.methods)
+    built_in = {name for name in ALGORITHMS if ALGORITHMS[name].__module__.startswith("fedray.methods.")}
     assert len(built_in) >= 11 and built_in <= {name.split("-")[0] for name in CASES}
 
 
@@ -68,7 +68,7 @@ def test_a_run_interrupted_after_round_2_resumes_to_the_same_figures(case, tmp_p
 
 
 def test_a_resume_may_read_the_data_from_elsewhere_but_not_change_the_experiment(tmp_path):
-    from fedray.checkpoint import CheckpointError, load_checkpoint
+    from fedray.report.checkpoint import CheckpointError, load_checkpoint
     from fedray.simulation import check_resumable
 
     cfg = tiny_config(federation__rounds=3, runtime__checkpoint_every=1)

@@ -1,14 +1,14 @@
 """Datasets (torchvision loaders on offline roots, Debian's Fashion-MNIST, synthetic, multi-domain),
-partitioners, server-side data and :class:`FederatedData`. See ``fedray/data/datasets.py`` for where
-data is looked for, ``fedray/data/domains.py`` for ``fmnist_domains`` and ``fedray/data/imagefolder.py``
-for the ImageFolder layout of ``digit5``, ``office_caltech10`` and ``domainnet``."""
+partitioners, server-side data and :class:`FederatedData`. ``fedray/data/loading.py`` finds a dataset's loader by
+``data.dataset``; ``fedray/data/datasets.py`` says where data is looked for, ``fedray/data/domains.py`` builds
+``fmnist_domains`` and ``fedray/data/imagefolder.py`` reads the ImageFolder layout of ``digit5``,
+``office_caltech10`` and ``domainnet``."""
 
 from fedray.data.datasets import (
     DEBIAN_FASHION_MNIST,
     RawDataset,
     debian_fashion_mnist_dir,
     display_name,
-    load_dataset,
     resolve_root,
 )
 from fedray.data.domains import (
@@ -17,10 +17,10 @@ from fedray.data.domains import (
     DomainSplit,
     fmnist_domain_shares,
     fmnist_domain_transform,
-    load_domains,
 )
 from fedray.data.federated import FederatedData, ServerData, build_federated_data, partition, to_float
 from fedray.data.imagefolder import IMAGEFOLDER_DATASETS, load_imagefolder_domains
+from fedray.data.loading import load_dataset, load_domains
 from fedray.data.partition import (
     partition_by_domain,
     partition_dirichlet,

@@ -46,7 +46,7 @@ _FMNIST_FILES = (
 )
 
 # Standard published per-channel mean/std of x/255 over each training set.
-_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+TORCHVISION_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "mnist": ((0.1307,), (0.3081,)),
     "fashion_mnist": ((0.2860,), (0.3530,)),
     "emnist": ((0.1751,), (0.3332,)),  # EMNIST-balanced; the other splits differ by < 0.003
@@ -235,7 +235,7 @@ def _cache_for(cfg: DataConfig, root: Path) -> tuple[DecodedCache | None, str | 
     return cache, fingerprint(label, [root / s for s in _SOURCES[cfg.dataset]], root)
 
 
-def _load_torchvision(cfg: DataConfig) -> RawDataset:
+def load_torchvision(cfg: DataConfig) -> RawDataset:
     """``cfg.dataset`` from the decoded cache (``fedray.data.cache``) when its source files are unchanged;
     else decoded by torchvision, and cached."""
     name = cfg.dataset
@@ -280,36 +280,8 @@ def _decode_torchvision(cfg: DataConfig, root: Path) -> RawDataset:
     if name == "emnist" and cfg.emnist_split == "letters":
         # torchvision keeps letters' labels 1..26 (classes[0] is "N/A"); make them 0..25.
         train_y, test_y, num_classes = train_y - 1, test_y - 1, 26
-    mean, std = _STATS[name]
+    mean, std = TORCHVISION_STATS[name]
     return RawDataset(name, train_x, train_y, test_x, test_y, num_classes, mean, std)
-
-
-def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
-    """Load ``cfg.dataset``; the synthetic dataset is generated from ``seed``.
-
-    A multi-domain dataset comes back as its client domains pooled (domain-major); use
-    :func:`fedray.data.domains.load_domains` to keep the domains apart.
-    """
-    from fedray.data.domains import is_multi_domain, load_domains
-
-    if is_multi_domain(cfg.dataset):
-        return load_domains(cfg).pooled(cfg.client_domains())
-    if cfg.dataset == "synthetic":
-        from fedray.data.synthetic import make_synthetic
-
-        num_train = cfg.synthetic_train_samples or max(2000, 60 * cfg.num_clients)
-        return make_synthetic(
-            num_train,
-            cfg.synthetic_test_samples,
-            cfg.synthetic_num_classes,
-            cfg.synthetic_channels,
-            cfg.synthetic_image_size,
-            seed,
-        )
-    if cfg.dataset not in _STATS:
-        allowed = ", ".join([*_STATS, "synthetic", *DOMAINS])
-        raise DataError("data.dataset", f"unknown dataset {cfg.dataset!r}; allowed: {allowed}")
-    return _load_torchvision(cfg)
 
 
 # (channels, classes) of each dataset's images as fedray loads them; 28x28 unless the dataset says otherwise.

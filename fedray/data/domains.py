@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedray.config import DOMAINS, DataConfig
-from fedray.data.datasets import RawDataset, canonical
+from fedray.data.datasets import RawDataset, load_torchvision, canonical
 
 FMNIST_DOMAINS: tuple[str, ...] = DOMAINS["fmnist_domains"]
 # Fixed seeds (never the run seed): a domain must be the same images and the same noise in every run.
@@ -146,10 +146,8 @@ def fmnist_domain_transform(domain: str, x: np.ndarray, split: int) -> np.ndarra
 
 def load_fmnist_domains(cfg: DataConfig) -> DomainDataset:
     """Build the run's ``fmnist_domains`` domains from the real Fashion-MNIST (module docstring)."""
-    from fedray.data.datasets import _load_torchvision
-
     # The ordinary Fashion-MNIST loader: same data roots, Debian discovery and error messages.
-    raw = _load_torchvision(cfg.model_copy(update={"dataset": "fashion_mnist"}))
+    raw = load_torchvision(cfg.model_copy(update={"dataset": "fashion_mnist"}))
     train_shares = fmnist_domain_shares(raw.train_y, 0)
     test_shares = fmnist_domain_shares(raw.test_y, 1)
     domains: dict[str, DomainSplit] = {}
@@ -163,15 +161,6 @@ def load_fmnist_domains(cfg: DataConfig) -> DomainDataset:
     mean, std = channel_stats([domains[d].train_x for d in cfg.client_domains()])
     return DomainDataset("fmnist_domains", domains, raw.num_classes, mean, std,
                          classes=tuple(str(c) for c in range(raw.num_classes)))
-
-
-def load_domains(cfg: DataConfig) -> DomainDataset:
-    """Load the run's domains (``cfg.all_domains()``) of the multi-domain ``cfg.dataset``."""
-    if cfg.dataset == "fmnist_domains":
-        return load_fmnist_domains(cfg)
-    from fedray.data.imagefolder import load_imagefolder_domains
-
-    return load_imagefolder_domains(cfg)
 
 
 def is_multi_domain(name: str) -> bool:

@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from fedray.config import DataConfig
-from fedray.data.datasets import canonical, load_dataset
-from fedray.data.domains import is_multi_domain, load_domains
+from fedray.data.datasets import canonical
+from fedray.data.domains import is_multi_domain
+from fedray.data.loading import load_dataset, load_domains
 from fedray.data.partition import (
     partition_by_domain,
     partition_dirichlet,
@@ -271,7 +272,7 @@ def _without(held: np.ndarray, train_x: np.ndarray, train_y: np.ndarray, train_d
 class ClientBatches:
     """A client's local mini-batches of a round as rows of its data: step ``s`` trains on ``to_float(x[index[s]])``
     and ``y[index[s]]``. Iterating yields those batches; the vectorised runner instead gathers every client's
-    rows of a step in one indexing op (``fedray.runtime.vectorized``), so both see the same batches."""
+    rows of a step in one indexing op (``fedray.vectorized.engine``), so both see the same batches."""
 
     x: torch.Tensor  # uint8 (N, C, H, W), on the training device
     y: torch.Tensor  # int64 (N,)

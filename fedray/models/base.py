@@ -12,7 +12,7 @@ in every worker), no in-place activations or residual adds (they break ``torch.f
 autograd on shared tensors), no state outside parameters and buffers (so ``state_dict`` round-trips
 exactly and the module pickles and deep-copies), and the rows of a batch do not interact in ``forward``
 except through BatchNorm (vectorised clients pad short batches; under BatchNorm the padded rows are left out of
-the batch statistics, see :func:`batch_rows` and ``fedray.runtime.vectorized``).
+the batch statistics, see :func:`batch_rows` and ``fedray.vectorized.engine``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Sequence
 from fedray.errors import UserError
 from fedray.report.runs import RunRecord, _num, mean_std
 from fedray.report.table import DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, METRIC_COLUMNS, _Group, group_runs
-from fedray.results import HISTORY_FILE
+from fedray.report.results import HISTORY_FILE
 
 
 def _metric_scale(metric: str) -> tuple[float, str]:

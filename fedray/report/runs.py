@@ -1,7 +1,7 @@
 """Finished runs as :class:`RunRecord`, from ``fedray run`` output directories or an MLflow experiment.
 
 A directory is a finished run when it holds ``summary.json`` (with ``history.parquet`` and ``config.yaml``
-beside it); the file names and their readers are :mod:`fedray.results`'s. In MLflow, params are the flattened config and metrics every history key at ``step=round``;
+beside it); the file names and their readers are :mod:`fedray.report.results`'s. In MLflow, params are the flattened config and metrics every history key at ``step=round``;
 ``sweep`` parents are skipped. Everything after loading is source-agnostic.
 """
 
@@ -20,7 +20,7 @@ import yaml
 
 from fedray.errors import UserError
 from fedray.overrides import flatten
-from fedray.results import (
+from fedray.report.results import (
     CONFIG_FILE,
     EVAL_KEYS,
     HISTORY_FILE,
@@ -31,7 +31,7 @@ from fedray.results import (
     read_history,
     read_summary,
 )
-from fedray.tracking import resolve_tracking_uri, sqlite_path
+from fedray.report.tracking import resolve_tracking_uri, sqlite_path
 
 DASH = "—"
 
@@ -139,7 +139,7 @@ def _fill_algorithm_defaults(params: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(name, str):
         return params
     try:
-        from fedray.algorithms import ALGORITHMS
+        from fedray.methods import ALGORITHMS
 
         cls = ALGORITHMS.get(name)
         fields = cls.Params.model_fields if cls is not None else {}

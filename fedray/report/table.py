@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.errors import UserError
-from fedray.metrics import rounds_to_target as _first_round_reaching
+from fedray.report.metrics import rounds_to_target as _first_round_reaching
 from fedray.report.runs import DASH, RunRecord, _canon, _fmt_value, _num, _sort_key, _warn, mean_std
 
 DEFAULT_BY_METHOD: tuple[str, ...] = ("algorithm.name",)

@@ -14,21 +14,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.algorithms import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
-from fedray.algorithms.base import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload,
+from fedray.methods import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
+from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload,
                                     Weights)
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
-from fedray.metrics import Evaluator, eval_layout, personal_metrics
+from fedray.report.metrics import Evaluator, eval_layout, personal_metrics
 from fedray.models import build_model
 from fedray.models.base import channels_last_if_faster
-from fedray.algorithms.training import LocalTraining
-from fedray.algorithms.weights import leaves, nbytes
+from fedray.learning.training import LocalTraining
+from fedray.learning.weights import leaves, nbytes
 from fedray.runtime.malloc import keep_freed_memory
-from fedray.runtime.precision import at_local_precision, check_precision
-from fedray.runtime.vectorize_policy import vectorize_enabled, vectorize_min_clients
-from fedray.runtime.vectorized import train_vectorized
+from fedray.vectorized.precision import at_local_precision, check_precision
+from fedray.vectorized.policy import vectorize_enabled, vectorize_min_clients
+from fedray.vectorized.engine import train_vectorized
 from fedray.seeding import derive_seed
 
 
@@ -118,7 +118,7 @@ class ClientWorkerCore:
                    states: list[ClientState | None]) -> list[tuple[Upload, ClientState | None, dict]]:
         """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on and a method
         that describes its update as :class:`LocalTraining`, clients sharing a module and a loss are trained
-        in lockstep as one batched computation (:mod:`fedray.runtime.vectorized`); otherwise one by one."""
+        in lockstep as one batched computation (:mod:`fedray.vectorized.engine`); otherwise one by one."""
         if not self.vectorize or len(client_ids) < self.vectorize_min:
             return [self.train(round_, c, payload, s) for c, s in zip(client_ids, states)]
         ctxs, plans, results = [], [], {}
@@ -177,7 +177,7 @@ class ClientWorkerCore:
 
     def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple[int, ...]]:
         """Personalised evaluation: each client's own model on its own test split and on the global test
-        set (rows of :func:`fedray.metrics.personal_metrics`). A client that never trained is scored with
+        set (rows of :func:`fedray.report.metrics.personal_metrics`). A client that never trained is scored with
         its initial model, which is built here and not kept."""
         if self._evaluator is None:
             self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
@@ -274,7 +274,7 @@ class ServerCore:
 def eval_model(cfg: ExperimentConfig, algo: Algorithm, device: torch.device,
                architecture: str | None = None) -> torch.nn.Module:
     """A module of the global architecture (or ``architecture``) to load weights into for evaluation only, in
-    the memory layout its inference is fastest in (:func:`fedray.metrics.eval_layout`). Built on first use, so
+    the memory layout its inference is fastest in (:func:`fedray.report.metrics.eval_layout`). Built on first use, so
     under ``fork_rng``: when it is built never moves the global RNG (its initial weights are overwritten)."""
     with torch.random.fork_rng(devices=[]):
         model = build_model(architecture or cfg.model.name, algo.spec.input_shape, algo.spec.num_classes)

@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from fedray.algorithms import get_algorithm
+from fedray.methods import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
 from fedray.runtime.core import (ClientWorkerCore, ServerCore, claim_process, client_table, personal_evaluation,
                                  personal_models, torch_threads)
-from fedray.runtime.vectorize_policy import describe_vectorised
+from fedray.vectorized.policy import describe_vectorised
 
 
 class LocalRuntime(Runtime):

@@ -14,7 +14,7 @@ def client_costs(cfg: ExperimentConfig, input_shape: tuple[int, int, int], num_c
     """Each client's estimated work per round: forward FLOPs of its architecture x its local steps. With one
     architecture only the steps tell clients apart, and the FLOPs (whose counter imports torch's compiler
     stack, ~1 s of the driver's start-up) are left out: the costs are the steps."""
-    from fedray.algorithms.base import local_step_count
+    from fedray.learning.boundary import local_step_count
     from fedray.models import forward_flops
 
     archs = cfg.model.architectures()

@@ -40,11 +40,11 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fedray.algorithms import get_algorithm
+from fedray.methods import get_algorithm
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
-from fedray.metrics import EvalIndex
+from fedray.report.metrics import EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
@@ -52,7 +52,7 @@ from fedray.runtime.ray_start import start_ray
 from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.server_host import ActorServer, DriverServer, server_in_driver
-from fedray.runtime.vectorize_policy import describe_vectorised, vectorize_enabled, vectorize_min_clients
+from fedray.vectorized.policy import describe_vectorised, vectorize_enabled, vectorize_min_clients
 from fedray.runtime.worker_pool import WorkerPool
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from fedray.config import DataConfig
 from fedray.data.cache import CACHE_DIR_ENV
-from fedray.data.datasets import load_dataset
+from fedray.data.loading import load_dataset
 from tests.data.test_datasets import write_mnist_like
 
 

@@ -12,7 +12,8 @@ import torch
 from torchvision import datasets as tvd
 
 from fedray.config import DataConfig
-from fedray.data.datasets import DEBIAN_FASHION_MNIST_ENV, load_dataset, resolve_root
+from fedray.data.datasets import DEBIAN_FASHION_MNIST_ENV, resolve_root
+from fedray.data.loading import load_dataset
 from fedray.data.synthetic import make_synthetic
 from fedray.errors import DataError
 

@@ -5,9 +5,9 @@ import time
 
 import torch
 
-from fedray.algorithms import register_algorithm
-from fedray.algorithms.base import ClientResult
-from fedray.algorithms.fedavg import FedAvg, ModelUpload
+from fedray.methods import register_algorithm
+from fedray.methods.api import ClientResult
+from fedray.methods.fedavg import FedAvg, ModelUpload
 
 
 @register_algorithm

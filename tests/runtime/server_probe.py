@@ -1,8 +1,8 @@
 """A test-only method that reports what server data it sees on the server and on the clients."""
 
-from fedray.algorithms import register_algorithm
-from fedray.algorithms.base import ClientResult
-from fedray.algorithms.fedavg import FedAvg
+from fedray.methods import register_algorithm
+from fedray.methods.api import ClientResult
+from fedray.methods.fedavg import FedAvg
 
 
 @register_algorithm

@@ -2,9 +2,9 @@
 
 from dataclasses import dataclass
 
-from fedray.algorithms import register_algorithm
-from fedray.algorithms.base import ClientResult
-from fedray.algorithms.fedavg import FedAvg
+from fedray.methods import register_algorithm
+from fedray.methods.api import ClientResult
+from fedray.methods.fedavg import FedAvg
 
 
 @dataclass

@@ -7,7 +7,7 @@ from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.seeding import sample_clients
 from tests.conftest import tiny_config
-from tests.runtime.test_vectorized import COVERED, _max_relative_difference, _one_round, float64_runs
+from tests.vectorized.test_vectorized import COVERED, _max_relative_difference, _one_round, float64_runs
 
 # A method per way its modules are built: the shared model (LeNet-5, BatchNorm), a model bank of client
 # architectures (GroupNorm ResNet-8 stays as built), a generator beside the student, DaFKD's GAN.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedray.algorithms import get_algorithm
+from fedray.methods import get_algorithm
 from fedray.runtime.server_host import DriverServer, server_in_driver
 from tests.conftest import object_of_a_dead_owner, tiny_config
 

@@ -1,0 +1,185 @@
+"""What crosses the client/server boundary, and what a client or server step is given.
+
+These types sit below both the learning helpers and the methods, so both can import them: the four state types a
+method subclasses with its own dataclasses (:class:`Payload` down, :class:`Upload` up, :class:`ClientState` kept by
+the client, :class:`ServerState` kept by the server), the contexts the runtime hands a client update
+(:class:`ClientContext`) and a server update (:class:`ServerContext`), a client's :class:`ClientResult`, and what a
+method may know of the data (:class:`DataSpec`, :class:`ServerSideData`, :class:`DiagnosticProbe`). The contract that
+uses them is :mod:`fedray.methods.api`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from fedray.config import FederationConfig
+from fedray.data.federated import ClientBatches
+from fedray.learning.weights import Weights
+from fedray.models import build_model
+from fedray.models.base import channels_last_if_faster
+from fedray.seeding import derive_seed
+
+# --- what crosses the client/server boundary: each method subclasses these with its own dataclasses ---
+
+
+@dataclass
+class Payload:
+    """What the server broadcasts to every client sampled in a round (counted in ``comm/bytes_down``)."""
+
+
+@dataclass
+class Upload:
+    """What one client sends the server after its local update (counted in ``comm/bytes_up``)."""
+
+
+@dataclass
+class ClientState:
+    """A client's private, persistent state (its own model, discriminator, generator); never uploaded."""
+
+
+@dataclass
+class ServerState:
+    """The server's state between rounds (global model, caches, buffers); checkpointed."""
+
+
+@dataclass
+class ServerSideData:
+    """Data held by the server (``data.server_data``): uint8 images on the server's device, and labels only
+    when the run says the server's data is labelled. Clients never see it unless a method sends it."""
+
+    x: torch.Tensor  # uint8 (N, C, H, W); normalise with to_float(x, spec.mean, spec.std)
+    y: torch.Tensor | None  # int64 (N,), or None for unlabelled server data
+    domain: str | None = None
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+@dataclass
+class DiagnosticProbe:
+    """Real data a simulation shows a method's diagnostics (``diag/*``) and never its training: a seeded
+    subset of the global test set, a few training images of every client, and every client's label counts
+    (the Theorem-1-style oracle of which client an image of class y is likely to come from)."""
+
+    test_x: torch.Tensor  # float, normalised (N, C, H, W)
+    test_y: torch.Tensor  # int64 (N,)
+    client_x: dict[int, torch.Tensor]  # client id -> float, normalised (<= n, C, H, W) of its training images
+    label_counts: torch.Tensor  # float (num_clients, num_classes): training samples per client and class
+
+
+@dataclass
+class PersonalModel(ClientState):
+    """A client's own model: its architecture's name and weights (FedCD, the isolated baseline)."""
+
+    client_id: int
+    architecture: str
+    weights: Weights
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What an algorithm may know about the federation's data without seeing any client's samples."""
+
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    num_clients: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+class ModelBank:
+    """One module per architecture, built on first use and reused for every client of that architecture
+    (a worker swaps clients' weights into it, as it does for a shared model), so a worker's memory grows
+    with the architectures it has seen, not with the clients it serves."""
+
+    def __init__(self, spec: DataSpec, device: torch.device, channels_last: bool = False):
+        self.spec, self.device = spec, device
+        self.channels_last = channels_last  # runtime.cpu_channels_last, on a CPU
+        self._modules: dict[str, torch.nn.Module] = {}
+
+    def get(self, architecture: str) -> torch.nn.Module:
+        if architecture not in self._modules:
+            model = build_model(architecture, self.spec.input_shape, self.spec.num_classes).to(self.device)
+            self._modules[architecture] = channels_last_if_faster(model) if self.channels_last else model
+        return self._modules[architecture]
+
+
+@dataclass
+class ClientContext:
+    """Everything a client update may use: its own data, its seeded randomness, the worker's modules."""
+
+    client_id: int
+    round: int
+    seed: int
+    x: torch.Tensor  # uint8 (N, C, H, W) on ``device``; normalised per batch by ``batches``
+    y: torch.Tensor  # int64 (N,)
+    spec: DataSpec
+    fed: FederationConfig
+    device: torch.device
+    modules: Any  # what the method's build_modules() returned, built once per process
+    architecture: str = ""  # this client's model architecture (model.client_models, else model.name)
+    models: ModelBank | None = None  # one built module per architecture, shared by the worker's clients
+    server_x: torch.Tensor | None = None  # the server data's images, for methods whose clients hold them
+
+    def own_model(self) -> torch.nn.Module:
+        """A module of this client's architecture (weights are whatever the last user left: load first)."""
+        assert self.models is not None, "the runtime gives every client context a model bank"
+        return self.models.get(self.architecture)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.y.shape[0])
+
+    def generator(self, purpose: str = "batches") -> torch.Generator:
+        return torch.Generator().manual_seed(derive_seed(self.seed, purpose) % (1 << 63))
+
+    def num_local_steps(self) -> int:
+        """``federation.local_steps``, or ``local_epochs`` passes over this client's data when set."""
+        return local_step_count(self.fed, self.num_samples)
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``num_local_steps()`` mini-batches, reshuffling after each pass (a pass may end on a short batch)."""
+        return iter(self.batch_plan())
+
+    def batch_plan(self) -> ClientBatches:
+        """The batches of :meth:`batches` as rows of this client's data, drawn up front. The permutations are
+        drawn on the CPU from this client's seed, so they are the same on every device."""
+        g = self.generator()
+        n, bs = self.num_samples, self.fed.batch_size
+        perm, pos, index = torch.randperm(n, generator=g), 0, []
+        for _ in range(self.num_local_steps()):
+            if pos >= n:
+                perm, pos = torch.randperm(n, generator=g), 0
+            index.append(perm[pos : pos + bs])
+            pos += bs
+        return ClientBatches(self.x, self.y, index, self.spec.mean, self.spec.std)
+
+
+def local_step_count(fed: FederationConfig, num_samples: int) -> int:
+    """A client's optimizer steps per round: ``local_steps``, or ``local_epochs`` passes over its data."""
+    if fed.local_epochs is not None:
+        return fed.local_epochs * max(1, -(-num_samples // fed.batch_size))
+    return fed.local_steps
+
+
+@dataclass
+class ServerContext:
+    round: int
+    seed: int
+    device: torch.device
+    modules: Any
+    # replay loops of fixed-shape steps as CUDA graphs where the device allows (``runtime.cuda_graphs``;
+    # :class:`fedray.learning.cuda_graphs.GraphedStep`)
+    cuda_graphs: bool = False
+
+
+@dataclass
+class ClientResult:
+    upload: Upload  # sent to the server; counted in comm/bytes_up
+    state: ClientState | None  # stays client-side; None for stateless methods
+    metrics: dict[str, float] = field(default_factory=dict)  # e.g. train/loss, averaged over clients
+
+

@@ -1,0 +1,196 @@
+"""A client's supervised local training, described as data rather than run inside ``client_update``.
+
+Most methods' local update is "start from these weights, take ``ctx.num_local_steps()`` optimizer steps
+of this loss on the client's batches, then build the upload from the trained model". A method that says
+so through :meth:`Algorithm.local_training` lets the runtime choose how to run it: one client at a time
+(:func:`run_local_training`), or all of a worker's clients of the round in
+lockstep as one batched computation (``fedray.vectorized.engine``, ``runtime.vectorize``). The method
+does not change between the two: its local training is a step function, and like FedJAX's
+``for_each_client`` backends, how clients run is the runtime's choice.
+
+The contract a :class:`LocalTraining` keeps so that batching it is exact:
+
+- ``loss(model, x, y)`` depends on the client only through the model's weights and the batch: anything
+  else it reads (the received global model, a teacher, teacher logits) is the same for every client of
+  the round that gives the same ``group``. The runtime batches clients of one ``(model, group)`` and calls
+  the first client's ``loss`` for all of them.
+- ``loss`` is traceable by ``torch.func.vmap``: no ``.item()``/``float()``/``bool()`` of a tensor, no
+  data-dependent shapes (mask, don't index). It returns the loss, or ``(loss, {"train/name": tensor})``
+  for further per-step figures, averaged over the client's steps into its metrics.
+- ``paddable``: every term of the loss that reads the batch averages over its rows not labelled
+  :data:`IGNORE_LABEL` only, as ``F.cross_entropy(model(x), y)``'s default mean does (FedGKD's distillation
+  term masks its own mean; other terms may read the model, not the batch).
+  Then the runtime may pad a short batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full
+  ones, BatchNorm normalising by the other rows (:func:`~fedray.models.base.batch_rows`): exact up to rounding.
+- ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
+  it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
+  logits on the shared batch). A ``finish`` marked :func:`weights_only` reads the model only through
+  ``model.state_dict()`` (``clone_weights``): the batched runner may then give it the client's weights on the
+  host without loading them into the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedray.learning import optim
+from fedray.learning.boundary import ClientContext, ClientResult
+from fedray.learning.weights import Weights
+from fedray.data.federated import ClientBatches
+
+IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index: a padded row's label
+LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+def row_mean(values: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``values`` (one per row) over the rows where ``rows`` (bool) holds, e.g. a padded batch's real
+    rows: their sum divided by their count (at least 1; on all rows, the plain mean's arithmetic). None: every row."""
+    if rows is None:
+        return values.mean()
+    weights = rows.to(values.dtype)
+    return (values * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+@dataclass
+class LocalTraining:
+    """One client's local supervised training: what the runtime needs to run it alone or batched."""
+
+    model: torch.nn.Module  # the worker's module of this client's architecture; weights loaded from ``start``
+    start: Weights  # the state dict training starts from (parameters and buffers)
+    loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], LossOut]
+    finish: Callable[[torch.nn.Module, dict[str, float]], ClientResult]
+    group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
+    paddable: bool = False  # every term reading the batch averages over its rows not labelled IGNORE_LABEL
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """One parameter group's optimizer: ``torch.optim.SGD`` (momentum, weight decay) or ``Adam`` (L2 weight
+    decay, ``betas``, eps 1e-8)."""
+
+    kind: str  # "sgd" | "adam"
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    @classmethod
+    def of(cls, fed: Any, lr: float | None = None) -> "OptimSpec":
+        """``federation.*``'s optimizer (:func:`make_optimizer`), optionally another lr."""
+        return cls(fed.optimizer, fed.lr if lr is None else lr, fed.momentum if fed.optimizer == "sgd" else 0.0,
+                   fed.weight_decay)
+
+
+@dataclass
+class Update:
+    """One optimizer update inside a local step: ``loss(modules, inputs, flags)`` moves the parameters of the
+    modules named in ``groups`` (each with its optimizer settings); the other modules' parameters stay as they
+    are. ``trains(flags)``: the groups this step's loss reaches (default: all), so that an unused module is
+    skipped as ``torch.optim`` skips a parameter without a gradient."""
+
+    loss: Callable[[torch.nn.ModuleDict, dict[str, torch.Tensor], tuple], LossOut]
+    groups: dict[str, OptimSpec]
+    trains: Callable[[tuple], set[str]] | None = None
+
+
+@dataclass
+class StepwiseTraining:
+    """A local training of several modules whose step is a sequence of :class:`Update` s with per-step inputs
+    (DaFKD: classifier and discriminator, then generator, on the batch and seeded noise). The runtime
+    batches clients with equal ``(modules, group)`` under ``runtime.vectorize``; the method's own
+    ``client_update`` is the sequential reference.
+
+    ``inputs(step)`` is called for steps 0, 1, ... in order (it may draw from the client's generators) and
+    returns the step's tensors and its flags: ``flags[u]`` says whether update ``u`` runs; further entries are
+    the method's own (static: clients are batched by equal flags, and every loss sees them).
+    ``finish(modules, sums, optimizer_state)`` gets the
+    per-client sums over steps of every auxiliary figure of the updates that ran, plus ``steps``, and the
+    optimizer state the training ended with, in the form of ``optimizer_state`` (below).
+
+    ``batches``: when set, the ``x`` and ``y`` inputs of step ``s`` are the client's ``s``-th batch, which the
+    runtime gathers for all clients of the step at once; ``inputs(step)`` then gives the other inputs only.
+    ``paddable``: the losses count only a batch's rows not labelled :data:`IGNORE_LABEL` (a row-mean cross-entropy
+    as :class:`LocalTraining`'s, or masks of their own) and run the modules on a padded batch inside
+    :func:`~fedray.models.base.batch_rows` of its real rows (BatchNorm); the runtime may then pad a short batch, and
+    zero-pad the other inputs along their first dimension to the step's longest, the loss counting the rows it drew
+    (DaFKD's generated samples).
+
+    ``optimizer_state`` continues an optimizer of an earlier round (FedKF's generator keeps its Adam moments):
+    by parameter name (``"<module>.<parameter>"``), ``{"step": n, "exp_avg": m, "exp_avg_sq": v}`` (Adam) or
+    ``{"step": n, "momentum_buffer": b}`` (SGD); absent parameters start fresh, as a new ``torch.optim`` would.
+    """
+
+    modules: torch.nn.ModuleDict  # the worker's modules, by name; weights loaded from ``start``
+    start: dict[str, Weights]
+    updates: list[Update]
+    steps: int
+    inputs: Callable[[int], tuple[dict[str, torch.Tensor], tuple[bool, ...]]]
+    finish: Callable[[torch.nn.ModuleDict, dict[str, float], dict[str, dict[str, Any]]], ClientResult]
+    group: Hashable = None
+    optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batches: ClientBatches | None = None
+    paddable: bool = False
+
+
+def weights_only(finish: Callable) -> Callable:
+    """Marks ``finish`` (a :class:`LocalTraining`'s or :class:`StepwiseTraining`'s) as reading its model (modules)
+    only through ``state_dict()``, as ``clone_weights`` does. The batched runner then copies all its clients' trained weights to the host at once and
+    hands ``finish`` a stand-in whose ``state_dict()`` is the client's share of that copy, instead of loading each
+    client's weights into the module and copying them back tensor by tensor (on a GPU, a kernel launch and a
+    synchronising copy per tensor and client). A function that calls a marked ``finish`` is not marked itself."""
+    finish.weights_only = True  # type: ignore[attr-defined]
+    return finish
+
+
+def is_weights_only(finish: Callable) -> bool:
+    return bool(getattr(finish, "weights_only", False))
+
+
+def make_optimizer(params, fed: Any) -> optim.SGD | optim.Adam:
+    """The local optimizer of ``federation.*``: SGD (momentum, weight decay) or Adam (weight decay)."""
+    if fed.optimizer == "adam":
+        return optim.Adam(params, lr=fed.lr, weight_decay=fed.weight_decay)
+    return optim.SGD(params, lr=fed.lr, momentum=fed.momentum, weight_decay=fed.weight_decay)
+
+
+def module_dict(owner: Any, **modules: torch.nn.Module) -> torch.nn.ModuleDict:
+    """``modules`` by name in one container, kept on ``owner`` (a method's instance in a worker): the runtime
+    batches clients whose :class:`StepwiseTraining` share the container's modules, so every client of the
+    worker must get the same one, rebuilt only when the worker's modules change."""
+    cached = getattr(owner, "_modules_by_name", None)
+    if cached is None or any(name not in cached or cached[name] is not m for name, m in modules.items()):
+        cached = owner._modules_by_name = torch.nn.ModuleDict(modules)
+    return cached
+
+
+def split_loss(out: LossOut) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return out if isinstance(out, tuple) else (out, {})
+
+
+def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
+    """The sequential runner: ``ctx.batches()`` steps of ``plan.loss`` with ``federation.*``'s optimizer
+    then ``plan.finish``. ``train/loss`` is the mean loss."""
+    model = plan.model
+    model.load_state_dict(plan.start)
+    model.train()
+    opt = make_optimizer(model.parameters(), ctx.fed)
+    sums: dict[str, torch.Tensor] = {}
+    steps = 0
+    for x, y in ctx.batches():
+        opt.zero_grad()
+        loss, aux = split_loss(plan.loss(model, x, y))
+        loss.backward()
+        opt.step()
+        for key, value in {"train/loss": loss, **aux}.items():
+            sums[key] = sums.get(key, 0.0) + value.detach()
+        steps += 1
+    return plan.finish(model, step_means(sums, steps))
+
+
+def step_means(sums: dict[str, Any], steps: int) -> dict[str, float]:
+    """Per-step sums of the training figures -> their means (one device sync, at the end)."""
+    return {key: float(total) / max(steps, 1) for key, total in sums.items()} if steps else {"train/loss": 0.0}

@@ -1,0 +1,188 @@
+"""DaFKD's client (Alg. 1 lines 17-26), one client at a time (:func:`sequential_update`, ``DaFKD.client_update``)
+and as data the runtime can batch over clients (:func:`batched_local_step`, ``runtime.vectorize``): per local step
+two updates, (1) classifier and discriminator on Eq. 9, then (2) the generator on Eq. 3 against the just-updated
+discriminator, on the batch and the noise drawn in the order :func:`sequential_update` draws them. The sequential
+update is the reference; both use the same losses (``DaFKD._disc_loss``, ``DaFKD._gen_loss``), metrics
+(:func:`client_metrics`) and upload (:func:`client_result`), so the two cannot drift apart.
+
+The step is ``paddable``: a short batch may come padded to the step's longest (rows labelled ``IGNORE_LABEL``),
+its noise (and conditional labels) with zero rows to the longest client's. The losses then count the real rows
+only: the batch's real rows are those not labelled so, and of the generated ones the first ``fake_count`` of
+them, as drawn; BatchNorm layers normalise by those rows alone (``batch_rows``), as do the means of the losses
+and the discriminator's accuracy counts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedray.learning import optim
+from fedray.learning.boundary import ClientContext, ClientResult
+from fedray.learning.training import IGNORE_LABEL, OptimSpec, StepwiseTraining, Update, module_dict, weights_only
+from fedray.learning.weights import clone_weights
+from fedray.data.federated import to_device
+from fedray.models.base import batch_rows, frozen_bn_stats
+
+from fedray.methods.dafkd.types import DaFKDClientState, DaFKDModules, DaFKDPayload, DaFKDUpload
+
+if TYPE_CHECKING:
+    from fedray.methods.dafkd.method import DaFKD
+
+
+def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload",
+                       state: "DaFKDClientState") -> StepwiseTraining | None:
+    """This client's local training as a :class:`StepwiseTraining`; None with the gradient penalty (a gradient
+    inside the loss, which ``vmap`` cannot batch here): that runs sequentially."""
+    p, m, fed = algo.params, ctx.modules, ctx.fed
+    if p.gp_weight > 0:
+        return None
+    assert state.client_id == ctx.client_id, "a client received another client's discriminator"
+    round_d, round_g, adv_steps = algo._adversarial_steps(ctx, state)
+    batches, noise = ctx.batch_plan(), ctx.generator("dafkd/noise")
+
+    def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
+        # x and y are the step's batch (``batches``, gathered by the runtime); the noise is drawn here on the host,
+        # in sequential_update's order of draws, and the runtime stacks it over clients before one copy to the device
+        b, inp = algo.fake_count(len(batches.index[step])), {}
+        train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
+        for flag, key in ((train_d, "fake"), (train_g, "gen")):
+            if flag:
+                inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise)
+                labels = algo._labels(b, noise, torch.device("cpu"))
+                if labels is not None:
+                    inp[f"labels_{key}"] = labels
+        return inp, (True, train_g, train_d)
+
+    def view(mods: nn.ModuleDict) -> DaFKDModules:
+        return DaFKDModules(model=mods["model"], generator=mods["generator"], disc=mods["disc"])
+
+    def rows(inp: dict[str, torch.Tensor], noise: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The real rows of the step's batch and of its generated batch from ``inp[noise]`` (bool masks)."""
+        real = inp["y"] != IGNORE_LABEL
+        drawn = algo.fake_count(real.sum())
+        return real, torch.arange(inp[noise].shape[0], device=real.device) < drawn
+
+    def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
+        mm = view(mods)
+        real, fake_rows = rows(inp, "z_fake") if flags[2] else (inp["y"] != IGNORE_LABEL, None)
+        with batch_rows(real):
+            feats = mm.model.features(inp["x"])
+        ce = F.cross_entropy(mm.model.head(feats), inp["y"])  # IGNORE_LABEL rows left out
+        if not flags[2]:
+            return ce, {"ce": ce}
+        with torch.no_grad(), batch_rows(fake_rows):
+            fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
+        adv, d_real, d_fake = algo._disc_loss(mm, inp["x"], feats, fake, real, fake_rows)
+        return ce + adv, {"ce": ce, "adv": adv, "real_ok": ((d_real.detach() > 0) & real).sum().float(),
+                          "fake_ok": ((d_fake.detach() < 0) & fake_rows).sum().float(), "n": real.sum().float()}
+
+    def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
+        g_loss = algo._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
+        return g_loss, {"gen": g_loss}
+
+    def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
+        return client_result(algo, ctx, view(mods), payload, state, client_metrics(sums, round_d, round_g, adv_steps))
+
+    if not p.private_discriminator:  # then client_result only clones the weights; else it runs the trained modules
+        weights_only(finish)
+
+    gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
+    return StepwiseTraining(
+        modules=module_dict(algo, model=m.model, generator=m.generator, disc=m.disc),
+        start={"model": payload.weights, "generator": payload.generator, "disc": state.disc},
+        updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
+                        trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
+                 Update(generator_loss, {"generator": gen_spec})],
+        steps=ctx.num_local_steps(), inputs=inputs, finish=finish, batches=batches, paddable=True)
+
+
+def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload",
+                      state: "DaFKDClientState") -> ClientResult:
+    """Lines 17-26 one client at a time: ``DaFKD.client_update``, the reference :func:`batched_local_step` matches
+    (and what runs with the gradient penalty)."""
+    assert state.client_id == ctx.client_id, "a client received another client's discriminator"
+    p, m, fed, dev = algo.params, ctx.modules, ctx.fed, ctx.device
+    m.model.load_state_dict(payload.weights)  # line 17: w_t^k = w_t, theta^g_k = theta^g_t
+    m.generator.load_state_dict(payload.generator)
+    m.disc.load_state_dict(state.disc)  # line 18: theta^d_k from this client's previous round
+    for module in (m.model, m.generator, m.disc):
+        module.train()
+    opt = algo._local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
+                                 {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
+    gen_params = list(m.generator.parameters())
+    opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
+    noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
+    tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
+    round_d, round_g, adv_steps = algo._adversarial_steps(ctx, state)
+    for x, y in ctx.batches():  # lines 19-25
+        train_d = round_d and tot["steps"] < adv_steps
+        train_g = round_g and tot["steps"] < adv_steps
+        b = x.shape[0]
+        opt.zero_grad()
+        feats = m.model.features(x)
+        ce = F.cross_entropy(m.model.head(feats), y)
+        loss = ce
+        if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
+            with torch.no_grad():
+                nf = algo.fake_count(b)
+                fake = m.generator(to_device(torch.randn(nf, p.noise_dim, generator=noise), dev),
+                                   algo._labels(nf, noise, dev))
+            adv, d_real, d_fake = algo._disc_loss(m, x, feats, fake)
+            if p.gp_weight > 0:
+                with frozen_bn_stats(m.model):
+                    adv = adv + p.gp_weight * algo._gradient_penalty(m, x, fake, gp_rng)
+            loss = ce + adv
+            tot["adv"] += float(adv.detach())
+            tot["real_ok"] += float((d_real.detach() > 0).sum())
+            tot["fake_ok"] += float((d_fake.detach() < 0).sum())
+            tot["n"] += b
+        loss.backward()
+        opt.step()
+        if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
+            nf = algo.fake_count(b)
+            z = to_device(torch.randn(nf, p.noise_dim, generator=noise), dev)
+            g_loss = algo._gen_loss(m, z, algo._labels(nf, noise, dev))
+            for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
+                prm.grad = g
+            opt_g.step()
+            tot["gen"] += float(g_loss.detach())
+        tot["ce"] += float(ce.detach())
+        tot["steps"] += 1
+
+    return client_result(algo, ctx, m, payload, state, client_metrics(tot, round_d, round_g, adv_steps))
+
+
+def client_metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_steps: int) -> dict[str, float]:
+    """``train/*`` from the local steps' sums (ce, adv, gen, real_ok, fake_ok, n; steps)."""
+    steps = max(int(tot["steps"]), 1)
+    metrics = {"train/loss": tot["ce"] / steps}
+    if round_d and tot.get("n"):
+        metrics.update({"train/disc_loss": tot["adv"] / min(steps, adv_steps),
+                        "train/disc_acc_real": tot["real_ok"] / tot["n"],
+                        "train/disc_acc_fake": tot["fake_ok"] / tot["n"]})
+    if round_g and adv_steps:
+        metrics["train/gen_loss"] = tot["gen"] / min(steps, adv_steps)
+    return metrics
+
+
+def client_result(algo: "DaFKD", ctx: ClientContext, m: "DaFKDModules", payload: "DaFKDPayload",
+                  state: "DaFKDClientState", metrics: dict[str, float]) -> ClientResult:
+    """Upload and new state from the trained modules ``m`` (Alg. 1 line 26; Appendix B's outputs)."""
+    p, dev = algo.params, ctx.device
+    disc_w = clone_weights(m.disc)
+    upload = DaFKDUpload(weights=clone_weights(m.model), generator=clone_weights(m.generator),
+                         num_samples=ctx.num_samples)
+    if p.private_discriminator:  # Appendix B: the same seeded samples as the server, from theta^g_t
+        x_hat = algo.distillation_set(m, payload.generator, payload.distill_seed, dev)
+        s, f = algo.client_outputs(m, x_hat)  # m still holds this client's trained w and theta^d
+        w = None if f is None else (f + p.alpha_eps)
+        upload.weighted_outputs = (s if w is None else w.unsqueeze(1) * s).cpu()
+        upload.output_weights = None if w is None else w.cpu()
+    elif p.correlation:
+        upload.disc = disc_w
+    new_state = DaFKDClientState(client_id=ctx.client_id, disc=disc_w, rounds=state.rounds + 1)
+    return ClientResult(upload=upload, state=new_state, metrics=metrics)

@@ -1,0 +1,257 @@
+"""DaFKD: Domain-aware Federated Knowledge Distillation (Wang et al., CVPR 2023).
+
+Round t (Algorithm 1). The server sends the global classifier w_t and generator theta^g_t. Each sampled
+client k (lines 15-26) loads them, keeps its own discriminator theta^d_k from its previous round (line 18,
+client state here), and for ``federation.local_steps`` steps
+
+- trains classifier and discriminator jointly (Eq. 9): CE on a private batch (Eq. 1) + the adversarial
+  BCE of Eq. 2 over the real batch (label 1) and as many generated samples (label 0), averaged over the
+  n + n_hat samples as Eq. 2 writes it;
+- then trains its copy of the generator against its discriminator (Eq. 3; non-saturating by default).
+
+The generator is the paper's (Sec. 4.1): conditional, label and noise embeddings then fully-connected layers
+with BatchNorm and LeakyReLU; clients draw its classes uniformly and the server's distillation set holds
+every class equally often. ``generator=dcgan`` is the authors' code's unconditional DCGAN.
+
+With ``sharing=true`` (Sec. 3.4, Fig. 2) the discriminator is ``sigmoid(Linear(feature_dim, 1))`` on the
+classifier's ``features(x)``: only that head is the client's own; with ``sharing=false`` it is a separate
+network (Table 3, "no-sharing") whose full weights are the client's state.
+
+The server (lines 9-13) averages classifiers (Eq. 6) and generators (Eq. 4), draws the distillation set
+from the generator it broadcast this round with a seed derived from (run seed, round), weights each
+client per sample by Eq. 7 and distils the weighted ensemble into the averaged classifier by Eq. 8
+(:mod:`fedray.methods.dafkd.server`). ``private_discriminator=true`` is Appendix B: the discriminator
+never leaves the client; each client draws the same seeded distillation set from the broadcast generator
+and uploads f_k(x_i) * s_k(x_i) and f_k(x_i) (the paper sums the f's by secure aggregation; here the
+server sums them), and the server normalises. Same seed, same model as the main variant up to
+floating-point error (``tests/methods/test_dafkd.py``).
+
+Generated images pass through the classifier's extractor (discriminator, generator and gradient-penalty
+steps) with its BatchNorm layers on batch statistics and their running statistics frozen
+(:func:`fedray.models.base.frozen_bn_stats`): those describe real data only, as evaluation, the clients'
+outputs and the server's distillation (eval mode) assume.
+
+Generated images live in the classifier's normalised input space: the generator's tanh output is read
+as pixels in [0, 1] and normalised with the dataset's mean/std (:mod:`fedray.models.dcgan`), so real and
+fake inputs of the discriminator are on the same scale.
+
+Choices where the paper is silent or disagrees with its authors' code (options expose the code's way):
+Eq. 6 / Eq. 4 average uniformly (code: by samples, ``aggregation=samples``); the ensemble is of
+probabilities (code: logits, ``ensemble=logits``); Eq. 7 is guarded by adding ``alpha_eps`` to every
+f_k, which is uniform when all are 0; no gradient penalty (code: 0.3, ``gp_weight``); adversarial
+training in every round (code: only early rounds, ``disc_train_rounds`` / ``gen_train_rounds``);
+distillation from round 1 (code: from round 2, ``distill_start_round``), temperature 1 = Eq. 8's plain KL
+(code: T=10, Adam lr 1e-5, KLDivLoss averaged over classes too: ``temperature``, ``distill_optimizer``,
+``distill_lr``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from fedray.learning import optim
+from fedray.methods.api import (Algorithm, ClientContext, ClientResult, ClientState, DiagnosticProbe, Payload,
+                                    ServerContext, ServerState, Upload, Weights)
+from fedray.methods.dafkd.server import probe_diagnostics, server_round
+from fedray.methods.dafkd.types import (DaFKDClientState, DaFKDModules, DaFKDParams, DaFKDPayload, DaFKDServerState,
+                                        DaFKDUpload)
+from fedray.learning.distill import soft_targets
+from fedray.methods.dafkd.client import batched_local_step, sequential_update
+from fedray.learning.training import row_mean
+from fedray.learning.weights import clone_weights
+from fedray.data.federated import to_device
+from fedray.models import FedModel, build_model
+from fedray.models.base import batch_rows, frozen_bn_stats
+from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
+from fedray.seeding import derive_seed
+
+
+class DaFKD(Algorithm):
+    name = "dafkd"
+    Params = DaFKDParams
+
+    # --- modules ------------------------------------------------------------------------------------
+    def _build_disc(self, feature_dim: int) -> nn.Module:
+        if self.params.sharing:
+            return nn.Linear(feature_dim, 1)
+        return separate_discriminator(self.cfg.model.name, self.spec.input_shape)
+
+    def build_modules(self) -> DaFKDModules:
+        model = build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes)
+        p = self.params
+        if p.generator == "conditional":
+            gen: nn.Module = ConditionalGenerator(p.noise_dim, self.spec.num_classes, self.spec.input_shape,
+                                                  p.gen_hidden, self.spec.mean, self.spec.std)
+        else:
+            gen = DCGANGenerator(p.noise_dim, self.spec.input_shape, p.gen_width, self.spec.mean, self.spec.std)
+        return DaFKDModules(model=model, generator=gen, disc=self._build_disc(model.feature_dim))
+
+    def init_server_state(self, modules: DaFKDModules) -> DaFKDServerState:
+        return DaFKDServerState(weights=clone_weights(modules.model), generator=clone_weights(modules.generator))
+
+    def init_client_state(self, client_id: int) -> DaFKDClientState:
+        # A fresh discriminator drawn from (run seed, client); fork_rng leaves the global RNG untouched.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.cfg.seed, "dafkd/disc-init", client_id) % (1 << 63))
+            feature_dim = build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes).feature_dim
+            disc = self._build_disc(feature_dim)
+        return DaFKDClientState(client_id=client_id, disc=clone_weights(disc))
+
+    def distill_seed(self, round_: int) -> int:
+        """Seed of round ``round_``'s distillation noise, shared by the server and (Appendix B) the clients."""
+        return derive_seed(self.cfg.seed, "dafkd/distill-noise", round_)
+
+    def broadcast(self, state: DaFKDServerState, round_: int) -> DaFKDPayload:
+        seed = self.distill_seed(round_) if self.params.private_discriminator else None
+        return DaFKDPayload(weights=state.weights, generator=state.generator, distill_seed=seed)
+
+    def global_weights(self, state: DaFKDServerState) -> Weights:
+        return state.weights
+
+    def extra_eval_models(self, state: DaFKDServerState) -> dict[str, Weights]:
+        return {"avg": state.average} if self.params.eval_average and state.average is not None else {}
+
+    # --- shared by client (Appendix B) and server ---------------------------------------------------
+    def disc_logits(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor | None = None) -> torch.Tensor:
+        """(B,) logit of f(theta^d; x); f = sigmoid(logit) is the probability that x is real."""
+        if self.params.sharing:
+            return m.disc(m.model.features(x) if feats is None else feats).squeeze(1)
+        return m.disc(x).squeeze(1)
+
+    def distillation_set(self, m: DaFKDModules, generator: Weights, seed: int, device: torch.device) -> torch.Tensor:
+        """``distill_samples`` images from ``generator`` with noise from ``seed`` (Alg. 1 line 11).
+
+        Generated in chunks of ``federation.batch_size`` with BatchNorm on batch statistics, like the fakes
+        the discriminators were trained against (and like the authors' code). The module is only a
+        vessel: its running statistics change here, and every use loads weights first.
+        """
+        p = self.params
+        m.generator.load_state_dict(generator)
+        m.generator.train()
+        z = torch.randn(p.distill_samples, p.noise_dim, generator=torch.Generator().manual_seed(seed % (1 << 63)))
+        z, bs = z.to(device), self.cfg.federation.batch_size
+        y = (torch.arange(p.distill_samples) % self.spec.num_classes).to(device)  # every class equally often
+        with torch.no_grad():
+            return torch.cat([m.generator(z[i : i + bs], y[i : i + bs]) for i in range(0, len(z), bs)])
+
+    def client_outputs(self, m: DaFKDModules, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Soft outputs s_k(x) (probabilities at temperature T, or logits) and f_k(x) (None without
+        correlation) of the classifier and discriminator loaded in ``m``, in eval mode."""
+        m.model.eval()
+        m.disc.eval()
+        outs, fs, bs = [], [], self.cfg.federation.eval_batch_size
+        with torch.no_grad():
+            for i in range(0, len(x), bs):
+                feats = m.model.features(x[i : i + bs])
+                outs.append(m.model.head(feats))
+                if self.params.correlation:
+                    fs.append(torch.sigmoid(self.disc_logits(m, x[i : i + bs], feats)))
+        logits = torch.cat(outs)
+        s = soft_targets(logits, self.params.temperature) if self.params.ensemble == "probs" else logits
+        return s, (torch.cat(fs) if fs else None)
+
+    # --- client (Alg. 1 lines 15-26) ----------------------------------------------------------------
+    def _local_optimizer(self, groups: list[dict], fed) -> optim.SGD | optim.Adam:
+        if fed.optimizer == "adam":
+            return optim.Adam(groups, weight_decay=fed.weight_decay)
+        return optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
+
+    def _gradient_penalty(self, m: DaFKDModules, real: torch.Tensor, fake: torch.Tensor,
+                          rng: torch.Generator) -> torch.Tensor:
+        """(||grad_x f(x_mix)||_2 - 1)^2 on random real/fake mixes, as the authors' code (on the sigmoid
+        output; the norm here is per sample over all pixels, theirs over channels only)."""
+        eps = to_device(torch.rand(real.shape[0], 1, 1, 1, generator=rng), real.device)
+        mix = (eps * real + (1 - eps) * fake[: real.shape[0]]).requires_grad_(True)
+        out = torch.sigmoid(self.disc_logits(m, mix))
+        (grad,) = torch.autograd.grad(out.sum(), mix, create_graph=True)
+        return ((grad.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
+
+    @staticmethod
+    def fake_count(b: int | torch.Tensor) -> int | torch.Tensor:
+        """Generated samples n_hat drawn against a real batch of ``b`` (Eq. 2): as many, but at least 2. The
+        generator's BatchNorm runs on batch statistics, which one sample cannot give (a pass over a client's
+        data may end on a one-sample batch). ``b`` may be a count on the device (a padded batch's real rows)."""
+        return b.clamp_min(2) if isinstance(b, torch.Tensor) else max(b, 2)
+
+    def _labels(self, n: int, rng: torch.Generator, device: torch.device) -> torch.Tensor | None:
+        """Classes for the conditional generator, uniform (class-balanced); None for the DCGAN, which draws
+        nothing more from ``rng``."""
+        if self.params.generator != "conditional":
+            return None
+        return to_device(torch.randint(self.spec.num_classes, (n,), generator=rng), device)
+
+    def _disc_loss(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor, fake: torch.Tensor,
+                   real_rows: torch.Tensor | None = None, fake_rows: torch.Tensor | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Eq. 9's adversarial part (Eq. 1 + Eq. 2): the discriminator's BCE on real ``x`` (features ``feats``)
+        against generated ``fake``; (loss, real logits, fake logits). ``real_rows``/``fake_rows`` (bool): the
+        rows of padded batches that count (:func:`~fedray.models.base.batch_rows`); None: all of them."""
+        b = x.shape[0]
+        with batch_rows(real_rows):
+            d_real = self.disc_logits(m, x, feats)
+        with frozen_bn_stats(m.model), batch_rows(fake_rows):  # generated images never enter the running statistics
+            d_fake = self.disc_logits(m, fake)
+        target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
+        rows = None if real_rows is None else torch.cat([real_rows, fake_rows])
+        return _bce(torch.cat([d_real, d_fake]), target, rows), d_real, d_fake
+
+    def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Eq. 3 (or the non-saturating variant) of generated images against the discriminator; ``rows`` as
+        :meth:`_disc_loss`'s ``fake_rows``."""
+        with frozen_bn_stats(m.model), batch_rows(rows):
+            d_gen = self.disc_logits(m, m.generator(z, labels))
+        if self.params.gen_loss == "nonsaturating":
+            return _bce(d_gen, torch.ones_like(d_gen), rows)  # -log f(G(z))
+        return -_bce(d_gen, torch.zeros_like(d_gen), rows)  # log(1 - f(G(z))), Eq. 3
+
+    def _adversarial_steps(self, ctx: ClientContext, state: DaFKDClientState) -> tuple[bool, bool, int]:
+        """(train D this round, train G this round, local steps with D/G updates)."""
+        p = self.params
+        round_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
+        round_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
+        adv_steps = ctx.num_local_steps()  # the authors' code: adversarial steps in the first local epochs only
+        if p.gan_local_epochs is not None:
+            adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // ctx.fed.batch_size))
+        return round_d, round_g, adv_steps
+
+    def local_training(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState):
+        """Lines 19-25 as data, for the runtime to batch over clients (:mod:`fedray.methods.dafkd.client`);
+        None with the gradient penalty. ``client_update`` (``dafkd_client.sequential_update``) is the sequential
+        reference."""
+        return batched_local_step(self, ctx, payload, state)
+
+    def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
+        return sequential_update(self, ctx, payload, state)
+
+    # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
+    #: This round's uploads, kept for probe_diagnostics (only on a round it runs; not server state)
+    _round_uploads: list[DaFKDUpload] | None = None
+
+    def server_update(self, state: DaFKDServerState, uploads: list[DaFKDUpload],
+                      ctx: ServerContext) -> tuple[DaFKDServerState, dict[str, float]]:
+        # held on a diagnosed round only: otherwise nothing would release them before the next round's arrive
+        diagnosed = self.params.diag_samples and self.cfg.federation.diagnoses(ctx.round)
+        self._round_uploads = uploads if diagnosed else None
+        return server_round(self, state, uploads, ctx)
+
+    def probe_size(self) -> int:
+        return self.params.diag_samples
+
+    def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
+        uploads, self._round_uploads = self._round_uploads, None
+        return probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}
+
+
+def _bce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """Binary cross-entropy with logits, the mean over the rows where ``rows`` (bool) holds (a padded batch's real
+    rows); None: over every row."""
+    if rows is None:
+        return F.binary_cross_entropy_with_logits(logits, target)
+    return row_mean(F.binary_cross_entropy_with_logits(logits, target, reduction="none"), rows)

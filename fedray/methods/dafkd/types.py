@@ -1,0 +1,91 @@
+"""DaFKD's typed parameters and state: what crosses its client/server boundary (:mod:`fedray.methods.dafkd.method`
+documents the method; the client's and the server's steps import these types)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from fedray.learning.boundary import ClientState, Payload, ServerState, Upload
+from fedray.learning.weights import Weights
+from fedray.models import FedModel
+
+
+class DaFKDParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sharing: bool = Field(default=True, description="discriminator head on the classifier's extractor (Sec. 3.4)")
+    correlation: bool = Field(default=True, description="Eq. 7 weights; false = uniform (Table 3 no-correlation)")
+    private_discriminator: bool = Field(default=False, description="Appendix B: upload f*s and f, not theta^d")
+    ensemble: Literal["probs", "logits"] = Field(default="probs", description="paper: probs; authors' code: logits")
+    aggregation: Literal["uniform", "samples"] = Field(default="uniform", description="Eq. 4/6: 1/K_t; code: |D_k|")
+    generator: Literal["conditional", "dcgan"] = Field(
+        default="conditional", description="the paper's conditional fully-connected generator, or the authors' DCGAN")
+    noise_dim: int = Field(default=100, ge=1)
+    gen_hidden: int = Field(default=256, ge=2, description="conditional generator: hidden width (paper: not given)")
+    gen_width: int = Field(default=64, ge=1, description="DCGAN width w: 4w-2w-w channels (authors' code: 64)")
+    gen_lr: float = Field(default=0.001, gt=0, description="generator Adam lr (betas 0.5, 0.999)")
+    disc_lr: float = Field(default=0.001, gt=0, description="discriminator head / network lr")
+    gen_loss: Literal["nonsaturating", "minimax"] = "nonsaturating"
+    gp_weight: float = Field(default=0.0, ge=0, description="gradient penalty weight (authors' code: 0.3)")
+    disc_train_rounds: int | None = Field(default=None, ge=0, description="train D only in rounds 1..N (code: 3)")
+    gen_train_rounds: int | None = Field(default=None, ge=0, description="train G only in rounds 1..N (code: 5)")
+    gan_local_epochs: int | None = Field(default=None, ge=0, description="in those rounds, D and G steps only in "
+                                         "the first N local epochs (code: 5 of 20)")
+    kd_reduction: Literal["batchmean", "mean"] = Field(default="batchmean", description="Eq. 8's KL: summed over "
+                                                       "classes (batchmean) or averaged over them too (code: mean)")
+    distill_samples: int = Field(default=1024, ge=1, description="size of the generated distillation set")
+    distill_steps: int = Field(default=100, ge=0)
+    distill_batch_size: int = Field(default=64, ge=1)
+    distill_lr: float = Field(default=0.01, gt=0)
+    distill_optimizer: Literal["sgd", "adam"] = Field(default="sgd", description="sgd has momentum 0.9")
+    temperature: float = Field(default=1.0, gt=0)
+    distill_start_round: int = Field(default=1, ge=1, description="authors' code: 2 (no distillation in round 1)")
+    alpha_eps: float = Field(default=1e-8, gt=0, description="added to every f_k in Eq. 7")
+    eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
+    diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
+                              "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
+
+
+# --- typed state (tensors, dicts of tensors, ints, None: checkpointable without pickle) ---------------
+
+
+@dataclass
+class DaFKDModules:
+    model: FedModel  # classifier w (student on the server)
+    generator: nn.Module  # theta^g: ConditionalGenerator (the paper's) or DCGANGenerator (the authors' code)
+    disc: nn.Module  # sharing: Linear(feature_dim, 1) on model.features; else a separate network
+
+
+@dataclass
+class DaFKDServerState(ServerState):
+    weights: Weights  # w_t, the global classifier
+    generator: Weights  # theta^g_t, the global generator
+    average: Weights | None = None  # w_hat_t before distillation (kept only with eval_average)
+
+
+@dataclass
+class DaFKDPayload(Payload):
+    weights: Weights
+    generator: Weights
+    distill_seed: int | None = None  # only the private variant needs (and is sent) the shared noise seed
+
+
+@dataclass
+class DaFKDUpload(Upload):
+    weights: Weights  # w_t^k
+    generator: Weights  # theta^g_k
+    num_samples: int
+    disc: Weights | None = None  # main variant with correlation: theta^d_k (the head only with sharing)
+    weighted_outputs: torch.Tensor | None = None  # private: (f_k + eps) * s_k on the distillation set (N, C)
+    output_weights: torch.Tensor | None = None  # private with correlation: f_k + eps (N,)
+
+
+@dataclass
+class DaFKDClientState(ClientState):
+    client_id: int
+    disc: Weights  # theta^d_k: the head (sharing) or the whole separate network; never averaged, never sent
+    rounds: int = 0  # rounds this client has trained in

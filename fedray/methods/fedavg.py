@@ -1,0 +1,153 @@
+"""FedAvg (McMahan et al., 2017): local SGD on private data, sample-weighted parameter averaging.
+
+Server update (the Eq. 6 of DaFKD, Alg. 1 line 9 of FedKF): w_{t+1} = sum_k |D_k| / sum_j |D_j| * w_k over
+the clients that took part in round t. Stateless on the client side.
+
+``algorithm.report_model=oca`` adds FedKF's cached-model aggregation (T1, :mod:`fedray.learning.cached`):
+the server also keeps every client's latest upload and reports the OCA model ("FedAvg (OCA)", FedKF
+Table XII); training and the broadcast model are unchanged. The default (``aca``) is plain FedAvg.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from fedray.methods.api import (
+    Algorithm,
+    ClientContext,
+    ClientResult,
+    ClientState,
+    Payload,
+    ServerContext,
+    ServerState,
+    Upload,
+    Weights,
+    defining_class,
+)
+from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
+from fedray.learning.training import LocalTraining, run_local_training, weights_only
+from fedray.learning.weights import clone_weights, weighted_average
+from fedray.models import build_model
+
+
+@dataclass
+class ModelState(ServerState):
+    """Server state: the global (ACA) model's weights, and the T1 cache when the method keeps one."""
+
+    weights: Weights
+    cache: ModelCache | None = None
+
+
+@dataclass
+class ModelPayload(Payload):
+    weights: Weights
+
+
+@dataclass
+class ModelUpload(Upload):
+    weights: Weights
+    num_samples: int
+
+
+@dataclass
+class CachedUpload(ModelUpload):
+    """An upload to a server that keeps T1 cache slots: it must know whose slot to overwrite."""
+
+    client_id: int = -1
+
+
+@dataclass
+class Modules:
+    model: torch.nn.Module
+
+
+class FedAvgParams(CacheParams):
+    pass
+
+
+class FedAvg(Algorithm):
+    name = "fedavg"
+    Params = FedAvgParams
+
+    @property
+    def uses_cache(self) -> bool:
+        """Keep T1 cache slots (only when the OCA model is asked for: plain FedAvg stays exactly FedAvg)."""
+        return getattr(self.params, "report_model", None) == "oca"
+
+    def build_modules(self) -> Modules:
+        return Modules(model=build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes))
+
+    def init_server_state(self, modules: Modules) -> ModelState:
+        w0 = clone_weights(modules.model)
+        cache = init_cache(w0, self.spec.num_clients, self.params.cache_init or "initial") if self.uses_cache else None
+        return ModelState(weights=w0, cache=cache)
+
+    def broadcast(self, state: ModelState, round_: int) -> ModelPayload:
+        return ModelPayload(weights=state.weights)
+
+    def global_weights(self, state: ModelState) -> Weights:
+        if state.cache is not None and self.params.report_model == "oca":
+            return state.cache.oca
+        return state.weights
+
+    def extra_eval_models(self, state: ModelState) -> dict[str, Weights]:
+        """With the cache: both the ACA and the OCA model, so one run gives both rows of Table XII."""
+        if state.cache is None:
+            return {}
+        return {"aca": state.weights, "oca": state.cache.oca}
+
+    # --- client -------------------------------------------------------------------------------------
+    # Beside each local_loss: whether every term that reads the batch averages over its rows not labelled
+    # IGNORE_LABEL only, as F.cross_entropy's row mean does (LocalTraining.paddable). Honoured only from the class
+    # that defines the local_loss in use, so a subclass that overrides local_loss is not padded unless it says so.
+    local_loss_paddable = True
+
+    def local_loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, anchor: Any) -> torch.Tensor:
+        """The client's training objective; subclasses add terms (FedProx's proximal term)."""
+        return F.cross_entropy(model(x), y)
+
+    def _local_loss_paddable(self) -> bool:
+        return bool(vars(defining_class(type(self), "local_loss")).get("local_loss_paddable", False))
+
+    def make_anchor(self, model: torch.nn.Module, ctx: ClientContext | None = None, payload: Any = None) -> Any:
+        """What the local loss may compare against (the received global model, a teacher); None for FedAvg."""
+        return None
+
+    def make_upload(self, ctx: ClientContext, model: torch.nn.Module) -> ModelUpload:
+        if self.uses_cache:
+            return CachedUpload(weights=clone_weights(model), num_samples=ctx.num_samples, client_id=ctx.client_id)
+        return ModelUpload(weights=clone_weights(model), num_samples=ctx.num_samples)
+
+    def local_training(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> LocalTraining:
+        model = ctx.modules.model
+        model.load_state_dict(payload.weights)
+        model.train()
+        anchor = self.make_anchor(model, ctx, payload)  # from the payload alone: the same for every client
+
+        def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+            return ClientResult(self.make_upload(ctx, m), None, metrics)
+
+        if defining_class(type(self), "make_upload") is FedAvg:  # clone_weights(model): nothing else read
+            weights_only(finish)
+        return LocalTraining(model=model, start=payload.weights, loss=lambda m, x, y: self.local_loss(m, x, y, anchor),
+                             finish=finish, paddable=self._local_loss_paddable())
+
+    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
+        return run_local_training(ctx, self.local_training(ctx, payload, state))
+
+    # --- server -------------------------------------------------------------------------------------
+    def server_update(
+        self, state: ModelState, uploads: list[ModelUpload], ctx: ServerContext
+    ) -> tuple[ModelState, dict[str, float]]:
+        weights = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        if state.cache is None:
+            return dataclasses.replace(state, weights=weights), {}
+        cache = update_cache(state.cache, [u.client_id for u in uploads], [u.weights for u in uploads],
+                             [u.num_samples for u in uploads])
+        return dataclasses.replace(state, weights=weights, cache=cache), {
+            "server/cache_filled": float(len(cache.slots))}

@@ -1,0 +1,70 @@
+"""FedDF: ensemble distillation for robust model fusion (Lin et al., NeurIPS 2020), as the FedD3A paper's
+baseline ("each teacher is treated equally").
+
+Clients train as in FedAvg. The server averages their models (sample-weighted, FedAvg's Eq.) and distils
+into that average the ensemble of the uploaded models on its own unlabelled data (``data.server_data``):
+the teacher is softmax of the mean of the clients' logits (at temperature T). Defaults follow Lin et al.:
+Adam lr 1e-3, batch 128, T=1, early stopping on a held-out part of the server data when the student's
+agreement with the ensemble's argmax stops improving. The paper allows up to 10^4 distillation steps;
+the default here is ``distill_epochs`` = 2 passes over the server data (CPU-sized), with early stopping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedray.methods.api import ServerContext
+from fedray.learning.distill import soft_targets
+from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
+from fedray.learning.proxy_distill import DistillSettings, distil, teacher_logits
+from fedray.learning.weights import weighted_average
+from fedray.config import ExperimentConfig
+from fedray.errors import ConfigError
+from fedray.seeding import derive_seed
+
+
+class FedDFParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    distill_lr: float = Field(default=1e-3, gt=0)
+    distill_optimizer: Literal["adam", "sgd"] = "adam"
+    distill_batch_size: int = Field(default=128, ge=1)
+    distill_epochs: float = Field(default=2.0, gt=0, description="passes over the server data, at most")
+    temperature: float = Field(default=1.0, gt=0)
+    val_fraction: float = Field(default=0.1, ge=0, lt=1, description="server data held out for early stopping")
+    patience: int = Field(default=3, ge=0, description="evaluations without improvement; 0 = no early stopping")
+    eval_every: int = Field(default=50, ge=1, description="distillation steps between early-stopping checks")
+
+
+def require_server_data(name: str, cfg: ExperimentConfig) -> None:
+    if cfg.data.server_data.kind == "none":
+        raise ConfigError("data.server_data.kind", f"{name} distils on data held by the server: set "
+                          "data.server_data.kind=domain (a multi-domain dataset) or holdout")
+
+
+class FedDF(FedAvg):
+    name = "feddf"
+    Params = FedDFParams
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig) -> None:
+        require_server_data(cls.name, cfg)
+
+    def settings(self) -> DistillSettings:
+        p = self.params
+        return DistillSettings(lr=p.distill_lr, optimizer=p.distill_optimizer, batch_size=p.distill_batch_size,
+                               epochs=p.distill_epochs, temperature=p.temperature, val_fraction=p.val_fraction,
+                               patience=p.patience, eval_every=p.eval_every)
+
+    def server_update(self, state: ModelState, uploads: list[ModelUpload],
+                      ctx: ServerContext) -> tuple[ModelState, dict[str, float]]:
+        assert self.server_data is not None
+        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        model, x = ctx.modules.model, self.server_data.x
+        logits = teacher_logits(((model, u.weights) for u in uploads), x, self.spec, self.cfg.federation.eval_batch_size)
+        targets = soft_targets(logits.mean(0), self.params.temperature)
+        weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
+                                  derive_seed(ctx.seed, "feddf/distill"), ctx.cuda_graphs)
+        return dataclasses.replace(state, weights=weights), metrics

@@ -1,0 +1,123 @@
+"""Federated methods, one module each, found by ``algorithm.name``."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
+from fedray.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedray.config import ExperimentConfig
+
+
+class _Registry(MutableMapping):
+    """``algorithm.name`` -> method class. A built-in method's module is imported when its name is first looked
+    up (or the registry listed), not with this package: every Ray actor imports the package, and importing all
+    the methods cost each process ~0.1 s of CPU on a start-up that is CPU-bound (``benchmarks/README.md``)."""
+
+    def __init__(self, builtin: dict[str, str]):
+        self._builtin = builtin  # name -> "module:Class"
+        self._classes: dict[str, type[Algorithm]] = {}
+
+    def __getitem__(self, name: str) -> type[Algorithm]:
+        if name not in self._classes and name in self._builtin:
+            module, _, attr = self._builtin[name].partition(":")
+            self._classes[name] = getattr(importlib.import_module(module), attr)
+        return self._classes[name]
+
+    def __setitem__(self, name: str, cls: type[Algorithm]) -> None:
+        self._classes[name] = cls
+
+    def __delitem__(self, name: str) -> None:
+        self._builtin.pop(name, None)
+        del self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._builtin, *self._classes]))
+
+    def __len__(self) -> int:
+        return len(self._builtin.keys() | self._classes.keys())
+
+
+# Built-in methods: one line each.
+ALGORITHMS: MutableMapping[str, type[Algorithm]] = _Registry({
+    "fedavg": "fedray.methods.fedavg:FedAvg",
+    "fedprox": "fedray.methods.fedprox:FedProx",
+    "dafkd": "fedray.methods.dafkd.method:DaFKD",
+    "fedkf": "fedray.methods.fedkf:FedKF",
+    "qffl": "fedray.methods.qffl:QFFL",
+    "fedgkd": "fedray.methods.fedgkd:FedGKD",
+    "local": "fedray.methods.local:Local",
+    "fedcd": "fedray.methods.fedcd:FedCD",
+    "feddistill": "fedray.methods.feddistill:FedDistill",
+    "feddf": "fedray.methods.feddf:FedDF",
+    "fedd3a": "fedray.methods.fedd3a:FedD3A",
+})
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Make a user-defined method runnable as ``algorithm.name=<cls.name>`` (usable as a decorator).
+
+    The class is shipped to Ray workers by value when it lives in ``__main__`` (cloudpickle), so a
+    method defined in the user's own script runs on a cluster unchanged.
+    """
+    existing = ALGORITHMS.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise ValueError(f"algorithm name '{cls.name}' is already taken by {existing.__qualname__}")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(
+            "algorithm.name", f"unknown algorithm '{name}'; allowed: {', '.join(sorted(ALGORITHMS))}"
+        ) from None
+
+
+def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:
+    """The validated ``Params`` of ``cfg``'s algorithm (raises ConfigError naming ``algorithm.<param>``)."""
+    return get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params())
+
+
+def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
+    """What ``fedray.config`` cannot check without the registries: the algorithm's name and parameters, the
+    model names, and that a method which averages parameters gets one architecture. Every entry point
+    calls this before any work; it raises :class:`ConfigError` naming the key."""
+    from fedray.models import MODEL_NAMES
+
+    algo = get_algorithm(cfg.algorithm.name)
+    algo.parse_params(cfg.algorithm.params())
+    algo.check_config(cfg)
+    if cfg.model.name not in MODEL_NAMES:
+        raise ConfigError("model.name", f"unknown model {cfg.model.name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    if cfg.model.client_models is not None:
+        unknown = [m for m in cfg.model.client_models if m not in MODEL_NAMES]
+        if unknown or not cfg.model.client_models:
+            raise ConfigError("model.client_models", f"{cfg.model.client_models} must be a non-empty list of "
+                              f"model names; allowed: {', '.join(MODEL_NAMES)}")
+        others = sorted(set(cfg.model.client_models) - {cfg.model.name})
+        if algo.shared_architecture and others:
+            raise ConfigError("model.client_models", f"'{algo.name}' averages parameters, so every client must "
+                              f"train model.name={cfg.model.name}, not {', '.join(others)}; drop "
+                              "model.client_models or use a method with per-client models "
+                              f"({', '.join(n for n, c in sorted(ALGORITHMS.items()) if not c.shared_architecture)})")
+    return cfg
+
+
+def load_experiment(name_or_path: str | None = None, overrides=None) -> "ExperimentConfig":
+    """:func:`fedray.config.load_config` followed by :func:`validate_experiment`: a fully checked config."""
+    from fedray.config import load_config
+
+    return validate_experiment(load_config(name_or_path, overrides))
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "algorithm_params", "get_algorithm",
+           "load_experiment", "register_algorithm", "validate_experiment"]

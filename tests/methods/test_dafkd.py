@@ -1,0 +1,463 @@
+"""DaFKD: Eq. 7 by hand, its zero-denominator guard, the Appendix B teacher by hand, discriminators
+persisting per client, Appendix B == main variant, communication bytes of every variant, two-round runs
+of every option on both runtimes, the generator's shape and output space, presets and the sweep spec."""
+
+from fedray.methods import algorithm_params
+import dataclasses
+import math
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedray.methods.api import ServerContext
+from fedray.methods.dafkd import DaFKD, DaFKDUpload
+from fedray.methods.dafkd.server import alpha_metrics, correlation_weights, ensemble_teacher
+from fedray.config import load_config
+from fedray.data import build_federated_data
+from fedray.models import build_model
+from fedray.models.dcgan import DCGANGenerator
+from fedray.runtime import make_runtime
+from fedray.runtime.core import data_spec
+from fedray.seeding import sample_clients
+from fedray.simulation import run_experiment
+from tests.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+# Small generator and distillation so that a round takes well under a second on one core.
+SMALL = {"algorithm__name": "dafkd", "algorithm__generator": "dcgan", "algorithm__gen_width": 8,
+         "algorithm__gen_hidden": 32, "algorithm__distill_samples": 48,
+         "algorithm__distill_steps": 6, "algorithm__distill_batch_size": 16, "algorithm__distill_lr": 0.05}
+
+
+def dafkd_config(**overrides):
+    return tiny_config(**{**SMALL, **overrides})
+
+
+def _run_rounds(cfg, rounds: int):
+    """Run ``rounds`` rounds on the configured runtime; (global weights, outcomes, client states)."""
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        outcomes = [rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
+                    for r in range(1, rounds + 1)]
+        server_state, client_states = rt.export_state()
+        return rt.global_weights(), outcomes, server_state, client_states
+
+
+# --- Eq. 7 and the teacher, by hand ------------------------------------------------------------------
+
+
+def test_eq7_weights_and_their_statistics_by_hand():
+    f = torch.tensor([[0.9, 0.2, 0.5],   # client 1's discriminator on samples 1..3
+                      [0.3, 0.2, 0.5],   # client 2
+                      [0.6, 0.4, 0.0]])  # client 3
+    alpha = correlation_weights(f, eps=1e-12)
+    expected = torch.tensor([[0.5, 0.25, 0.5], [1 / 6, 0.25, 0.5], [1 / 3, 0.5, 0.0]])
+    assert torch.allclose(alpha, expected, atol=1e-6)
+    assert torch.allclose(alpha.sum(0), torch.ones(3))
+    m = alpha_metrics(alpha)
+    assert m["server/alpha_max_mean"] == pytest.approx((0.5 + 0.5 + 0.5) / 3, abs=1e-6)
+
+    def h(ps):
+        return -sum(p * math.log(p) for p in ps if p > 0) / math.log(3)
+
+    assert m["server/alpha_entropy"] == pytest.approx((h([.5, 1 / 6, 1 / 3]) + h([.25, .25, .5]) + h([.5, .5])) / 3,
+                                                      abs=1e-5)
+
+
+def test_zero_denominator_falls_back_to_uniform_weights():
+    f = torch.tensor([[0.0, 0.8], [0.0, 0.2]])  # sample 1: every discriminator says "fake" with certainty
+    alpha = correlation_weights(f, eps=1e-8)
+    assert torch.isfinite(alpha).all()
+    assert torch.equal(alpha[:, 0], torch.tensor([0.5, 0.5]))
+    assert torch.allclose(alpha[:, 1], torch.tensor([0.8, 0.2]), atol=1e-6)
+    assert alpha_metrics(alpha[:, :1])["server/alpha_entropy"] == pytest.approx(1.0)
+
+
+def test_appendix_b_teacher_by_hand_with_the_zero_guard():
+    cfg = dafkd_config(algorithm__private_discriminator=True)
+    algo = DaFKD(cfg, None)
+    eps = algo.params.alpha_eps
+    s1, s2 = torch.tensor([[1.0, 0.0], [0.5, 0.5]]), torch.tensor([[0.0, 1.0], [0.2, 0.8]])
+    f1, f2 = torch.tensor([0.75, 0.0]), torch.tensor([0.25, 0.0])
+    ups = [DaFKDUpload(weights={}, generator={}, num_samples=1, weighted_outputs=(f + eps).unsqueeze(1) * s,
+                       output_weights=f + eps) for s, f in ((s1, f1), (s2, f2))]
+    ctx = ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=None)
+    teacher, metrics = ensemble_teacher(algo, ups, torch.zeros(2, 1), ctx)
+    # sample 1: 0.75 * [1, 0] + 0.25 * [0, 1]; sample 2: both scores 0 -> uniform mean of the two predictions
+    assert torch.allclose(teacher, torch.tensor([[0.75, 0.25], [0.35, 0.65]]), atol=1e-6)
+    assert metrics["server/alpha_max_mean"] == pytest.approx((0.75 + 0.5) / 2, abs=1e-6)
+
+
+# --- client state ------------------------------------------------------------------------------------
+
+
+def test_discriminator_head_persists_per_client_and_is_never_averaged():
+    cfg = dafkd_config(data__num_clients=6, federation__clients_per_round=3, federation__local_steps=2)
+    data = build_federated_data(cfg.data, cfg.seed)
+    algo = DaFKD(cfg, data_spec(data))
+    init = {c: algo.init_client_state(c) for c in range(6)}
+    counts: Counter = Counter()
+    with make_runtime(cfg, data) as rt:
+        before: dict[int, torch.Tensor] = {}
+        for r in range(1, 6):
+            ids = sample_clients(cfg.seed, r, 6, 3)
+            outcome = rt.run_round(r, ids)
+            _, states = rt.export_state()
+            counts.update(ids)
+            for c, st in states.items():
+                assert st.client_id == c and st.rounds == counts[c]
+                assert set(st.disc) == {"weight", "bias"} and st.disc["weight"].shape == (1, 84)  # Linear(84, 1)
+                if c in ids:  # trained this round: the head moved, from where this client left it
+                    assert not torch.equal(st.disc["weight"], before.get(c, init[c].disc["weight"]))
+                else:
+                    assert torch.equal(st.disc["weight"], before[c])
+                before[c] = st.disc["weight"].clone()
+            assert all("train/disc_acc_real" in i and "train/disc_acc_fake" in i for i in outcome.client_infos)
+    # distinct clients start from distinct (seeded) heads
+    assert not torch.equal(init[0].disc["weight"], init[1].disc["weight"])
+    assert torch.equal(init[0].disc["weight"], DaFKD(cfg, data_spec(data)).init_client_state(0).disc["weight"])
+
+
+def _is_plain(value) -> bool:
+    if dataclasses.is_dataclass(value):
+        return all(_is_plain(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_is_plain(v) for v in value)
+    return value is None or isinstance(value, (torch.Tensor, int, float, str, bool))
+
+
+@pytest.mark.parametrize("variant", [{}, {"algorithm__sharing": False, "algorithm__private_discriminator": True,
+                                          "algorithm__eval_average": True}])
+def test_state_payload_and_upload_are_plain_typed_data(variant):
+    cfg = dafkd_config(**variant)
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        rt.run_round(1, [0, 1, 2])
+        server_state, client_states = rt.export_state()
+        payload = rt.server.broadcast(2)[0]
+        upload = rt.worker.train(2, 0, payload, client_states[0])[0]
+    for obj in (server_state, payload, upload, *client_states.values()):
+        assert dataclasses.is_dataclass(obj) and _is_plain(obj), obj
+
+
+# --- Appendix B reproduces the main variant --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra", [{}, {"algorithm__ensemble": "logits", "algorithm__sharing": False}])
+def test_private_discriminator_gives_the_main_variants_model(extra):
+    common = {"algorithm__eval_average": True, "algorithm__distill_lr": 0.5, **extra}  # a visible distillation step
+    main_cfg = dafkd_config(**common)
+    priv_cfg = dafkd_config(algorithm__private_discriminator=True, **common)
+    w_main, out_main, state_main, _ = _run_rounds(main_cfg, 2)
+    w_priv, out_priv, state_priv, _ = _run_rounds(priv_cfg, 2)
+    # the distillation really moved the model away from the plain average ...
+    assert max(float((state_main.weights[k] - state_main.average[k]).abs().max()) for k in w_main) > 1e-4
+    # ... and both variants end with the same model, up to floating-point error
+    for k in w_main:
+        assert torch.allclose(w_main[k], w_priv[k], atol=1e-5, rtol=1e-4), k
+    for a, b in zip(out_main, out_priv):
+        for key in ("server/alpha_max_mean", "server/alpha_entropy", "server/kd_loss"):
+            assert a.server_metrics[key] == pytest.approx(b.server_metrics[key], rel=1e-4, abs=1e-6)
+    # only the private variant's clients need (and are sent) the seed of the distillation noise
+    assert DaFKD(priv_cfg, None).broadcast(state_priv, 3).distill_seed is not None
+    assert DaFKD(main_cfg, None).broadcast(state_main, 3).distill_seed is None
+
+
+# --- communication -----------------------------------------------------------------------------------------
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+@pytest.mark.parametrize("variant", ["main", "no_sharing", "no_correlation", "private", "private_no_correlation"])
+def test_comm_bytes_are_the_sizes_of_what_is_sent(variant):
+    over = {"main": {}, "no_sharing": {"algorithm__sharing": False},
+            "no_correlation": {"algorithm__correlation": False},
+            "private": {"algorithm__private_discriminator": True},
+            "private_no_correlation": {"algorithm__private_discriminator": True, "algorithm__correlation": False}}
+    cfg = dafkd_config(federation__rounds=1, **over[variant])
+    shape, classes, n = (1, 16, 16), 10, algorithm_params(cfg).distill_samples
+    model = build_model("lenet5", shape, classes)
+    down = _bytes(model) + _bytes(DCGANGenerator(100, shape, 8))  # classifier + generator
+    up = down + 8  # + num_samples
+    extra = {"main": (model.feature_dim + 1) * 4,  # the discriminator head Linear(84, 1)
+             "no_sharing": _bytes(build_model("lenet5", shape, 1)),  # the whole separate discriminator
+             "no_correlation": 0,  # the server needs no discriminator
+             "private": n * classes * 4 + n * 4,  # (f + eps) * s_k and f + eps on the distillation set
+             "private_no_correlation": n * classes * 4}[variant]
+    if variant.startswith("private"):
+        down += 8  # the shared distillation-noise seed
+    row = run_experiment(cfg, progress=False).history[0]
+    k = cfg.federation.clients_per_round
+    assert row["comm/bytes_down"] == down * k
+    assert row["comm/bytes_up"] == (up + extra) * k
+
+
+# --- every option runs ---------------------------------------------------------------------------------------
+
+OPTIONS = {
+    "default": {},
+    "no_sharing": {"algorithm__sharing": False},
+    "no_correlation": {"algorithm__correlation": False},
+    "private": {"algorithm__private_discriminator": True},
+    "logits": {"algorithm__ensemble": "logits", "algorithm__temperature": 3.0},
+    "authors_code": {"algorithm__aggregation": "samples", "algorithm__gp_weight": 0.3, "algorithm__ensemble": "logits",
+                     "algorithm__disc_train_rounds": 1, "algorithm__gen_train_rounds": 1,
+                     "algorithm__distill_start_round": 2, "algorithm__distill_optimizer": "adam",
+                     "algorithm__distill_lr": 1e-4, "federation__optimizer": "adam", "federation__lr": 0.001},
+    "minimax": {"algorithm__gen_loss": "minimax", "algorithm__eval_average": True},
+    "conditional": {"algorithm__generator": "conditional"},
+}
+
+
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_two_round_run_of_every_option(option):
+    result = run_experiment(dafkd_config(**OPTIONS[option]), progress=False)
+    h = result.history
+    assert [row["round"] for row in h] == [1, 2]
+    assert all(math.isfinite(row["eval/accuracy"]) for row in h)
+    last = h[-1]
+    assert 0 <= last["server/alpha_max_mean"] <= 1 and math.isfinite(last["server/kd_loss"])
+    if option == "no_correlation":
+        assert last["server/alpha_entropy"] == pytest.approx(1.0) and "server/disc_score_mean" not in last
+    if option == "minimax":
+        assert "eval/accuracy_avg" in last
+    if option == "authors_code":  # round 2: no adversarial training any more
+        assert "train/disc_acc_real" in h[0] and "train/disc_acc_real" not in last
+        assert "server/kd_loss" not in h[0]
+    else:
+        assert 0 <= last["train/disc_acc_real"] <= 1 and 0 <= last["train/disc_acc_fake"] <= 1
+
+
+@pytest.mark.ray
+def test_local_and_ray_give_identical_runs(ray_local):
+    combos = [{}, {"algorithm__sharing": False, "algorithm__private_discriminator": True,
+                   "algorithm__ensemble": "logits", "algorithm__correlation": False}]
+    for over in combos:
+        local = run_experiment(dafkd_config(**over), progress=False)
+        remote = run_experiment(dafkd_config(runtime__backend="ray", **over), progress=False)
+        assert remote.summary["runtime"].startswith("ray:")
+        for a, b in zip(local.history, remote.history):
+            keys = [k for k in a if k.startswith(("eval/", "server/", "train/", "comm/"))]
+            assert {k: a[k] for k in keys} == {k: b.get(k) for k in keys}
+
+
+# --- generator, presets, sweep spec ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32), (1, 16, 16), (3, 12, 20), (1, 15, 14)])
+def test_generator_follows_the_datasets_shape_and_normalised_range(shape):
+    mean, std = (0.3,) * shape[0], (0.4,) * shape[0]
+    gen = DCGANGenerator(100, shape, 8, mean, std)
+    with torch.no_grad():
+        x = gen(torch.randn(5, 100))
+    assert tuple(x.shape) == (5, *shape)
+    lo, hi = (0 - 0.3) / 0.4, (1 - 0.3) / 0.4  # pixels in [0, 1], normalised like the real images
+    assert float(x.min()) >= lo - 1e-6 and float(x.max()) <= hi + 1e-6
+    assert all(name.startswith("net.") for name in gen.state_dict())  # mean/std are config, not state
+
+
+def _layout(gen):
+    return [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in gen.modules()
+            if isinstance(c, torch.nn.ConvTranspose2d)]
+
+
+def test_authors_dcgan_on_32x32_and_the_mnist_layout_on_28x28():
+    assert _layout(DCGANGenerator(100, (3, 32, 32), 64)) == [
+        (100, 256, (4, 4), (1, 1)), (256, 128, (4, 4), (2, 2)), (128, 64, (4, 4), (2, 2)), (64, 3, (4, 4), (2, 2))]
+    # 1x1 -> 4x4 -> 7x7 (3x3 kernel: 2n - 1) -> 14x14 -> 28x28
+    assert _layout(DCGANGenerator(100, (1, 28, 28), 16)) == [
+        (100, 64, (4, 4), (1, 1)), (64, 32, (3, 3), (2, 2)), (32, 16, (4, 4), (2, 2)), (16, 1, (4, 4), (2, 2))]
+
+
+def test_presets_and_sweep_spec_validate():
+    from fedray.sweep.spec import load_spec
+
+    fm = load_config("dafkd_fmnist")
+    assert (fm.model.name, fm.algorithm.name, fm.federation.rounds, fm.federation.clients_per_round) == \
+        ("lenet5", "dafkd", 60, 8)
+    rn = load_config("dafkd_resnet11")  # the paper's Sec. 4.1: E = 20 local epochs, not steps
+    assert rn.model.name == "resnet11" and algorithm_params(rn).gen_width == 64 and rn.federation.local_epochs == 20
+    au = load_config("dafkd_fmnist_authors")
+    ap = algorithm_params(au)
+    assert (au.federation.lr, ap.gen_lr, ap.disc_lr, ap.distill_lr, ap.temperature) == (1e-4,) * 4 + (20.0,)
+    assert (ap.distill_samples // ap.distill_batch_size, ap.distill_steps * ap.distill_batch_size // ap.distill_samples) \
+        == (40, 40)  # 40 passes over 40 generated batches of 32
+    assert (ap.disc_train_rounds, ap.gen_train_rounds, ap.gan_local_epochs, ap.gp_weight) == (3, 5, 5, 0.3)
+    assert (ap.kd_reduction, ap.aggregation, au.federation.local_epochs) == ("mean", "samples", 20)
+    spec_path = ROOT / "tune_configs" / "dafkd_distill.yaml"
+    assert spec_path.read_text().startswith("#")
+    spec = load_spec(spec_path)
+    assert {"algorithm.distill_lr", "algorithm.temperature"} <= set(spec.search)
+
+
+@pytest.mark.parametrize("gp_weight", [0.0, 0.3])
+def test_generated_images_never_enter_batchnorm_running_statistics(gp_weight):
+    """After a client update, every BatchNorm layer's running statistics are the momentum average of the
+    real batches' statistics alone: the fakes of the discriminator, generator and gradient-penalty steps
+    pass through the same extractor but leave them as they are."""
+    from fedray.runtime.core import ClientWorkerCore, ServerCore
+
+    cfg = dafkd_config(model__name="resnet8_bn", federation__local_steps=3, algorithm__gp_weight=gp_weight)
+    data = build_federated_data(cfg.data, cfg.seed)
+    server = ServerCore(cfg, data, torch.device("cpu"))
+    worker = ClientWorkerCore(cfg, data, torch.device("cpu"))
+    layers = [m for m in worker.modules.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    seen: dict[torch.nn.Module, list[torch.Tensor]] = {bn: [] for bn in layers}
+
+    def record(bn, args):  # what a BatchNorm that updates its running statistics is given
+        if bn.training and bn.track_running_stats:
+            seen[bn].append(args[0].detach().clone())
+
+    hooks = [bn.register_forward_pre_hook(record) for bn in layers]
+    try:
+        payload, _ = server.broadcast(1)
+        upload, _, _ = worker.train(1, 0, payload, None)
+    finally:
+        for h in hooks:
+            h.remove()
+    names = {m: n for n, m in worker.modules.model.named_modules()}
+    for bn in layers:
+        assert len(seen[bn]) == 3  # one real batch per local step, nothing else
+        mean, var = payload.weights[f"{names[bn]}.running_mean"].clone(), payload.weights[f"{names[bn]}.running_var"].clone()
+        for x in seen[bn]:
+            mean = 0.9 * mean + 0.1 * x.mean((0, 2, 3))
+            var = 0.9 * var + 0.1 * x.var((0, 2, 3), unbiased=True)
+        assert torch.allclose(upload.weights[f"{names[bn]}.running_mean"], mean, atol=1e-5)
+        assert torch.allclose(upload.weights[f"{names[bn]}.running_var"], var, atol=1e-5)
+        assert int(upload.weights[f"{names[bn]}.num_batches_tracked"]) == 3
+
+
+def test_gan_trains_only_in_its_first_local_epochs():
+    """gan_local_epochs=1 of 3: the generator and discriminator a client uploads are those of a one-epoch
+    round (same batches, same noise); only the classifier trains on in epochs 2-3."""
+    from fedray.runtime.core import ClientWorkerCore, ServerCore
+
+    def upload(**kw):
+        cfg = dafkd_config(federation__local_epochs=kw.pop("epochs"), federation__batch_size=50, **kw)
+        data = build_federated_data(cfg.data, cfg.seed)
+        payload, _ = ServerCore(cfg, data, torch.device("cpu")).broadcast(1)
+        up, state, info = ClientWorkerCore(cfg, data, torch.device("cpu")).train(1, 0, payload, None)
+        return up, state
+
+    limited, lim_state = upload(epochs=3, algorithm__gan_local_epochs=1)
+    one, one_state = upload(epochs=1)
+    for k in one.generator:
+        assert torch.equal(limited.generator[k], one.generator[k]), k
+    for k in one_state.disc:
+        assert torch.equal(lim_state.disc[k], one_state.disc[k]), k
+    assert any(not torch.equal(limited.weights[k], one.weights[k]) for k in one.weights)  # the classifier went on
+
+
+def test_authors_kl_reduction_averages_over_classes_too():
+    from fedray.methods.dafkd.server import distil
+
+    losses, classes = {}, None
+    for reduction in ("batchmean", "mean"):
+        cfg = dafkd_config(algorithm__distill_steps=1, algorithm__kd_reduction=reduction)
+        algo = DaFKD(cfg, data_spec(build_federated_data(cfg.data, cfg.seed)))
+        classes = algo.spec.num_classes
+        torch.manual_seed(0)
+        modules = algo.build_modules()
+        start = {k: v.clone() for k, v in modules.model.state_dict().items()}
+        x = torch.randn(16, *algo.spec.input_shape)
+        teacher = torch.softmax(torch.randn(16, classes), 1)
+        ctx = ServerContext(round=1, seed=1, device=torch.device("cpu"), modules=modules)
+        losses[reduction] = distil(algo, start, x, teacher, ctx)[1]["server/kd_loss"]
+    assert losses["mean"] == pytest.approx(losses["batchmean"] / classes, rel=1e-5)
+
+
+def test_mechanism_diagnostics_by_hand():
+    """Two clients, two test images of classes 0 and 1. Client 0 holds class 0 and predicts 0 for both;
+    client 1 holds class 1 and predicts 1 for both. Discriminators that say 'mine' for the own client's
+    class make Eq. 7 pick the right expert (accuracy 1), the uniform ensemble ties and falls to class 0 (0.5),
+    the oracle (label counts) picks the expert (1)."""
+    from fedray.methods.dafkd.server import _auc, mechanism_figures
+
+    assert _auc(torch.tensor([0.9, 0.8]), torch.tensor([0.1, 0.8])) == pytest.approx(0.875)  # 3 wins, 1 tie of 4
+    s = torch.tensor([[[1.0, 0.0], [1.0, 0.0]],   # client 0: class 0 for both images
+                      [[0.0, 1.0], [0.0, 1.0]]])  # client 1: class 1 for both
+    f = torch.tensor([[0.9, 0.1],                 # client 0's discriminator: image 0 is its own
+                      [0.1, 0.9]])
+    f_own = [[torch.tensor([0.9, 0.8]), torch.tensor([0.2, 0.1])],   # f_0 on client 0's / client 1's images
+             [torch.tensor([0.3, 0.4]), torch.tensor([0.6, 0.7])]]   # f_1 on them
+    counts = torch.tensor([[50.0, 0.0], [0.0, 50.0]])  # image i's class: client 0 holds class 0 only
+    y = torch.tensor([0, 1])
+    d = mechanism_figures(s, f, f_own, counts, y, eps=1e-8)
+    assert d["diag/domain_auc"] == pytest.approx(1.0)
+    assert d["diag/ens_acc_eq7"] == 1.0 and d["diag/ens_acc_oracle"] == 1.0 and d["diag/ens_acc_uniform"] == 0.5
+    assert d["diag/alpha_entropy_real"] == pytest.approx(0.469, abs=1e-3)  # H(0.9, 0.1) / log 2
+    flipped = mechanism_figures(s, f.flip(0), [f_own[1], f_own[0]], counts, y, eps=1e-8)
+    assert flipped["diag/ens_acc_eq7"] == 0.0 and flipped["diag/domain_auc"] == pytest.approx(0.0)
+
+
+def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
+    cfg = dafkd_config(algorithm__diag_samples=20)
+    with_diag = run_experiment(cfg, progress=False)
+    without = run_experiment(dafkd_config(algorithm__diag_samples=0), progress=False)
+    keys = ("diag/domain_auc", "diag/alpha_entropy_real", "diag/ens_acc_eq7", "diag/ens_acc_uniform",
+            "diag/ens_acc_oracle")
+    for row in with_diag.history:
+        assert all(0.0 <= row[k] <= 1.0 for k in keys), row
+    assert not any(k in row for row in without.history for k in keys)
+    for k in ("eval/accuracy", "train/loss", "server/kd_loss"):  # diagnostics never feed back into the method
+        assert [r.get(k) for r in with_diag.history] == [r.get(k) for r in without.history], k
+    # federation.diag_every: every 2nd round and the last; the rounds diagnosed give the same figures
+    sparse = run_experiment(dafkd_config(algorithm__diag_samples=20, federation__rounds=3, federation__diag_every=2),
+                            progress=False).history
+    assert [all(k in row for k in keys) for row in sparse] == [False, True, True]
+    assert not any(k in sparse[0] for k in keys)
+    assert {k: sparse[1][k] for k in keys} == {k: with_diag.history[1][k] for k in keys}
+    # an undiagnosed round's uploads are not held on to until the next round's arrive
+    cfg = dafkd_config(algorithm__diag_samples=20, federation__rounds=3, federation__diag_every=2)
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        for r in (1, 2):
+            rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
+            assert rt.server.algo._round_uploads is None
+
+
+def test_conditional_generator_makes_images_of_the_asked_class_and_balanced_distillation_sets():
+    from fedray.models.dcgan import ConditionalGenerator
+
+    torch.manual_seed(0)
+    gen = ConditionalGenerator(100, 10, (1, 28, 28), hidden=32, mean=(0.2860,), std=(0.3530,)).eval()
+    z = torch.randn(4, 100)
+    a, b = gen(z, torch.tensor([0, 1, 2, 3])), gen(z, torch.tensor([5, 1, 2, 3]))
+    assert a.shape == (4, 1, 28, 28)
+    assert not torch.equal(a[0], b[0]) and torch.equal(a[1:], b[1:])  # the label steers the image
+    lo, hi = (0 - 0.2860) / 0.3530, (1 - 0.2860) / 0.3530  # tanh read as [0, 1] pixels, then normalised
+    assert a.min() >= lo - 1e-5 and a.max() <= hi + 1e-5
+    with pytest.raises(ValueError, match="needs labels"):
+        gen(z)
+    cfg = dafkd_config(algorithm__generator="conditional", algorithm__distill_samples=40)
+    algo = DaFKD(cfg, data_spec(build_federated_data(cfg.data, cfg.seed)))
+    modules = algo.build_modules()
+    seen = []
+    modules.generator.register_forward_hook(lambda mod, args, out: seen.append(args[1]))
+    algo.distillation_set(modules, {k: v.clone() for k, v in modules.generator.state_dict().items()}, 7,
+                          torch.device("cpu"))
+    assert torch.bincount(torch.cat(seen), minlength=10).tolist() == [4] * 10  # every class equally often
+
+
+@pytest.mark.parametrize("optimizer, replays", [("sgd", 4), ("adam", 0)])
+def test_distillation_replayed_as_a_cuda_graph_gives_the_eager_numbers(graphs_on_cpu, optimizer, replays):
+    """Eq. 8's steps with ``runtime.cuda_graphs`` (on the CPU, a "replay" calling the captured step again, under
+    the capture's rules: the bookkeeping of inputs, outputs and warm-up): 6 steps, 2 eager, 1 captured, then
+    replays, the same weights and kd losses as eager steps; fedray's Adam (host step counts) is never captured."""
+    runs = []
+    for graphs in (False, True):
+        cfg = dafkd_config(algorithm__distill_optimizer=optimizer, runtime__cuda_graphs=graphs,
+                           runtime__vectorize=False, algorithm__diag_samples=0)
+        weights, outcomes, _, _ = _run_rounds(cfg, 1)
+        runs.append((weights, outcomes[0].server_metrics))
+    (eager_w, eager_m), (graph_w, graph_m) = runs
+    assert all(torch.equal(eager_w[k], graph_w[k]) for k in eager_w) and "server/kd_loss_last" in graph_m
+    assert {k: v for k, v in graph_m.items() if k.startswith("server/")} == \
+        {k: v for k, v in eager_m.items() if k.startswith("server/")}
+    assert len(graphs_on_cpu) == replays
