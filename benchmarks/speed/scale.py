@@ -1,6 +1,6 @@
 """Scale: 100,000 registered clients, 1,000 per round, on the Ray runtime (2 workers) of one 2-core machine.
 
-    .venv/bin/python benchmarks/scale.py [--clients 100000] [--per-round 1000] [--rounds 3] [--out benchmarks/results]
+    .venv/bin/python benchmarks/speed/scale.py [--clients 100000] [--per-round 1000] [--rounds 3] [--out benchmarks/results]
 
 Runs ``fedray run synthetic data.num_clients=100000 federation.clients_per_round=1000 runtime.backend=ray``
 (synthetic 1x16x16 images, 60 per client, LeNet-5, 10 SGD steps of 32) for 4 rounds, evaluating after the

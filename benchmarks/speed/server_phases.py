@@ -17,8 +17,8 @@ holds that time says what to make faster:
 In-process, vectorised clients with CUDA graphs, `gpu.py`'s synthetic Fashion-MNIST-sized data; each phase's mean
 over rounds 2.. (round 1 pays cuDNN's and the allocator's first use). Writes ``OUT/server_phases.{json,md}``.
 
-    python3 benchmarks/server_phases.py --out $OUT [--per-round 8 32] [--rounds 3] [--workloads dafkd_resnet11_nodiag]
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/server_phases.py --device cpu --per-round 2 --rounds 2 \
+    python3 benchmarks/speed/server_phases.py --out $OUT [--per-round 8 32] [--rounds 3] [--workloads dafkd_resnet11_nodiag]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/server_phases.py --device cpu --per-round 2 --rounds 2 \
         --workloads dafkd_resnet11_nodiag --out /tmp/sp  # dry run, ~8 min on a 2-core CPU
 """
 
@@ -37,14 +37,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedray.methods import dafkd_server
+from fedray.methods.dafkd import server as dafkd_server
 from fedray.methods.dafkd import DaFKD
 from fedray.learning.distill import KDSteps
 from fedray.config import load_config
 from fedray.runtime.core import ServerCore
 from fedray.simulation import RunHooks, run_experiment
 
-from gpu import BASE, WORKLOADS  # noqa: E402  (benchmarks/ is this script's folder, first on sys.path)
+from gpu import BASE, WORKLOADS  # noqa: E402  (benchmarks/speed/ is this script's folder, first on sys.path)
 
 PHASES = ["average", "set", "teacher", "distil", "first 2 steps", "other steps", "diag", "other", "server total"]
 

@@ -24,7 +24,7 @@ Issue 13 adds, on the same workload:
 - one evaluation of the global model (global test set + every client's test split), in-process and on Ray
   with 2 workers, against one training round (recorded, no target).
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 10] [--out benchmarks/results]
+    .venv/bin/python benchmarks/speed/overhead.py [--rounds 10] [--out benchmarks/results]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ceiling of a vectorised local step on a GPU: how fast K clients' SGD step can go, with and without CUDA graphs.
 
-``benchmarks/gpu.py`` measures fedray's rounds; this measures the step alone, outside fedray's runtime, to say
+``benchmarks/speed/gpu.py`` measures fedray's rounds; this measures the step alone, outside fedray's runtime, to say
 what replaying the lockstep step as a CUDA graph would buy before anyone builds it. Per model (LeNet-5,
 ResNet-8; 1x28x28 uint8 images normalised on the device, batch 32, cross-entropy, plain SGD) and K clients:
 
@@ -32,9 +32,9 @@ convolutions (not the launches) set it (ResNet-11, or any model at 32 clients):
 
 (``torch.channels_last`` is not among them: ``vmap`` refuses it, "NYI: querying is_contiguous inside of vmap".)
 
-    python benchmarks/step_ceiling.py --out results/gpu [--clients 8 32] [--models lenet5 resnet8]
-    python benchmarks/step_ceiling.py --out results/gpu --models resnet11 --variants default cudnn_benchmark bf16
-    .venv/bin/python benchmarks/step_ceiling.py --device cpu --clients 4 --reps 5 --out /tmp/g  # dry run
+    python benchmarks/speed/step_ceiling.py --out results/gpu [--clients 8 32] [--models lenet5 resnet8]
+    python benchmarks/speed/step_ceiling.py --out results/gpu --models resnet11 --variants default cudnn_benchmark bf16
+    .venv/bin/python benchmarks/speed/step_ceiling.py --device cpu --clients 4 --reps 5 --out /tmp/g  # dry run
 
 Writes ``OUT/step_ceiling.json`` and ``OUT/step_ceiling.md`` after every row.
 """

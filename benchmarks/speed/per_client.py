@@ -1,7 +1,7 @@
 """Per-client models at scale: memory of many clients each holding its own model, and the round time of
 heterogeneous clients on Ray against in-process.
 
-    .venv/bin/python benchmarks/per_client.py [--clients 250 1000] [--out benchmarks/results]
+    .venv/bin/python benchmarks/speed/per_client.py [--clients 250 1000] [--out benchmarks/results]
 
 (a) Memory: ``algorithm.name=local`` (every client trains only its own model), LeNet-5 on synthetic
     1x28x28 images (61,706 parameters: 247 KB of float32 weights per client, 60 images per client), on the

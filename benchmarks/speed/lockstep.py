@@ -15,7 +15,7 @@ local steps of 32), DaFKD without its ``diag/*`` probe, one torch thread, ``--ro
 local epochs instead of 20 steps (as DaFKD's paper budget, E = 20, has it): clients hold unequal data, so they are
 done after unequal numbers of steps (the lockstep's phases, ``fedray.vectorized.phases.in_phases``).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lockstep.py [--per-round 8 32] [--rounds 2] [--epochs 1]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/lockstep.py [--per-round 8 32] [--rounds 2] [--epochs 1]
 
 Writes ``OUT/lockstep.{json,md}`` (``lockstep_e<E>.*`` with ``--epochs``).
 """

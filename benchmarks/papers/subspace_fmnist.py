@@ -54,8 +54,8 @@ Writes benchmarks/results/subspace_fmnist.json (every run, the per-seed summary)
 recorded .md ends with a hand-written reading that a rerun does not regenerate). About 6 minutes on one
 core.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/subspace_fmnist.py                 # the recorded run
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/subspace_fmnist.py --seeds 0 --models mlp --no-write  # smoke
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py                 # the recorded run
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py --seeds 0 --models mlp --no-write  # smoke
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedray.learning.subspace import projection_cosine, projector  # noqa: E402
@@ -383,7 +383,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": "cpu",
                     "torch": torch.__version__, "threads": args.threads},
-        "command": " ".join(["OMP_NUM_THREADS=1 .venv/bin/python benchmarks/subspace_fmnist.py", *sys.argv[1:]]),
+        "command": " ".join(["OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py", *sys.argv[1:]]),
         "wall_s": round(time.time() - t0, 1),
         "settings": {"seeds": args.seeds, "ridges": args.ridges, "batch_sizes": batch_sizes,
                      "headline_a": HEADLINE_A, "lr": LR, "train_batch": TRAIN_BATCH, "std": "sample (ddof=1)"},

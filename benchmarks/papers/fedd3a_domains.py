@@ -13,8 +13,8 @@ simulation keeps and the method never reads).
 
 Writes ``OUT/fedd3a_fmnist_domains.json`` / ``.md``; runs in ``--runs-dir`` (resumable).
 
-    .venv/bin/python benchmarks/fedd3a_domains.py --jobs 2
-    .venv/bin/python benchmarks/fedd3a_domains.py --rounds 2 --seeds 0 --settings cross_silo --out /tmp/d --runs-dir /tmp/d/runs
+    .venv/bin/python benchmarks/papers/fedd3a_domains.py --jobs 2
+    .venv/bin/python benchmarks/papers/fedd3a_domains.py --rounds 2 --seeds 0 --settings cross_silo --out /tmp/d --runs-dir /tmp/d/runs
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grid import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
+from harness import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
 
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
@@ -165,7 +165,7 @@ def main() -> None:
         run_grid(run_one, jobs, args.jobs)
     res = collect(root, args.seeds, args.settings)
     note = (f"Measured {time.strftime('%Y-%m-%d')} on {args.device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
-            f"seeds {args.seeds}; command: benchmarks/fedd3a_domains.py {' '.join(sys.argv[1:])}")
+            f"seeds {args.seeds}; command: benchmarks/papers/fedd3a_domains.py {' '.join(sys.argv[1:])}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fedd3a_fmnist_domains.json").write_text(json.dumps({"note": note, "runs": res}, indent=1) + "\n")

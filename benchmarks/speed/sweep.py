@@ -1,6 +1,6 @@
 """Time a 4-trial sweep end to end (`fedray tune tune_configs/smoke.yaml`) and check what MLflow holds.
 
-    .venv/bin/python benchmarks/sweep.py [--out benchmarks/results]
+    .venv/bin/python benchmarks/speed/sweep.py [--out benchmarks/results]
 
 Target (issue 3): under 2 minutes on a 2-core machine, 1 parent and 4 FINISHED children, each with
 eval/accuracy and the sweep's metric, val/accuracy, at steps 1..3. Runs in a temporary directory (its own
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ If (a) is of the size of (b), the lockstep does what the reference does and the 
 rounding; if (a) were far above (b), the lockstep would compute something else. On real Fashion-MNIST, 20 clients,
 alpha = 0.1, the presets ``quickstart`` (FedAvg) and ``dafkd_fmnist`` (DaFKD's GAN steps), on a CPU.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sensitivity.py [--presets quickstart dafkd_fmnist] [--steps 5 20]
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sensitivity.py --presets quickstart --name sensitivity_fedavg_adam \
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/sensitivity.py [--presets quickstart dafkd_fmnist] [--steps 5 20]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/sensitivity.py --presets quickstart --name sensitivity_fedavg_adam \
         --set federation.optimizer=adam federation.lr=0.001 federation.weight_decay=0.001   # FedAvg with DaFKD's Adam
 """
 

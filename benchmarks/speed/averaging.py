@@ -5,8 +5,8 @@ coefficients, one CPU thread by default, glibc's malloc tuned as in a run's serv
 (``runtime.malloc_tuning``, default true; ``--no-malloc-tuning``: glibc's defaults). Median of ``--repeats`` after one warm-up, the two taking turns; the
 outputs are checked bit-identical. Prints a Markdown table and writes it with the JSON rows to ``--out``.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/averaging.py --out benchmarks/results/averaging
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/averaging.py --no-malloc-tuning --out benchmarks/results/averaging_glibc
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/averaging.py --out benchmarks/results/averaging
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/averaging.py --no-malloc-tuning --out benchmarks/results/averaging_glibc
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fedray.models import build_model
 from fedray.models.dcgan import DCGANGenerator
 from fedray.runtime.malloc import keep_freed_memory
 
-from overhead import _cpu_name  # benchmarks/ is the script's folder, first on sys.path
+from overhead import _cpu_name  # benchmarks/speed/ is the script's folder, first on sys.path
 
 
 def plain_sum(weights: list[Weights], coefs: list[float]) -> Weights:

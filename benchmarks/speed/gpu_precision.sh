@@ -7,7 +7,7 @@
 # 4. DaFKD's Ray row with CUDA graphs (8 clients), if time is left.
 # The steps share BUDGET seconds (default 560), each cut to what is left, so the call returns with what finished.
 # Send along .gpu/whl (../shared/GPU.md); tables printed and written under $OUT.
-#   bash benchmarks/gpu_precision.sh
+#   bash benchmarks/speed/gpu_precision.sh
 set -uo pipefail
 OUT=${OUT:-results/gpu}
 END=$((SECONDS + ${BUDGET:-560}))
@@ -17,20 +17,20 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 nvidia-smi -L
 mkdir -p "$OUT"
 echo "=== rows"
-timeout $(left 380) python3 benchmarks/gpu.py --out "$OUT/bf16" --rounds 3 --per-round 8 32 --no-ray \
+timeout $(left 380) python3 benchmarks/speed/gpu.py --out "$OUT/bf16" --rounds 3 --per-round 8 32 --no-ray \
   --workloads dafkd_resnet11_nodiag dafkd_resnet11_nodiag_bf16 --modes graphs sequential > "$OUT/bf16.log" 2>&1 \
   || echo "=== rows stopped (exit $?)"
 grep '^{' "$OUT/bf16.log"; cat "$OUT/bf16/gpu.md"
 echo "=== server phases"
-timeout $(left 90) python3 benchmarks/server_phases.py --out "$OUT/sp" --per-round 8 32 \
+timeout $(left 90) python3 benchmarks/speed/server_phases.py --out "$OUT/sp" --per-round 8 32 \
   --workloads dafkd_resnet11_nodiag > "$OUT/sp.log" 2>&1 || echo "=== server phases stopped (exit $?)"
 cat "$OUT/sp/server_phases.md"
 echo "=== graph check"
-timeout $(left 150) python3 benchmarks/gpu.py --out "$OUT/gc" --rounds 1 --per-round 8 --no-ray \
+timeout $(left 150) python3 benchmarks/speed/gpu.py --out "$OUT/gc" --rounds 1 --per-round 8 --no-ray \
   --workloads fedavg_lenet5 --modes graphs --graph-check "padded, bf16" > "$OUT/gc.log" 2>&1 \
   || echo "=== graph check stopped (exit $?)"
 tail -n 12 "$OUT/gc/gpu.md"
 echo "=== ray row"
-timeout $(left 200) python3 benchmarks/gpu.py --out "$OUT/ray" --rounds 3 --per-round 8 --ray-per-round 8 \
+timeout $(left 200) python3 benchmarks/speed/gpu.py --out "$OUT/ray" --rounds 3 --per-round 8 --ray-per-round 8 \
   --workloads dafkd_resnet11 --modes graphs > "$OUT/ray.log" 2>&1 || echo "=== ray row stopped (exit $?)"
 cat "$OUT/ray/gpu.md"

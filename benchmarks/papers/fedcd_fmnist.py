@@ -24,10 +24,10 @@ Writes ``OUT/fedcd_fmnist.json`` and ``OUT/fedcd_fmnist.md``; runs (with ``clien
 accuracies at the last evaluation) in ``--runs-dir``. Resumable: finished runs are skipped, a stopped one
 goes on from its checkpoint.
 
-    .venv/bin/python benchmarks/fedcd_fmnist.py --jobs 2                                  # CPU
-    python benchmarks/fedcd_fmnist.py --device cuda --jobs 8                              # one GPU, 8 processes
-    .venv/bin/python benchmarks/fedcd_fmnist.py --rounds 2 --seeds 0 --settings iid --out /tmp/s --runs-dir /tmp/s/runs
-    .venv/bin/python benchmarks/fedcd_fmnist.py --report-only                             # tables from finished runs
+    .venv/bin/python benchmarks/papers/fedcd_fmnist.py --jobs 2                                  # CPU
+    python benchmarks/papers/fedcd_fmnist.py --device cuda --jobs 8                              # one GPU, 8 processes
+    .venv/bin/python benchmarks/papers/fedcd_fmnist.py --rounds 2 --seeds 0 --settings iid --out /tmp/s --runs-dir /tmp/s/runs
+    .venv/bin/python benchmarks/papers/fedcd_fmnist.py --report-only                             # tables from finished runs
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grid import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
+from harness import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
 
 HOMOGENEOUS = "resnet20"
 METHODS: dict[str, dict[str, Any]] = {
@@ -236,7 +236,7 @@ def main() -> None:
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "cpus": os.cpu_count(),
             "python": platform.python_version(), "rounds": args.rounds, "seeds": args.seeds,
             "note": (f"Measured {time.strftime('%Y-%m-%d')} on {device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
-                     f"seeds {args.seeds}; command: benchmarks/fedcd_fmnist.py {' '.join(sys.argv[1:])}")}
+                     f"seeds {args.seeds}; command: benchmarks/papers/fedcd_fmnist.py {' '.join(sys.argv[1:])}")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.report_only and (out / "fedcd_fmnist.json").is_file():  # keep where and how the runs were measured

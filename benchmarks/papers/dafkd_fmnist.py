@@ -17,8 +17,8 @@ domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembl
 ``summary.json`` is not run again, and an interrupted run goes on from its last checkpoint, so an interrupted
 benchmark continues where it stopped.
 
-    .venv/bin/python benchmarks/dafkd_fmnist.py --jobs 2                         # the full benchmark
-    .venv/bin/python benchmarks/dafkd_fmnist.py --rounds 3 --seeds 0 --alphas 0.1 --out /tmp/smoke   # smoke
+    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --jobs 2                         # the full benchmark
+    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --rounds 3 --seeds 0 --alphas 0.1 --out /tmp/smoke   # smoke
 
 Cost on the 2-core development machine (shared, load 2-5), seconds per round including evaluation:
 FedAvg ~3.6, FedProx ~4.1, DaFKD ~9.2 (with the extra evaluation of the average), no-sharing ~11.6,
@@ -385,7 +385,7 @@ def main() -> None:
             print(run_one(job), flush=True)
     wall = time.perf_counter() - t0
     runs = collect(root, args.methods, args.alphas, args.seeds)
-    command = ("python benchmarks/dafkd_fmnist.py --seeds " + " ".join(map(str, args.seeds)) + " --alphas "
+    command = ("python benchmarks/papers/dafkd_fmnist.py --seeds " + " ".join(map(str, args.seeds)) + " --alphas "
                + " ".join(f"{a:g}" for a in args.alphas) + f" --rounds {args.rounds} --methods "
                + " ".join(args.methods) + f" --preset {args.preset}"
                + (f" --local-epochs {args.local_epochs}" if args.local_epochs else "")

@@ -6,7 +6,7 @@ round and client, the architecture, the local loss, and the teacher's accuracy o
 the labels the simulation keeps; the method never reads them), its mean top probability and how many of the
 server's images it puts in its most predicted class; then the plain average's accuracy.
 
-    .venv/bin/python benchmarks/fedd3a_hetero_probe.py --rounds 2
+    .venv/bin/python benchmarks/papers/fedd3a_hetero_probe.py --rounds 2
 """
 
 from __future__ import annotations

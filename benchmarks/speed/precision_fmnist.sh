@@ -7,7 +7,7 @@
 # with each seed's paired difference from float32. Runs are resumable (a finished run's directory is skipped),
 # JOBS at a time, one torch thread each. On a CPU without bfloat16 arithmetic (this project's machines) bf16 is
 # emulated, ~1.7x (FedAvg) to 2.3x (DaFKD) slower: this checks the numbers, not the speed; ~24 min with JOBS=2.
-#   bash benchmarks/precision_fmnist.sh            # ROUNDS=30 JOBS=2 RUNS=benchmarks/results/precision_fmnist_runs
+#   bash benchmarks/speed/precision_fmnist.sh            # ROUNDS=30 JOBS=2 RUNS=benchmarks/results/precision_fmnist_runs
 set -euo pipefail
 ROUNDS=${ROUNDS:-30} JOBS=${JOBS:-2} RUNS=${RUNS:-benchmarks/results/precision_fmnist_runs}
 FEDRAY=${FEDRAY:-.venv/bin/fedray}

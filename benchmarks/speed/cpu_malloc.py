@@ -15,7 +15,7 @@ global test set and every client's test split (22,000 images). Each variant runs
 malloc setting is process-wide and one-way), alternating, ``--repeats`` times; a training round is the mean
 of rounds 2-5, an evaluation the faster of two; minor page faults and peak RSS come from ``getrusage``.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cpu_malloc.py [--models lenet5 resnet8 resnet8_bn]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/cpu_malloc.py [--models lenet5 resnet8 resnet8_bn]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def run_variant(model: str, tuning: bool, channels_last: bool, train_channels_la
         overrides.append(f"data.data_dir={data_dir}")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(overrides), str(int(channels_last))], env=env,
-                         cwd=HERE.parent, capture_output=True, text=True, check=True)
+                         cwd=HERE.parents[1], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

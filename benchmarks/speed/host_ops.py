@@ -15,9 +15,9 @@ costs outside its steps (building the schedule, stacking weights, the uploads), 
 aggregation (host tensors, no kernel launches even on a GPU). "vmap calls/step" is
 ``vec/groups_per_step``. DaFKD's server distillation is cut to one short step (it is not a client step).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_ops.py [--rows lenet5:8 lenet5:32 resnet8:8]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/host_ops.py [--rows lenet5:8 lenet5:32 resnet8:8]
         [--variants sequential vectorised "vectorised, unpadded"]
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host_ops.py --rows dafkd:8 --name host_ops_dafkd   # ~30 min
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/host_ops.py --rows dafkd:8 --name host_ops_dafkd   # ~30 min
 
 Writes ``benchmarks/results/host_ops.{json,md}`` (``--out``, ``--name`` elsewhere).
 """
@@ -43,7 +43,7 @@ from fedray.methods.api import ClientContext  # noqa: E402
 from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.runtime import make_runtime  # noqa: E402
-from fedray.runtime import vectorized  # noqa: E402
+from fedray.vectorized import engine as vectorized  # noqa: E402
 from fedray.runtime.core import ServerCore  # noqa: E402
 from fedray.seeding import sample_clients  # noqa: E402
 
@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", default=["lenet5:8", "lenet5:32", "resnet8:8"],
                     help="workload:clients-per-round, workloads " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(Path(__file__).parents[1] / "results"))
     ap.add_argument("--name", default="host_ops", help="file name of the results (OUT/NAME.json, OUT/NAME.md)")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -26,8 +26,8 @@ exists, so an interrupted benchmark continues where it stopped. Dirichlet alpha 
 cannot always give every client data.min_samples = 10 (it depends on the seed): the script then lowers
 min_samples to 5, then 2, and records what it used.
 
-    .venv/bin/python benchmarks/fedkf_fmnist.py --rounds 2 --seeds 0 --alphas 0.1      # smoke
-    .venv/bin/python benchmarks/fedkf_fmnist.py                                         # the recorded run
+    .venv/bin/python benchmarks/papers/fedkf_fmnist.py --rounds 2 --seeds 0 --alphas 0.1      # smoke
+    .venv/bin/python benchmarks/papers/fedkf_fmnist.py                                         # the recorded run
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedray.config import load_config  # noqa: E402
@@ -256,7 +256,7 @@ def rounds_cell(per_seed, rounds):
 
 
 def markdown(args, res: dict, meta: dict) -> str:
-    lines = ["# FedKF comparison on Fashion-MNIST (benchmarks/fedkf_fmnist.py)", ""]
+    lines = ["# FedKF comparison on Fashion-MNIST (benchmarks/papers/fedkf_fmnist.py)", ""]
     lines += [
         f"Command: `{meta['command']}`  ",
         f"Machine: {meta['machine']}; {meta['date']}; total {meta.get('wall_s', 0):.0f} s for the runs done here "
@@ -368,7 +368,7 @@ def main() -> None:
                    f"evaluated every {args.eval_every} round(s)")
     meta = {
         "benchmark": "fedkf_fmnist", "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": "python benchmarks/fedkf_fmnist.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/papers/fedkf_fmnist.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, "
                    f"{args.threads} torch thread(s), local runtime",
         "wall_s": wall, "local_work": local_work, "min_samples": min_samples,

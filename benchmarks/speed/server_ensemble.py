@@ -13,8 +13,8 @@ normalised per batch, as FedDF/FedD3A's ``teacher_logits`` runs them:
 Median of ``--repeats`` timings after one warm-up (the variants taking turns), for each thread count;
 the max |difference| of the outputs is printed too. Prints one JSON line per row and the host's load (``os.getloadavg``).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/server_ensemble.py [--teachers 8 20] [--images 1000]
-    python3 benchmarks/server_ensemble.py --device cuda --model resnet11 --teachers 8 32 --threads 1 \
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/server_ensemble.py [--teachers 8 20] [--images 1000]
+    python3 benchmarks/speed/server_ensemble.py --device cuda --model resnet11 --teachers 8 32 --threads 1 \
         --budgets-mib 4096  # on a GPU: teacher by teacher against vmapped, and a larger chunk budget
 """
 
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from fedray.methods import ensemble
+from fedray.learning import ensemble
 from fedray.learning.ensemble import loop_outputs, stacked_outputs
 from fedray.learning.weights import clone_weights
 from fedray.models import build_model

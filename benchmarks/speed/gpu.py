@@ -29,9 +29,9 @@ kernels' summed time over the profiled round's wall time (the profiler slows the
 lower bound). Written to ``OUT/gpu_profile.json`` and a second table in ``OUT/gpu.md``. DaFKD rows are left
 out: a trace of their rounds holds millions of events.
 
-    python benchmarks/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray] [--profile]
+    python benchmarks/speed/gpu.py --out results/gpu [--rounds 6] [--per-round 8 32] [--ray-per-round 8] [--no-ray] [--profile]
                              [--modes sequential vectorised graphs] [--graph-check [RUN ...]]
-    .venv/bin/python benchmarks/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g --profile  # dry run
+    .venv/bin/python benchmarks/speed/gpu.py --device cpu --rounds 2 --per-round 4 --no-ray --out /tmp/g --profile  # dry run
 
 Writes ``OUT/gpu.json`` and ``OUT/gpu.md`` (one table, the device named) after every row, so a run cut off by
 a time limit still leaves the rows it finished (the table's title says "partial" until the last row); a row
