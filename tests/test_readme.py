@@ -1,13 +1,12 @@
-"""README.md's reference tables and commands agree with the code (fast: no Ray, no data loading).
+"""README.md agrees with the code (fast: no Ray, no data loading, no training).
 
-- the Methods table has one row per registered algorithm (minus the ``test_*`` methods that the test
-  suite registers), with every field of its ``Params`` model as `field` (bare, without ``algorithm.``)
-  and its per-client-models column right;
-- the Config keys section names every key of the config schema as `dotted.key`;
-- the Presets and Sweeps tables name every preset and every file of ``tune_configs/``, and nothing else;
 - every ``.venv/bin/fedray ...`` command parses with fedray's own CLI parser, names an existing preset,
-  YAML file or sweep spec, and its overrides validate; a command followed by an ``error: ...`` line in
-  the README must fail with exactly that error.
+  YAML file or sweep spec, and its overrides validate; a command followed by an ``error: ...`` line must
+  fail with exactly that error;
+- the tour's tree names every part of the ``fedray`` package, and nothing that is not there.
+
+The helpers here parse any Markdown file of the repository; ``tests/test_docs.py`` uses them for ``docs/``
+(config keys, method parameters, links, the README's methods table and length).
 """
 
 from __future__ import annotations
@@ -21,25 +20,26 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from fedray.methods import ALGORITHMS, load_experiment
 from fedray.cli import build_parser
 from fedray.config import ExperimentConfig, preset_names
 from fedray.errors import UserError
+from fedray.methods import ALGORITHMS, load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 FEDRAY = ".venv/bin/fedray"
 
 
 # --------------------------------------------------------------------------------------------------
-# parsing the README
+# parsing Markdown
 
 
-def _lines() -> list[str]:
-    return README.read_text(encoding="utf-8").splitlines()
+def lines_of(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
 
 
-def _in_fence(lines: list[str]) -> list[bool]:
+def in_fence(lines: list[str]) -> list[bool]:
     """For each line: whether it lies inside a fenced code block (fence lines included)."""
     out, inside = [], False
     for line in lines:
@@ -50,28 +50,31 @@ def _in_fence(lines: list[str]) -> list[bool]:
     return out
 
 
-def section(title: str) -> list[str]:
+def headings(path: Path) -> list[tuple[int, int, str]]:
+    """(line index, level, text) of every heading of ``path`` outside code blocks."""
+    lines = lines_of(path)
+    out = []
+    for i, (line, fenced) in enumerate(zip(lines, in_fence(lines))):
+        m = None if fenced else re.match(r"^(#+)\s+(.*?)\s*$", line)
+        if m:
+            out.append((i, len(m.group(1)), m.group(2)))
+    return out
+
+
+def section(path: Path, title: str) -> list[str]:
     """The lines under the heading ``title`` (any level) up to the next heading of the same or a higher
     level, headings inside code blocks ignored."""
-    lines = _lines()
-    fenced = _in_fence(lines)
-    start = level = None
-    for i, (line, f) in enumerate(zip(lines, fenced)):
-        m = None if f else re.match(r"^(#+)\s+(.*?)\s*$", line)
-        if not m:
-            continue
-        if start is None:
-            if m.group(2) == title:
-                start, level = i + 1, len(m.group(1))
-        elif len(m.group(1)) <= level:
-            return lines[start:i]
-    if start is None:
-        pytest.fail(f"README.md has no section titled {title!r}")
-    return lines[start:]
+    lines = lines_of(path)
+    heads = headings(path)
+    for n, (i, level, text) in enumerate(heads):
+        if text == title:
+            end = next((j for j, lv, _ in heads[n + 1:] if lv <= level), len(lines))
+            return lines[i + 1:end]
+    pytest.fail(f"{path.relative_to(ROOT)} has no section titled {title!r}")
 
 
 def cells(row: str) -> list[str]:
-    return [c.strip() for c in row.strip().strip("|").split("|")]
+    return [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
 
 
 def tables(lines: list[str]) -> list[list[str]]:
@@ -91,7 +94,7 @@ def table_with_header(lines: list[str], first_cell: str, where: str) -> list[str
     for t in tables(lines):
         if cells(t[0])[0] == first_cell:
             return t
-    pytest.fail(f"README.md section {where!r} has no table whose first column is {first_cell}")
+    pytest.fail(f"{where} has no table whose first column is {first_cell}")
 
 
 def ticked(name: str, text: str) -> bool:
@@ -103,92 +106,53 @@ def first_ticked(cell: str) -> str | None:
     return m.group(1) if m else None
 
 
+def all_ticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
 # --------------------------------------------------------------------------------------------------
-# methods
+# the code's side
 
 
 def registered_methods() -> dict:
-    return {n: c for n, c in ALGORITHMS.items() if not n.startswith("test_")}
+    """The registry minus the ``test_*`` methods that the test suite registers."""
+    return {n: ALGORITHMS[n] for n in ALGORITHMS if not n.startswith("test_")}
 
 
-def test_methods_table_lists_every_registered_method_and_its_options():
-    table = table_with_header(section("Methods"), "`algorithm.name`", "Methods")
-    header = [c.lower() for c in cells(table[0])]
-    per_client_col = next((i for i, c in enumerate(header) if "per-client" in c), None)
-    assert per_client_col is not None, f"Methods table has no 'per-client models?' column: {table[0]}"
-    rows = {first_ticked(cells(r)[0]): r for r in table[1:]}
-    methods = registered_methods()
-    problems = []
-    missing = sorted(set(methods) - set(rows))
-    extra = sorted(set(rows) - set(methods))
-    if missing:
-        problems.append(f"no row for registered method(s): {', '.join(missing)}")
-    if extra:
-        problems.append(f"row(s) for unregistered method(s): {', '.join(map(str, extra))}")
-    for name in sorted(set(methods) & set(rows)):
-        cls, row = methods[name], rows[name]
-        lost = [f for f in cls.Params.model_fields if not ticked(f, row)]
-        if lost:
-            problems.append(f"{name}: option(s) not in its row (as `name`): {', '.join(lost)}")
-        said = cells(row)[per_client_col].lower()
-        want = "no" if cls.shared_architecture else "yes"
-        if said != want:
-            problems.append(f"{name}: per-client models column says {said!r}, the code says {want!r} "
-                            f"(shared_architecture={cls.shared_architecture})")
-    assert not problems, "README.md Methods table:\n  " + "\n  ".join(problems)
-
-
-# --------------------------------------------------------------------------------------------------
-# config keys, presets, sweeps
-
-
-def config_keys(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> list[str]:
-    """Every dotted key of the schema; ``algorithm`` is free-form, so only ``algorithm.name`` counts."""
-    keys = []
+def config_keys(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> dict[str, object]:
+    """Every dotted key of the schema -> its default; ``algorithm`` is free-form, so only ``algorithm.name``
+    counts (the methods' own keys are their ``Params``)."""
+    keys: dict[str, object] = {}
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += config_keys(ann, f"{prefix}{name}.")
+            keys.update(config_keys(ann, f"{prefix}{name}."))
         else:
-            keys.append(prefix + name)
+            keys[prefix + name] = field.get_default(call_default_factory=True)
     return keys
 
 
-def test_config_keys_section_names_every_key():
-    keys = config_keys()
-    assert "data.server_data.per_class" in keys and "algorithm.name" in keys  # the walk reaches nested models
-    text = "\n".join(section("Config keys"))
-    missing = [k for k in keys if not ticked(k, text)]
-    assert not missing, f"README.md Config keys section lacks (as `key`): {', '.join(missing)}"
-
-
-def test_presets_table_names_every_preset():
-    table = table_with_header(section("Presets"), "preset", "Presets")
-    listed = {first_ticked(cells(r)[0]) for r in table[1:]}
-    presets = set(preset_names())
-    assert not presets - listed, f"README.md Presets table lacks: {', '.join(sorted(presets - listed))}"
-    assert not listed - presets, f"README.md Presets table names no preset: {', '.join(map(str, listed - presets))}"
-
-
-def test_sweeps_table_names_every_spec():
-    table = table_with_header(section("Sweeps (Ray Tune)"), "spec", "Sweeps (Ray Tune)")
-    listed = {first_ticked(cells(r)[0]) for r in table[1:]}
-    specs = {p.name for p in (ROOT / "tune_configs").glob("*.yaml")}
-    assert not specs - listed, f"README.md Sweeps table lacks: {', '.join(sorted(specs - listed))}"
-    assert not listed - specs, f"README.md Sweeps table names no file of tune_configs/: " \
-                               f"{', '.join(map(str, listed - specs))}"
+def config_sections(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> set[str]:
+    """The dotted names of the schema's nested sections (``data``, ``data.server_data``, ...)."""
+    out = set()
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.add(prefix + name)
+            out |= config_sections(ann, f"{prefix}{name}.")
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
 # commands
 
 
-def readme_commands() -> list[tuple[int, list[str], str | None]]:
+def doc_commands(path: Path) -> list[tuple[int, list[str], str | None]]:
     """(line number, argv after ``.venv/bin/fedray``, the ``error: ...`` line that follows or None) of
-    every fedray command in the README, in code blocks and in inline code; ``$VAR`` set by a
-    ``VAR="..."`` line of the README is expanded."""
-    lines = _lines()
-    fenced = _in_fence(lines)
+    every fedray command in ``path``, in code blocks and in inline code; ``$VAR`` set by a ``VAR="..."``
+    line of a code block is expanded."""
+    lines = lines_of(path)
+    fenced = in_fence(lines)
     env: dict[str, list[str]] = {}
     out = []
     for i, (line, f) in enumerate(zip(lines, fenced)):
@@ -208,7 +172,7 @@ def readme_commands() -> list[tuple[int, list[str], str | None]]:
 
 
 def check_command(argv: list[str], expected_error: str | None) -> str | None:
-    """What is wrong with ``fedray *argv`` as the README gives it, or None."""
+    """What is wrong with ``fedray *argv`` as a document gives it, or None."""
     parser = build_parser()
     if not argv or argv[0] not in parser.commands:
         return f"unknown subcommand {argv[:1]}; fedray has {', '.join(parser.commands)}"
@@ -231,22 +195,27 @@ def check_command(argv: list[str], expected_error: str | None) -> str | None:
             load_experiment(config, args.overrides)
         except UserError as e:
             got = f"error: {e}"
-            return None if got == expected_error else f"{got} (README expects: {expected_error})"
+            return None if got == expected_error else f"{got} (the document expects: {expected_error})"
         if expected_error:
-            return f"validates, but the README shows it failing with {expected_error!r}"
+            return f"validates, but the document shows it failing with {expected_error!r}"
     return None
 
 
-def test_readme_commands_work():
-    commands = readme_commands()
-    assert len(commands) >= 20, f"found only {len(commands)} '{FEDRAY} ...' commands in README.md"
-    seen = {argv[0] for _, argv, _ in commands if argv}
-    assert {"run", "partition", "tune", "report", "models"} <= seen, f"README.md shows only {sorted(seen)}"
+def command_problems(path: Path) -> list[str]:
     problems = []
-    for lineno, argv, expected in commands:
+    for lineno, argv, expected in doc_commands(path):
         why = check_command(argv, expected)
         if why:
-            problems.append(f"README.md:{lineno}: {FEDRAY} {shlex.join(argv)}: {why}")
+            problems.append(f"{path.relative_to(ROOT)}:{lineno}: {FEDRAY} {shlex.join(argv)}: {why}")
+    return problems
+
+
+def test_readme_commands_work():
+    commands = doc_commands(README)
+    assert len(commands) >= 10, f"found only {len(commands)} '{FEDRAY} ...' commands in README.md"
+    seen = {argv[0] for _, argv, _ in commands if argv}
+    assert {"run", "partition", "tune", "report", "models"} <= seen, f"README.md's tour shows only {sorted(seen)}"
+    problems = command_problems(README)
     assert not problems, "\n".join(problems)
 
 
@@ -256,4 +225,47 @@ def test_command_check_catches_mistakes():
     assert "neither a preset" in check_command(["partition", "my_experiment.yaml"], None)
     assert "algorithm.nope" in check_command(["run", "quickstart", "algorithm.nope=1"], None)
     assert "does not exist" in check_command(["tune", "tune_configs/none.yaml"], None)
+    assert "expects" in check_command(["run", "quickstart", "data.alpha=-1"], "error: something else")
+    assert "validates, but" in check_command(["run", "quickstart"], "error: data.alpha: no")
     assert check_command(["run", "--resume", "runs/q"], None) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# the tour's tree
+
+
+def tour_tree() -> tuple[set[str], set[str]]:
+    """(entries under ``fedray/``, top-level folders) named by the README's tree (the code block that
+    starts with ``fedray/``)."""
+    lines = lines_of(README)
+    start = next((i for i, line in enumerate(lines) if line == "fedray/" and i and lines[i - 1].startswith("```")),
+                 None)
+    assert start is not None, "README.md has no tree (a code block starting with a 'fedray/' line)"
+    package, top = set(), set()
+    for line in lines[start + 1:]:
+        if line.startswith("```"):
+            break
+        names = re.split(r"\s{2,}", line.strip())[0].split()
+        (package if line.startswith("  ") else top).update(names)
+    return package, top
+
+
+def package_parts() -> set[str]:
+    """The ``fedray`` package's modules and non-empty folders (``cli.py``, ``methods/``, ...)."""
+    pkg = ROOT / "fedray"
+    out = {p.name for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    out |= {f"{p.name}/" for p in pkg.iterdir()
+            if p.is_dir() and p.name != "__pycache__" and any(q.suffix in (".py", ".yaml") for q in p.iterdir())}
+    return out
+
+
+def test_tour_tree_names_every_part_of_the_package():
+    named, top = tour_tree()
+    parts = package_parts()
+    assert {"cli.py", "methods/", "runtime/"} <= parts  # the walk sees the package
+    missing, stale = sorted(parts - named), sorted(named - parts)
+    assert not missing, f"README.md's tree lacks fedray/ entries: {', '.join(missing)} (one line each, in " \
+                        "dependency order)"
+    assert not stale, f"README.md's tree names fedray/ entries that do not exist: {', '.join(stale)}"
+    absent = sorted(name for name in top if name.endswith("/") and name != "fedray/" and not (ROOT / name).is_dir())
+    assert not absent, f"README.md's tree names folders that do not exist: {', '.join(absent)}"
