@@ -1,4 +1,10 @@
-"""``fedray run | partition``: the command line.
+"""``fedray run | tune | report | partition | models``: the command line.
+
+- ``run``: one experiment (a preset or YAML file plus dotted overrides), or ``--resume`` one from its checkpoint;
+- ``tune``: a Ray Tune sweep from a spec (``tune_configs/``);
+- ``report``: finished runs compared as a Markdown table (mean ± std over seeds) and learning curves;
+- ``partition``: the clients' sample counts per label, optionally plotted;
+- ``models``: the model zoo, with parameters and feature size for a dataset.
 
 A mistake the user can fix (config, data path, resources) ends with one line on stderr naming the key
 and what is allowed, and exit status 2; no traceback and no result files.
