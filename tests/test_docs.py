@@ -9,7 +9,8 @@
 - the presets and sweep-spec tables name every preset and every file of ``tune_configs/``, and nothing else;
 - every ``.venv/bin/fedray`` command of docs/ works as written (see ``tests/test_readme.py``), and the
   sweep spec shown in docs/sweeps-and-mlflow.md validates;
-- every relative link (and its ``#anchor``) in README.md and docs/*.md resolves;
+- every relative link (and its ``#anchor``) in README.md and docs/*.md resolves, and every repository path
+  written in backticks (`fedray/...`, `tests/...`) exists;
 - README.md is at most 250 lines.
 """
 
@@ -325,6 +326,27 @@ def test_every_relative_link_resolves():
                 problems.append(f"{rel(path)}:{n}: {target}: {rel(dest)} has no heading #{anchor}")
     assert count > 20, f"found only {count} relative links"  # the scan works
     assert not problems, "broken links:\n  " + "\n  ".join(problems)
+
+
+REPO_PATH = re.compile(r"(fedray|tests|benchmarks|tune_configs|cluster|docs)/[\w./-]*")
+
+
+def test_every_repository_path_in_backticks_exists():
+    """`fedray/gc_pause.py`, `tests/test_reliability.py`, ... written in inline code name real files."""
+    problems, count = [], 0
+    for path in doc_files():
+        lines = lines_of(path)
+        for n, (line, f) in enumerate(zip(lines, in_fence(lines)), 1):
+            if f:
+                continue
+            for span in re.findall(r"`([^`]+)`", line):
+                m = REPO_PATH.fullmatch(span.split()[0]) if span.split() else None
+                if m:
+                    count += 1
+                    if not (ROOT / m.group(0)).exists():
+                        problems.append(f"{rel(path)}:{n}: `{m.group(0)}` does not exist")
+    assert count > 10, f"found only {count} repository paths in backticks"  # the scan works
+    assert not problems, "paths that do not exist:\n  " + "\n  ".join(problems)
 
 
 def test_readme_is_short():
