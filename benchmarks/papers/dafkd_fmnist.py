@@ -1,46 +1,45 @@
 """DaFKD against FedAvg and FedProx on real Fashion-MNIST, with its two ablations (DaFKD Tables 1-3).
 
 Setting (``--preset``, default ``dafkd_fmnist``: the paper's Sec. 4.1 at a reduced budget a CPU allows): K=20
-clients, 8 per round, Dirichlet alpha in {0.1, 1.0}, 20 local steps of batch 32, 60 rounds, LeNet-5, Adam lr
-1e-3 and weight decay 1e-3 for every method's local training; DaFKD with a width-16 DCGAN generator.
-``--local-epochs N`` / ``--local-steps N`` set every method's local budget (the paper: 20 epochs);
-``--preset dafkd_resnet11 --device cuda`` is the paper's setting on a GPU. Methods:
-``fedavg``, ``fedprox`` (mu = 0.01), ``dafkd``, ``dafkd_no_sharing`` (Table 3: separate discriminator),
-``dafkd_no_correlation`` (Table 3: uniform weights). DaFKD runs also evaluate the plain average before
-distillation (``eval/accuracy_avg``), to show what the distillation itself adds.
+clients, 8 per round, Dirichlet alpha in {0.1, 1.0} (``--settings alpha0.1 alpha1``), 20 local steps of
+batch 32, 60 rounds, LeNet-5, Adam lr 1e-3 and weight decay 1e-3 for every method's local training; DaFKD with
+a width-16 DCGAN generator. ``--local-epochs N`` / ``--local-steps N`` set every method's local budget (the
+paper: 20 epochs); ``--preset dafkd_resnet11 --device cuda --runs-dir runs/dafkd_resnet11`` is the paper's
+setting on a GPU. Methods: ``fedavg``, ``fedprox`` (mu = 0.01), ``dafkd``, ``dafkd_no_sharing`` (Table 3:
+separate discriminator), ``dafkd_no_correlation`` (Table 3: uniform weights). DaFKD runs also evaluate the
+plain average before distillation (``eval/accuracy_avg``), to show what the distillation itself adds.
 
-Writes ``OUT/dafkd_fmnist.json`` (every run's figures and DaFKD's per-round diagnostics) and
-``OUT/dafkd_fmnist.md`` (top-1 % as mean ± std over seeds beside the paper's Table 1 / 3, rounds to 60% and
-65% beside Table 2 / 3b, seconds per round, diagnostics, and whether the mechanism works: each discriminator's
-domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembles; plotted over rounds in
-``OUT/dafkd_fmnist_mechanism.png``). Resumable: a run whose directory already holds
-``summary.json`` is not run again, and an interrupted run goes on from its last checkpoint, so an interrupted
-benchmark continues where it stopped.
+The grid runs through harness.py (one folder per run in ``--runs-dir``, finished runs skipped, ``--jobs``);
+writes ``OUT/dafkd_fmnist.md`` (top-1 % as mean ± std over seeds beside the paper's Table 1 / 3, rounds to
+60% and 65% beside Table 2 / 3b, seconds per round, diagnostics, and whether the mechanism works: each
+discriminator's domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembles; plotted
+over rounds in ``OUT/dafkd_fmnist_mechanism.png``) and ``OUT/dafkd_fmnist.json`` (the record and every run's
+figures).
 
-    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --jobs 2                         # the full benchmark
-    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --rounds 3 --seeds 0 --alphas 0.1 --out /tmp/smoke   # smoke
+    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --jobs 2                    # the recorded grid
+    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --report-only               # tables from the runs
+    .venv/bin/python benchmarks/papers/dafkd_fmnist.py --rounds 3 --seeds 0 --settings alpha0.1 \
+        --out /tmp/smoke --runs-dir /tmp/smoke/runs                                  # smoke
 
-Cost on the 2-core development machine (shared, load 2-5), seconds per round including evaluation:
-FedAvg ~3.6, FedProx ~4.1, DaFKD ~9.2 (with the extra evaluation of the average), no-sharing ~11.6,
-no-correlation ~10.9; the full benchmark (20 runs of 60 rounds) takes about 2.5 h in one process, about
-1.3 h with ``--jobs 2`` on two free cores.
+Cost on the 2-core development machine (shared), seconds per round including evaluation: FedAvg ~3.6,
+FedProx ~4.1, DaFKD ~9.2 (with the extra evaluation of the average), no-sharing ~11.6, no-correlation ~10.9;
+the recorded grid (25 runs of 60 rounds) takes about 3 h in one process.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+import harness
+from harness import Finished, Run, fmt_mean_std
+
+NAME = "dafkd_fmnist"
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"name": "fedavg"},
     "fedprox": {"name": "fedprox", "mu": 0.01},
@@ -62,6 +61,7 @@ PAPER_ROUNDS = {  # alpha = 0.1
     "dafkd_no_correlation": ("19.33 ± 0.67", "37.67 ± 1.67"),
 }
 TARGETS = (0.60, 0.65)
+SETTINGS = {"alpha0.1": 0.1, "alpha1": 1.0}  # Dirichlet alpha
 DIAGNOSTICS = ("eval/accuracy", "eval/accuracy_avg", "server/alpha_max_mean", "server/alpha_entropy",
                "server/disc_score_mean", "train/disc_acc_real", "train/disc_acc_fake", "server/kd_loss_first",
                "server/kd_loss", "train/loss", "train/gen_loss")
@@ -70,12 +70,8 @@ MECHANISM = ("diag/domain_auc", "diag/alpha_entropy_real", "diag/ens_acc_eq7", "
              "diag/ens_acc_oracle")
 
 
-def run_dir(root: Path, method: str, alpha: float, seed: int) -> Path:
-    return root / f"{method}_alpha{alpha:g}_seed{seed}"
-
-
-def make_config(method: str, alpha: float, seed: int, rounds: int, track: bool, data_dir: str | None,
-                eval_average: bool, preset: str = "dafkd_fmnist", budget: dict | None = None, device: str = "cpu"):
+def make_config(method: str, alpha: float, seed: int, rounds: int, data_dir: str | None, eval_average: bool,
+                preset: str = "dafkd_fmnist", budget: dict | None = None, device: str = "cpu"):
     from fedray.config import load_config, validate_config
     from fedray.overrides import apply_overrides
 
@@ -85,36 +81,16 @@ def make_config(method: str, alpha: float, seed: int, rounds: int, track: bool, 
     else:
         raw["algorithm"] = dict(METHODS[method])
     over = {"name": f"bench_{method}", "seed": seed, "data.alpha": alpha, "federation.rounds": rounds,
-            "tracking.enabled": track, "tracking.experiment": "dafkd_fmnist", "runtime.backend": "local",
-            "runtime.num_cpus_per_worker": 1, "runtime.device": device, **(budget or {})}
+            "tracking.enabled": False, "runtime.backend": "local", "runtime.num_cpus_per_worker": 1,
+            "runtime.device": device, **(budget or {})}
     if data_dir:
         over["data.data_dir"] = data_dir
     return validate_config(apply_overrides(raw, over))
 
 
-def run_one(job: dict) -> str:
-    """One run, in its own process; skipped when its directory already holds summary.json."""
-    from fedray.report.results import MLFLOW_RUN_FILE, is_finished
-    from fedray.simulation import run_experiment
-
-    out = Path(job["out"])
-    if is_finished(out):
-        return f"skip {out.name} (finished)"
-    cfg = make_config(job["method"], job["alpha"], job["seed"], job["rounds"], job["track"], job["data_dir"],
-                      job["eval_average"], job["preset"], job["budget"], job["device"])
-    hooks = []
-    if job["track"]:
-        from fedray.report.tracking import RunTracking
-
-        hooks = [RunTracking(cfg, run_file=out / MLFLOW_RUN_FILE)]
-    from fedray.report.checkpoint import FILENAME
-
-    t0 = time.perf_counter()
-    # an interrupted run goes on from its last checkpoint (same figures as an uninterrupted one)
-    resume = out if (out / FILENAME).is_file() else None
-    result = run_experiment(cfg, out, progress=False, hooks=hooks, resume_from=resume)
-    return (f"done {out.name}: acc {result.summary['eval/accuracy']:.4f}, "
-            f"{result.summary['time/round_s']:.2f} s/round, {time.perf_counter() - t0:.0f} s")
+def build(run: Run, opts: dict):
+    return make_config(run.method, SETTINGS[run.setting], run.seed, opts["rounds"], opts["data_dir"],
+                       opts["eval_average"], opts["preset"], opts["budget"], opts["device"])
 
 
 # --- collection -----------------------------------------------------------------------------------------------
@@ -128,33 +104,26 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def collect(root: Path, methods, alphas, seeds) -> list[dict]:
+def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
     from fedray.report.metrics import rounds_to_target
-    from fedray.report.table import last_n_mean
-    from fedray.report.results import is_finished, read_history, read_summary
 
     runs = []
-    for m in methods:
-        for a in alphas:
-            for s in seeds:
-                d = run_dir(root, m, a, s)
-                if not is_finished(d):
-                    continue
-                summary = read_summary(d)
-                hist = read_history(d)
-                rec = {"method": m, "alpha": a, "seed": s, "dir": str(d),
-                       "accuracy": summary["eval/accuracy"], "best_accuracy": summary["eval/best_accuracy"],
-                       "accuracy_last5": last_n_mean(hist, "eval/accuracy"),
-                       "rounds": summary["rounds"], "time_round_s": summary["time/round_s"],
-                       "comm_bytes_up": summary["comm/bytes_up"], "comm_bytes_down": summary["comm/bytes_down"],
-                       "rounds_to": {f"{t:.2f}": rounds_to_target([row["round"] for row in hist],
-                                                                  [_num(row.get("eval/accuracy")) for row in hist], t)
-                                     for t in TARGETS}}
-                if m.startswith("dafkd"):
-                    rec["accuracy_avg"] = _num(summary.get("eval/accuracy_avg"))
-                    rec["accuracy_avg_last5"] = last_n_mean(hist, "eval/accuracy_avg")
-                    rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in (*DIAGNOSTICS, *MECHANISM)}
-                runs.append(rec)
+    for (m, setting), recs in grid.items():
+        for f in recs:
+            summary, hist = f.summary, f.history
+            rec = {"method": m, "alpha": SETTINGS[setting], "seed": f.seed, "dir": harness.shown(f.run.out),
+                   "accuracy": summary["eval/accuracy"], "best_accuracy": summary["eval/best_accuracy"],
+                   "accuracy_last5": harness.last_n(hist, "eval/accuracy"),
+                   "rounds": summary["rounds"], "time_round_s": summary["time/round_s"],
+                   "comm_bytes_up": summary["comm/bytes_up"], "comm_bytes_down": summary["comm/bytes_down"],
+                   "rounds_to": {f"{t:.2f}": rounds_to_target([row["round"] for row in hist],
+                                                              [_num(row.get("eval/accuracy")) for row in hist], t)
+                                 for t in TARGETS}}
+            if m.startswith("dafkd"):
+                rec["accuracy_avg"] = _num(summary.get("eval/accuracy_avg"))
+                rec["accuracy_avg_last5"] = harness.last_n(hist, "eval/accuracy_avg")
+                rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in (*DIAGNOSTICS, *MECHANISM)}
+            runs.append(rec)
     return runs
 
 
@@ -166,11 +135,10 @@ def _vs_fedavg_and_average(dk: list[dict], fa: list[dict], key: str, avg_key: st
 
 
 def _ms(values: list[float], scale: float = 100.0) -> str:
+    """fedray.report's mean ± std, with the number of seeds when it is not 2."""
     if not values:
         return "—"
-    v = np.array(values, dtype=float) * scale
-    sd = v.std(ddof=1) if len(v) > 1 else 0.0  # sample std, as `fedray report`
-    return f"{v.mean():.2f} ± {sd:.2f}" + (f" (n={len(v)})" if len(v) != 2 else "")
+    return fmt_mean_std(values, scale) + (f" (n={len(values)})" if len(values) != 2 else "")
 
 
 def _rounds_cell(hits: list[int | None], rounds: int) -> str:
@@ -179,8 +147,7 @@ def _rounds_cell(hits: list[int | None], rounds: int) -> str:
         return "—"
     if not got:
         return f"> {rounds}"
-    v = np.array(got, dtype=float)
-    text = f"{v.mean():.2f} ± {(v.std(ddof=1) if len(v) > 1 else 0.0):.2f}"
+    text = fmt_mean_std(got, 1.0)
     return text if len(got) == len(hits) else f"{text} ({len(got)}/{len(hits)} reached)"
 
 
@@ -253,14 +220,12 @@ def plot_mechanism(by: dict, alphas, path: Path) -> Path | None:
     return path
 
 
-def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str, setting: str = "") -> str:
+def markdown(runs: list[dict], methods, alphas, rounds: int, meta: dict, setting: str, runs_dir: Path) -> str:
     by = {}
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)
-    setting = setting or ("LeNet-5, K=20 clients, 8 per round, 20 local steps of batch 32 (a reduced budget: the "
-                          "paper's E = 20 is epochs), Adam lr 1e-3, weight decay 1e-3")
-    lines = ["# DaFKD on Fashion-MNIST", "",
-             f"`{command}`", "",
+    seeds = sorted({r["seed"] for r in runs})
+    lines = harness.header("DaFKD on Fashion-MNIST", meta, NAME, runs_dir) + [
              f"{setting}, {rounds} rounds, seeds {', '.join(map(str, seeds))}; the same budget for every method. "
              "Paper: ResNet-11 and its own FedAvg/FedProx runs, E=20 epochs, T=60 (Table 1, 2, 3); its numbers are "
              "copied for reference, not reproduced settings.", "",
@@ -341,80 +306,61 @@ def markdown(runs: list[dict], methods, alphas, seeds, rounds: int, command: str
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def setting_of(grid: dict[tuple[str, str], list[Finished]]) -> tuple[str, int]:
+    """The budget every method shared, from a run's config, and the rounds."""
+    p = next(r for recs in grid.values() for r in recs).params
+    local = (f"{p['federation.local_epochs']} local epochs" if p.get("federation.local_epochs")
+             else f"{p['federation.local_steps']} local steps")
+    return (f"{p['model.name']}, K={p['data.num_clients']} clients, {p['federation.clients_per_round']} per round, "
+            f"{local} of batch {p['federation.batch_size']}, {p['federation.optimizer']} lr {p['federation.lr']:g}, "
+            f"weight decay {p['federation.weight_decay']:g}"), p["federation.rounds"]
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=60)
     ap.add_argument("--preset", default="dafkd_fmnist", choices=["dafkd_fmnist", "dafkd_resnet11", "dafkd_fmnist_authors"],
                     help="the DaFKD preset whose federation budget every method shares")
     budget = ap.add_mutually_exclusive_group()
     budget.add_argument("--local-epochs", type=int, help="every method's local budget in epochs (the paper: 20)")
     budget.add_argument("--local-steps", type=int, help="every method's local budget in steps")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    ap.add_argument("--alphas", type=float, nargs="+", default=[0.1, 1.0])
-    ap.add_argument("--rounds", type=int, default=60)
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--out", default="benchmarks/results", help="where dafkd_fmnist.json / .md go")
-    ap.add_argument("--runs-dir", default=None, help="run directories (default: runs/dafkd_fmnist_R<rounds>)")
-    ap.add_argument("--jobs", type=int, default=1, help="runs in parallel, one CPU core each")
     ap.add_argument("--data-dir", default=None, help="Fashion-MNIST root (default: fedray's usual lookup)")
-    ap.add_argument("--track", action="store_true", help="also track every run in MLflow")
     ap.add_argument("--no-eval-average", action="store_true", help="skip evaluating DaFKD's pre-distillation average")
-    ap.add_argument("--report-only", action="store_true",
-                    help="run nothing: tabulate the finished runs of the grid (missing ones are left out)")
-    args = ap.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
     budget: dict[str, Any] = {}
     if args.local_epochs:
         budget = {"federation.local_epochs": args.local_epochs}
     elif args.local_steps:
         budget = {"federation.local_epochs": None, "federation.local_steps": args.local_steps}
-    tag = f"E{args.local_epochs}" if args.local_epochs else (f"S{args.local_steps}" if args.local_steps else "")
-    root = Path(args.runs_dir or f"runs/{args.preset}_R{args.rounds}{tag}")
-    jobs = [{"method": m, "alpha": a, "seed": s, "rounds": args.rounds, "track": args.track,
-             "data_dir": args.data_dir, "eval_average": not args.no_eval_average, "out": str(run_dir(root, m, a, s)),
-             "preset": args.preset, "budget": budget, "device": args.device}
-            for a in args.alphas for s in args.seeds for m in args.methods]
-    if args.report_only:
-        jobs = []
-    t0 = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            for msg in pool.map(run_one, jobs):
-                print(msg, flush=True)
-    else:
-        for job in jobs:
-            print(run_one(job), flush=True)
-    wall = time.perf_counter() - t0
-    runs = collect(root, args.methods, args.alphas, args.seeds)
-    command = ("python benchmarks/papers/dafkd_fmnist.py --seeds " + " ".join(map(str, args.seeds)) + " --alphas "
-               + " ".join(f"{a:g}" for a in args.alphas) + f" --rounds {args.rounds} --methods "
-               + " ".join(args.methods) + f" --preset {args.preset}"
-               + (f" --local-epochs {args.local_epochs}" if args.local_epochs else "")
-               + (f" --local-steps {args.local_steps}" if args.local_steps else ""))
-    cfg0 = make_config("dafkd", args.alphas[0], args.seeds[0], args.rounds, False, args.data_dir, True, args.preset,
-                       budget, args.device)
-    fed = cfg0.federation
-    setting = (f"preset {args.preset}: {cfg0.model.name}, K={cfg0.data.num_clients} clients, {fed.clients_per_round} "
-               f"per round, " + (f"{fed.local_epochs} local epochs" if fed.local_epochs else f"{fed.local_steps} local "
-                                 "steps") + f" of batch {fed.batch_size}, {fed.optimizer} lr {fed.lr:g}, weight decay "
-               f"{fed.weight_decay:g}, device {args.device}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": "dafkd_fmnist", "date": time.strftime("%Y-%m-%d %H:%M"), "command": command,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": "cpu"},
-              "settings": {"preset": args.preset, "budget": budget, "rounds": args.rounds, "seeds": args.seeds,
-                           "alphas": args.alphas, "methods": {m: METHODS[m] for m in args.methods}},
-              "wall_s_this_invocation": round(wall, 1), "runs": runs,
-              "paper": {"accuracy": {f"{m}@{a:g}": v for (m, a), v in PAPER_ACC.items()},
-                        "rounds_to_60_65_alpha0.1": PAPER_ROUNDS}}
-    (out / "dafkd_fmnist.json").write_text(json.dumps(record, indent=1) + "\n")
-    md = markdown(runs, args.methods, args.alphas, args.seeds, args.rounds, command, setting)
+    recorded = args.preset == "dafkd_fmnist" and not budget and args.rounds == 60
+    if not recorded and not args.report_only and args.runs_dir == harness.RESULTS / f"{NAME}_runs":
+        ap.error("another preset, budget or rounds than the recorded grid's: give its own --runs-dir (and --out)")
+    opts = {"rounds": args.rounds, "data_dir": args.data_dir, "eval_average": not args.no_eval_average,
+            "preset": args.preset, "budget": budget, "device": args.device, "threads": args.threads,
+            "keep_models": args.keep_models}
+    grid_runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
+    meta = harness.run_and_record(NAME, argv, args, build, grid_runs, opts)
+    grid = harness.collect(grid_runs)
+    if not grid:
+        raise SystemExit(f"no finished run in {args.runs_dir}")
+    runs = collect(grid)
+    alphas = [SETTINGS[s] for s in args.settings]
+    setting, rounds = setting_of(grid)
+    md = markdown(runs, args.methods, alphas, rounds, meta, setting, args.runs_dir)
     by: dict = {}
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)
-    plot = plot_mechanism(by, args.alphas, out / "dafkd_fmnist_mechanism.png")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot = plot_mechanism(by, alphas, out / f"{NAME}_mechanism.png")
     if plot is not None:
         md += f"\n![the diagnostics over rounds]({plot.name})\n"
-    (out / "dafkd_fmnist.md").write_text(md)
+    record = {"settings": {"methods": {m: METHODS[m] for m in args.methods}, "alphas": alphas},
+              "runs": [{k: v for k, v in r.items() if k != "per_round"} for r in runs],
+              "paper": {"accuracy": {f"{m}@{a:g}": v for (m, a), v in PAPER_ACC.items()},
+                        "rounds_to_60_65_alpha0.1": PAPER_ROUNDS}}
+    harness.write(out, NAME, meta, record, md)
     print(md)
 
 

@@ -20,9 +20,9 @@ evaluation and the mean of the last 5; AMP is on the users' own test splits. Tab
 architecture's accuracy under FedCD against the same user trained alone, from the final models. Table
 III's shape: MB sent up and down until each run's best accuracy, and in all.
 
-Writes ``OUT/fedcd_fmnist.json`` and ``OUT/fedcd_fmnist.md``; runs (with ``clients.json``: each user's
-accuracies at the last evaluation) in ``--runs-dir``. Resumable: finished runs are skipped, a stopped one
-goes on from its checkpoint.
+The grid runs through harness.py: runs (with ``clients.json``: each user's accuracies at the last
+evaluation) in ``--runs-dir``, finished runs skipped, a stopped one resumed from its checkpoint, ``--jobs``
+at a time; writes ``OUT/fedcd_fmnist.md`` and ``OUT/fedcd_fmnist.json`` (the record and every run's figures).
 
     .venv/bin/python benchmarks/papers/fedcd_fmnist.py --jobs 2                                  # CPU
     python benchmarks/papers/fedcd_fmnist.py --device cuda --jobs 8                              # one GPU, 8 processes
@@ -34,18 +34,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
+import harness
+from harness import LAST_N, Finished, Run
+from harness import fmt_mean_std as mean_std
 
+NAME = "fedcd_fmnist"
 HOMOGENEOUS = "resnet20"
 METHODS: dict[str, dict[str, Any]] = {
     "fedcd": {},
@@ -61,10 +60,6 @@ PAPER_TABLE2 = {("fedavg", "iid"): 35.94, ("feddistill", "iid"): 34.85, ("fedcd"
                 ("fedcd_basic", "iid"): 73.95, ("fedavg", "alpha0.5"): 35.88, ("feddistill", "alpha0.5"): 20.11,
                 ("fedcd", "alpha0.5"): 42.92, ("fedcd_basic", "alpha0.5"): 44.51}
 PAPER_TABLE3 = {"fedavg": 37928.40, "feddistill": 16.0, "fedcd": 10.24}
-
-
-def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
-    return root / f"{method}_{setting}_seed{seed}"
 
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str, data_dir: str | None,
@@ -85,64 +80,43 @@ def make_config(method: str, setting: str, seed: int, rounds: int, device: str, 
     return validate_experiment(validate_config(apply_overrides(raw, over)))
 
 
-def run_one(job: dict) -> str:
-    """One run in its own process; skipped when finished. Personalised runs leave each user's final
-    figures in clients.json; the final models are deleted unless --keep-models (15 MB a run)."""
-    import torch
-
-    from fedray.report.results import MODEL_FILE, is_finished
-    from fedray.simulation import run_experiment
-
-    torch.set_num_threads(job["threads"])
-    out = Path(job["out"])
-    if is_finished(out):
-        return f"skip {out.name}"
-    cfg = make_config(job["method"], job["setting"], job["seed"], job["rounds"], job["device"], job["data_dir"],
-                      job["eval_every"])
-    t0 = time.perf_counter()
-    result = run_experiment(cfg, out, progress=False, resume_from=resume_point(out))
-    if not job["keep_models"]:
-        (out / MODEL_FILE).unlink(missing_ok=True)
-    return (f"done {out.name}: acc {result.summary['eval/accuracy']:.4f} in {time.perf_counter() - t0:.0f} s "
-            f"({result.summary['time/round_s']:.2f} s/round)")
+def build(run: Run, opts: dict):
+    return make_config(run.method, run.setting, run.seed, opts["rounds"], opts["device"], opts["data_dir"],
+                       opts["eval_every"])
 
 
 # --- collection -----------------------------------------------------------------------------------------------
 
 
-def collect(root: Path, seeds: list[int], settings: list[str]) -> dict:
-    from fedray.report.table import bytes_to_round, last_n_mean
-    from fedray.report.results import CLIENTS_FILE, is_finished, read_history, read_summary
+def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
+    from fedray.report.results import CLIENTS_FILE
+    from fedray.report.table import bytes_to_round
 
     runs: dict[tuple[str, str], list[dict]] = {}
-    for method in METHODS:
-        for setting in settings:
-            for seed in seeds:
-                out = run_dir(root, method, setting, seed)
-                if not is_finished(out):
-                    continue
-                hist, summary = read_history(out), read_summary(out)
-                evald = [r for r in hist if r.get("eval/accuracy") is not None]
-                best = max(evald, key=lambda r: r["eval/accuracy"]) if evald else None
-                diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
-                        for k in ("server/gamma_entropy", "server/gamma_max", "server/teacher_ce",
-                                  "server/uniform_ce", "server/teacher_acc", "server/uniform_acc", "server/gamma_gap")
-                        if any(r.get(k) is not None for r in hist)}
-                runs.setdefault((method, setting), []).append({
-                    "seed": seed, "accuracy": summary["eval/accuracy"], "last_n": last_n_mean(hist, n=LAST_N),
-                    "amp": summary["eval/amp"], "best": best["eval/accuracy"] if best else None,
-                    "best_round": best["round"] if best else None,
-                    "mb_to_best": (bytes_to_round(hist, best["round"]) or 0) / 1e6 if best else None,
-                    "mb_total": (summary["comm/bytes_up"] + summary["comm/bytes_down"]) / 1e6,
-                    "mb_setup": summary.get("comm/bytes_setup", 0.0) / 1e6, "round_s": summary["time/round_s"],
-                    "runtime": summary.get("runtime", "?"),
-                    "clients": json.loads((out / CLIENTS_FILE).read_text()) if (out / CLIENTS_FILE).is_file() else [],
-                    "diagnostics": diag})
+    for (method, setting), recs in grid.items():
+        for f in recs:
+            hist, summary, out = f.history, f.summary, f.run.out
+            evald = [r for r in hist if r.get("eval/accuracy") is not None]
+            best = max(evald, key=lambda r: r["eval/accuracy"]) if evald else None
+            diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
+                    for k in ("server/gamma_entropy", "server/gamma_max", "server/teacher_ce",
+                              "server/uniform_ce", "server/teacher_acc", "server/uniform_acc", "server/gamma_gap")
+                    if any(r.get(k) is not None for r in hist)}
+            runs.setdefault((method, setting), []).append({
+                "seed": f.seed, "accuracy": summary["eval/accuracy"], "last_n": harness.last_n(hist),
+                "amp": summary["eval/amp"], "best": best["eval/accuracy"] if best else None,
+                "best_round": best["round"] if best else None,
+                "mb_to_best": (bytes_to_round(hist, best["round"]) or 0) / 1e6 if best else None,
+                "mb_total": (summary["comm/bytes_up"] + summary["comm/bytes_down"]) / 1e6,
+                "mb_setup": summary.get("comm/bytes_setup", 0.0) / 1e6, "round_s": summary["time/round_s"],
+                "runtime": summary.get("runtime", "?"),
+                "clients": json.loads((out / CLIENTS_FILE).read_text()) if (out / CLIENTS_FILE).is_file() else [],
+                "diagnostics": diag})
     return {f"{m}|{s}": v for (m, s), v in runs.items()}
 
 
-def tables(res: dict, settings: list[str], meta: dict) -> str:
-    lines = ["# FedCD on Fashion-MNIST (FedCD Tables I-III in shape)\n", meta["note"] + "\n"]
+def tables(res: dict, settings: list[str], meta: dict, runs_dir: Path) -> str:
+    lines = ["\n".join(harness.header("FedCD on Fashion-MNIST (FedCD Tables I-III in shape)", meta, NAME, runs_dir))]
     lines += ["## Table II's shape: average user accuracy (%)\n",
               "Mean over users of their own model's top-1 accuracy on the global test set (FedAvg: the global "
               f"model), mean ± std over seeds; last evaluation / mean of the last {LAST_N} evaluations; AMP on the "
@@ -209,41 +183,21 @@ def tables(res: dict, settings: list[str], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    grid_args(ap, METHODS, SETTINGS, 30, "benchmarks/results/fedcd_fmnist_runs")
+    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=30)
     ap.add_argument("--eval-every", type=int, default=2, help="evaluating 10 models on the test set is the "
                     "costliest part of a round")
     ap.add_argument("--data-dir")
-    ap.add_argument("--keep-models", action="store_true", help="keep each run's model.pt")
-    args = ap.parse_args()
-    root = Path(args.runs_dir)
-    if not args.report_only:
-        jobs = [{"method": m, "setting": s, "seed": seed, "rounds": args.rounds, "device": args.device,
-                 "data_dir": args.data_dir, "threads": args.threads, "keep_models": args.keep_models,
-                 "eval_every": args.eval_every, "out": str(run_dir(root, m, s, seed))}
-                for seed in args.seeds for s in args.settings for m in args.methods]
-        run_grid(run_one, jobs, args.jobs)
-    res = collect(root, args.seeds, args.settings)
-    device = args.device
-    try:
-        import torch
-
-        if device != "cpu" and torch.cuda.is_available():
-            device = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": device, "cpus": os.cpu_count(),
-            "python": platform.python_version(), "rounds": args.rounds, "seeds": args.seeds,
-            "note": (f"Measured {time.strftime('%Y-%m-%d')} on {device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
-                     f"seeds {args.seeds}; command: benchmarks/papers/fedcd_fmnist.py {' '.join(sys.argv[1:])}")}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.report_only and (out / "fedcd_fmnist.json").is_file():  # keep where and how the runs were measured
-        meta = json.loads((out / "fedcd_fmnist.json").read_text())["meta"]
-    (out / "fedcd_fmnist.json").write_text(json.dumps({"meta": meta, "runs": res}, indent=1) + "\n")
-    md = tables(res, args.settings, meta)
-    (out / "fedcd_fmnist.md").write_text(md)
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    opts = {"rounds": args.rounds, "device": args.device, "data_dir": args.data_dir, "eval_every": args.eval_every,
+            "threads": args.threads, "keep_models": args.keep_models}
+    runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
+    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
+    res = collect(harness.collect(runs))
+    md = tables(res, args.settings, meta, args.runs_dir)
+    harness.write(args.out, NAME, meta, {"runs": res}, md)
     print(md)
 
 

@@ -1,4 +1,4 @@
-"""Why the heterogeneous FedD3A run of ``fedd3a_domains.py`` stays at chance: each client model as a teacher
+"""Why the heterogeneous FedD3A run of ``fedd3a_fmnist_domains.py`` stays at chance: each client model as a teacher
 on the server's (blurred) domain, round by round.
 
 Runs ``--rounds`` rounds of the benchmark's ``fedd3a_hetero`` cross-silo setting in-process and prints, per
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fedd3a_domains import make_config  # noqa: E402
+from fedd3a_fmnist_domains import make_config  # noqa: E402
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ gamma = 1, lambda1 = lambda2 = 0.1; baselines at the values FedKF tuned for EMNI
 FedGKD gamma = 1e-3 with M = 5, q-FFL q = 1e-4). AMP / FM / WLP are FedKF Def. 1-3 on the clients' 80/20
 test splits. The paper ran 100 rounds of E = 10 local epochs on a GPU; rounds and local work are flags here.
 
-Defaults (the recorded run), sized for about an hour on a 2-core CPU with one torch thread: 20 rounds of 16
-local steps (batch 64) at SGD lr 0.05, FedKF generating 16 samples per step, evaluation every 2 rounds.
+Defaults (the recorded grid), sized for a 2-core CPU with one torch thread: 20 rounds of 16 local steps
+(batch 64) at SGD lr 0.05, FedKF generating 16 samples per step, evaluation every 2 rounds, seeds 0 1.
 Why: FedKF's local generator costs ~0.56 s per step at 64 generated samples on one core (a FedAvg step
 costs 10 ms), so the paper's budget would take days here; 16 samples per step cut it to ~0.13 s. 16 steps
 at lr 0.05 keep each round's local progress (lr x steps = 0.8) equal to the paper's EMNIST setting (10
@@ -21,51 +21,45 @@ One FedAvg run with ``report_model=oca`` gives both FedAvg rows: its ACA model i
 is identical; tests/methods/test_fedkf.py checks it bit for bit) and its OCA model is "FedAvg (OCA)".
 Likewise one FedKF run gives FedKF (ACA) and FedKF (OCA).
 
-Resumable: each run writes ``RUNS/a<alpha>/<method>/s<seed>/`` and is skipped when its summary.json
-exists, so an interrupted benchmark continues where it stopped. Dirichlet alpha = 0.01 over 20 clients
-cannot always give every client data.min_samples = 10 (it depends on the seed): the script then lowers
-min_samples to 5, then 2, and records what it used.
+The grid (harness.py): methods x settings (alpha1, alpha0.1, alpha0.01) x seeds, one run folder each in
+``--runs-dir`` (default benchmarks/results/fedkf_fmnist_runs); finished runs are skipped, so an interrupted
+benchmark continues where it stopped. Dirichlet alpha = 0.01 over 20 clients cannot always give every client
+data.min_samples = 10 (it depends on the seed): a run then lowers min_samples to 5, then 2 (its config.yaml
+keeps what it used). Cost on the 2-core CPU, one thread: ~1.5 s of CPU a round for the four baselines,
+~8 s for FedKF and FedKF- (36 runs of 20 rounds: ~45 min of CPU).
 
-    .venv/bin/python benchmarks/papers/fedkf_fmnist.py --rounds 2 --seeds 0 --alphas 0.1      # smoke
-    .venv/bin/python benchmarks/papers/fedkf_fmnist.py                                         # the recorded run
+    .venv/bin/python benchmarks/papers/fedkf_fmnist.py --rounds 2 --seeds 0 --settings alpha0.1 \
+        --out /tmp/fk --runs-dir /tmp/fk/runs                                       # smoke
+    nice -n 10 .venv/bin/python benchmarks/papers/fedkf_fmnist.py                  # the recorded grid
+    .venv/bin/python benchmarks/papers/fedkf_fmnist.py --report-only                # tables from the runs
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import harness
+from harness import Finished, Run, fmt_mean_std
 
-from fedray.config import load_config  # noqa: E402
-from fedray.data import build_federated_data  # noqa: E402
-from fedray.errors import DataError  # noqa: E402
-from fedray.report import load_run_dirs  # noqa: E402
-from fedray.report.results import is_finished  # noqa: E402
-from fedray.simulation import run_experiment  # noqa: E402
-
+NAME = "fedkf_fmnist"
 METHODS: dict[str, dict] = {
     "fedavg": {"algorithm.name": "fedavg", "algorithm.report_model": "oca"},
     "fedprox": {"algorithm.name": "fedprox", "algorithm.mu": 0.001},
     "qffl": {"algorithm.name": "qffl", "algorithm.q": 0.0001},
     "fedgkd": {"algorithm.name": "fedgkd", "algorithm.gamma": 0.001, "algorithm.buffer_size": 5},
-    "fedkf-": {"algorithm.name": "fedkf", "algorithm.variant": "fedkf-"},
+    "fedkf_minus": {"algorithm.name": "fedkf", "algorithm.variant": "fedkf-"},
     "fedkf": {"algorithm.name": "fedkf", "algorithm.variant": "fedkf"},
 }
+SETTINGS = {"alpha1": 1.0, "alpha0.1": 0.1, "alpha0.01": 0.01}
 # table row -> (method run, suffix of the eval keys that hold that row's model)
 ROWS = [
     ("FedAvg", "fedavg", "_aca"), ("FedProx", "fedprox", ""), ("FedGKD", "fedgkd", ""), ("q-FFL", "qffl", ""),
-    ("FedKF- (ACA)", "fedkf-", "_aca"), ("FedKF- (OCA)", "fedkf-", "_oca"),
+    ("FedKF- (ACA)", "fedkf_minus", "_aca"), ("FedKF- (OCA)", "fedkf_minus", "_oca"),
     ("FedKF (ACA)", "fedkf", "_aca"), ("FedKF (OCA)", "fedkf", "_oca"),
 ]
 XII_ROWS = [("FedAvg", "fedavg", "_aca"), ("FedAvg (OCA)", "fedavg", "_oca")]
@@ -111,78 +105,52 @@ PAPER_ROUNDS = {
 }
 
 
-def base_overrides(args) -> dict:
+def base_overrides(opts: dict) -> dict:
     over = {
         "name": "fedkf_fmnist", "data.dataset": "fashion_mnist", "data.partition": "dirichlet",
-        "data.num_clients": 20, "model.name": "lenet5", "federation.rounds": args.rounds,
-        "federation.clients_per_round": 4, "federation.batch_size": args.batch_size, "federation.lr": args.lr,
-        "federation.momentum": 0.0, "federation.weight_decay": 0.0, "federation.eval_every": args.eval_every,
+        "data.num_clients": 20, "model.name": "lenet5", "federation.rounds": opts["rounds"],
+        "federation.clients_per_round": 4, "federation.batch_size": opts["batch_size"], "federation.lr": opts["lr"],
+        "federation.momentum": 0.0, "federation.weight_decay": 0.0, "federation.eval_every": opts["eval_every"],
         "federation.eval_batch_size": 256,  # 2x faster than 1024 for LeNet-5 on a CPU; same predictions
-        "runtime.backend": "local", "runtime.num_cpus_per_worker": args.threads, "tracking.enabled": False,
+        "runtime.backend": "local", "runtime.num_cpus_per_worker": opts["threads"], "runtime.device": opts["device"],
+        "tracking.enabled": False,
     }
-    if args.local_epochs is not None:
-        over["federation.local_epochs"] = args.local_epochs
+    if opts["local_epochs"] is not None:
+        over["federation.local_epochs"] = opts["local_epochs"]
     else:
-        over.update({"federation.local_steps": args.local_steps, "federation.local_epochs": None})
+        over.update({"federation.local_steps": opts["local_steps"], "federation.local_epochs": None})
     return over
 
 
-def method_overrides(args, method: str) -> dict:
+def method_overrides(opts: dict, method: str) -> dict:
     over = dict(METHODS[method])
     if over["algorithm.name"] == "fedkf":
-        over["algorithm.generator_batch_size"] = args.generator_batch
+        over["algorithm.generator_batch_size"] = opts["generator_batch"]
     return over
 
 
-def load_data(args, alpha: float, seed: int):
-    """The partition of (alpha, seed), lowering data.min_samples when alpha is too small for 10."""
+def build(run: Run, opts: dict):
+    """The run's config and data: the partition of (alpha, seed), data.min_samples lowered from 10 to 5, then
+    2, when alpha is too small for it."""
+    from fedray.config import load_config
+    from fedray.data import build_federated_data
+    from fedray.errors import DataError
+
     for min_samples in (10, 5, 2):
-        cfg = load_config(None, {**base_overrides(args), "data.alpha": alpha, "data.min_samples": min_samples,
-                                 "seed": seed})
+        cfg = load_config(None, {**base_overrides(opts), "data.alpha": SETTINGS[run.setting],
+                                 "data.min_samples": min_samples, "seed": run.seed,
+                                 **method_overrides(opts, run.method)})
         try:
-            return cfg, build_federated_data(cfg.data, cfg.seed), min_samples
+            return cfg, build_federated_data(cfg.data, cfg.seed)
         except DataError as e:
             if "min_samples" not in str(e.key):
                 raise
-            print(f"  alpha={alpha:g} seed={seed}: data.min_samples={min_samples} impossible, trying lower", flush=True)
-    raise SystemExit(f"alpha={alpha:g} seed={seed}: no partition even with min_samples=2")
-
-
-def run_dir(args, alpha: float, method: str, seed: int) -> Path:
-    return Path(args.runs_dir) / f"a{alpha:g}" / method / f"s{seed}"
-
-
-def run_all(args) -> dict:
-    used_min_samples: dict[str, int] = {}
-    for alpha in args.alphas:
-        for seed in args.seeds:
-            todo = [m for m in args.methods if not is_finished(run_dir(args, alpha, m, seed))]
-            if not todo:
-                print(f"alpha={alpha:g} seed={seed}: all done", flush=True)
-            data_cfg, data, ms = load_data(args, alpha, seed) if todo else (None, None, None)
-            if ms is not None:
-                used_min_samples[f"{alpha:g}/{seed}"] = ms
-            for method in todo:
-                cfg = load_config(None, {**base_overrides(args), "data.alpha": alpha, "data.min_samples": ms,
-                                         "seed": seed, **method_overrides(args, method)})
-                t0 = time.perf_counter()
-                res = run_experiment(cfg, run_dir(args, alpha, method, seed), progress=False, data=data)
-                s = res.summary
-                print(f"alpha={alpha:g} seed={seed} {method:8s} {time.perf_counter() - t0:7.1f}s "
-                      f"({s['time/round_s']:.2f} s/round)  AMP {s['eval/amp']:.4f}  FM {s['eval/fm']:.5f}  "
-                      f"WLP {s['eval/wlp']:.4f}", flush=True)
-    return used_min_samples
+            print(f"  {run.out.name}: data.min_samples={min_samples} impossible, trying lower", flush=True)
+    raise SystemExit(f"{run.out.name}: no partition even with data.min_samples=2")
 
 
 # ---------------------------------------------------------------------------------------------------
 # tables
-
-
-def mean_std(values):
-    if not values:
-        return math.nan, math.nan
-    a = np.asarray(values, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
 def first_round(history, key, target):
@@ -193,58 +161,38 @@ def first_round(history, key, target):
     return None
 
 
-def collect(args) -> dict:
-    runs: dict[tuple, object] = {}
-    for alpha in args.alphas:
-        for method in args.methods:
-            for seed in args.seeds:
-                d = run_dir(args, alpha, method, seed)
-                if is_finished(d):
-                    runs[(alpha, method, seed)] = load_run_dirs([d])[0]
-    out: dict = {"rows": {}, "xii": {}, "rounds": {}, "timing": {}}
-    for alpha in args.alphas:
-        a = f"{alpha:g}"
+def tabulate(grid: dict[tuple[str, str], list[Finished]], settings: list[str]) -> dict:
+    """The tables' figures, per seed: Tables V-VI's rows, Table XII's, Table VIII's rounds, the timing."""
+    out: dict = {"rows": {}, "xii": {}, "rounds": {}, "timing": {}, "min_samples": {}}
+    for setting in settings:
+        a = f"{SETTINGS[setting]:g}"
         for table, rows in (("rows", ROWS), ("xii", XII_ROWS)):
             out[table][a] = {}
             for label, method, suffix in rows:
-                recs = [runs[(alpha, method, s)] for s in args.seeds if (alpha, method, s) in runs]
-                if not recs:
-                    continue
-                vals = {m: [r.summary[f"eval/{m}{suffix}"] for r in recs] for m in ("amp", "fm", "wlp", "accuracy")}
-                out[table][a][label] = {"seeds": [r.params.get("seed") for r in recs], **vals}
+                recs = grid.get((method, setting), [])
+                if recs:
+                    out[table][a][label] = {"seeds": [r.seed for r in recs], **{
+                        m: [r.summary[f"eval/{m}{suffix}"] for r in recs] for m in ("amp", "fm", "wlp", "accuracy")}}
         # Table VIII: rounds each row needs to reach FedAvg's final AMP, per seed
         out["rounds"][a] = {}
+        base = {r.seed: r for r in grid.get(("fedavg", setting), [])}
         for label, method, suffix in ROWS + XII_ROWS[1:]:
-            per_seed = []
-            for s in args.seeds:
-                base, rec = runs.get((alpha, "fedavg", s)), runs.get((alpha, method, s))
-                if base is None or rec is None:
-                    continue
-                target = base.summary["eval/amp_aca"]
-                per_seed.append(first_round(rec.history, f"eval/amp{suffix}", target))
+            per_seed = [first_round(r.history, f"eval/amp{suffix}", base[r.seed].summary["eval/amp_aca"])
+                        for r in grid.get((method, setting), []) if r.seed in base]
             if per_seed:
                 out["rounds"][a][label] = per_seed
-    for method in args.methods:
-        times = [r.summary["time/round_s"] for (al, m, s), r in runs.items() if m == method]
-        steady = [float(np.mean([row["time/round_s"] for row in r.history[1:]] or [math.nan]))
-                  for (al, m, s), r in runs.items() if m == method]
-        if times:
-            out["timing"][method] = {"mean_round_s": float(np.mean(times)),
+        for recs in grid.values():
+            for r in recs:
+                if r.run.setting == setting:
+                    out["min_samples"][f"{a}/{r.seed}"] = r.params.get("data.min_samples")
+    for method in METHODS:
+        recs = [r for (m, s), rs in grid.items() if m == method and s in settings for r in rs]
+        if recs:
+            steady = [float(np.mean([row["time/round_s"] for row in r.history[1:]] or [math.nan])) for r in recs]
+            out["timing"][method] = {"mean_round_s": float(np.mean([r.summary["time/round_s"] for r in recs])),
                                      "steady_round_s": float(np.nanmean(steady)),
-                                     "total_s": float(sum(r.summary["time/total_s"] for (al, m, s), r in runs.items()
-                                                          if m == method))}
+                                     "total_s": float(sum(r.summary["time/total_s"] for r in recs))}
     return out
-
-
-def fmt(values, scale, decimals):
-    if not values:
-        return "—"
-    m, s = mean_std([v * scale for v in values])
-    return f"{m:.{decimals}f} ± {s:.{decimals}f}"
-
-
-def fmt_paper(t, i, decimals):
-    return "—" if t is None else f"{t[i]:.{decimals}f}"
 
 
 def rounds_cell(per_seed, rounds):
@@ -255,15 +203,16 @@ def rounds_cell(per_seed, rounds):
     return text if len(hits) == len(per_seed) else f"{text} ({len(hits)}/{len(per_seed)} reached, others >{rounds})"
 
 
-def markdown(args, res: dict, meta: dict) -> str:
-    lines = ["# FedKF comparison on Fashion-MNIST (benchmarks/papers/fedkf_fmnist.py)", ""]
+def _paper(t) -> str:
+    return "—" if t is None else f"{t[0]:.2f} / {t[1]:.3f} / {t[2]:.2f}"
+
+
+def markdown(res: dict, meta: dict, setting: dict, runs_dir: Path) -> str:
+    rounds = setting["rounds"]
+    lines = harness.header("FedKF comparison on Fashion-MNIST", meta, NAME, runs_dir)
     lines += [
-        f"Command: `{meta['command']}`  ",
-        f"Machine: {meta['machine']}; {meta['date']}; total {meta.get('wall_s', 0):.0f} s for the runs done here "
-        "(runs found on disk from earlier invocations are reused, not re-timed).",
-        "",
         "**Our numbers are Fashion-MNIST (LeNet-5, K = 20, 4 clients per round, batch "
-        f"{args.batch_size}, {meta['local_work']}, {args.rounds} rounds, seeds {', '.join(map(str, args.seeds))}).** "
+        f"{setting['batch_size']}, {setting['local_work']}, {rounds} rounds, seeds {setting['seeds']}).** "
         "The paper's columns are its own numbers on **EMNIST-letters (10 % subset, LeNet-5)** and **CIFAR-10 "
         "(ResNet-8)** after 100 rounds of 10 local epochs (Tables V, VI, VIII, XII): a different dataset, budget "
         "and hardware, shown for the shape of the comparison, not as a target to match digit for digit.",
@@ -273,12 +222,16 @@ def markdown(args, res: dict, meta: dict) -> str:
         "the FedAvg (OCA) run (identical training); FedKF rows of one variant come from one run.",
         "",
     ]
-    if meta.get("min_samples"):
-        lowered = {k: v for k, v in meta["min_samples"].items() if v != 10}
+    if res["min_samples"]:
+        lowered = {k: v for k, v in res["min_samples"].items() if v != 10}
         lines.append("data.min_samples: 10" + (f", lowered where the Dirichlet draw could not reach it: "
                                                 f"{', '.join(f'alpha/seed {k} -> {v}' for k, v in lowered.items())}"
                                                 if lowered else " for every partition") + ".")
         lines.append("")
+    missing = [label for a in res["rows"] for label, *_ in ROWS if label not in res["rows"][a]]
+    if missing:
+        lines += [f"Rows without finished runs are left out ({len(set(missing))} of {len(ROWS)} rows in some "
+                  "table); the command that runs them is in benchmarks/README.md.", ""]
     for a in res["rows"]:
         alpha = float(a)
         lines += [f"## α = {a}", "",
@@ -290,9 +243,8 @@ def markdown(args, res: dict, meta: dict) -> str:
             if r is None:
                 continue
             pe, pc = PAPER["EMNIST"].get(alpha, {}).get(label), PAPER["CIFAR-10"].get(alpha, {}).get(label)
-            paper = [("—" if t is None else f"{t[0]:.2f} / {t[1]:.3f} / {t[2]:.2f}") for t in (pe, pc)]
-            lines.append(f"| {label} | {fmt(r['amp'], 100, 2)} | {fmt(r['fm'], 1e3, 3)} | {fmt(r['wlp'], 100, 2)} "
-                         f"| {paper[0]} | {paper[1]} |")
+            lines.append(f"| {label} | {fmt_mean_std(r['amp'], 100, 2)} | {fmt_mean_std(r['fm'], 1e3, 3)} | "
+                         f"{fmt_mean_std(r['wlp'], 100, 2)} | {_paper(pe)} | {_paper(pc)} |")
         lines.append("")
     lines += ["## FedAvg vs FedAvg (OCA) (Table XII)", "",
               "| α | method | AMP (%) | FM (×10⁻³) | WLP (%) | paper EMNIST (α=0.1) | paper CIFAR-10 (α=0.1) |",
@@ -303,11 +255,10 @@ def markdown(args, res: dict, meta: dict) -> str:
             if r is None:
                 continue
             pe, pc = PAPER["EMNIST"][0.1].get(label), PAPER["CIFAR-10"][0.1].get(label)
-            paper = [("—" if t is None else f"{t[0]:.2f} / {t[1]:.3f} / {t[2]:.2f}") for t in (pe, pc)]
-            lines.append(f"| {a} | {label} | {fmt(r['amp'], 100, 2)} | {fmt(r['fm'], 1e3, 3)} | "
-                         f"{fmt(r['wlp'], 100, 2)} | {paper[0]} | {paper[1]} |")
+            lines.append(f"| {a} | {label} | {fmt_mean_std(r['amp'], 100, 2)} | {fmt_mean_std(r['fm'], 1e3, 3)} | "
+                         f"{fmt_mean_std(r['wlp'], 100, 2)} | {_paper(pe)} | {_paper(pc)} |")
     lines += ["", "## Rounds to reach FedAvg's final AMP (Table VIII)", "",
-              f"Per seed, the target is that seed's FedAvg AMP after {args.rounds} rounds; the first round whose AMP "
+              f"Per seed, the target is that seed's FedAvg AMP after {rounds} rounds; the first round whose AMP "
               "reaches it, mean over seeds; speedup = FedAvg's rounds / the method's. The paper's target is FedAvg "
               "after 100 rounds at α = 0.1.", ""]
     alphas = list(res["rounds"])
@@ -322,27 +273,38 @@ def markdown(args, res: dict, meta: dict) -> str:
                 cells.append("—")
                 continue
             hits = [r for r in per_seed if r is not None]
-            speed = f" ({args.rounds / np.mean(hits):.1f}×)" if hits and len(hits) == len(per_seed) else ""
-            cells.append(rounds_cell(per_seed, args.rounds) + speed)
+            speed = f" ({rounds / np.mean(hits):.1f}×)" if hits and len(hits) == len(per_seed) else ""
+            cells.append(rounds_cell(per_seed, rounds) + speed)
         pe, pc = PAPER_ROUNDS["EMNIST"].get(label, "—"), PAPER_ROUNDS["CIFAR-10"].get(label, "—")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {pe} | {pc} |")
-    lines += ["", "## Time per round (this machine)", "",
+    lines += ["", "## Time per round", "",
               "| method | s/round (mean, incl. evaluation) | s/round from round 2 | total s |",
               "| :--- | ---: | ---: | ---: |"]
     for method, t in res["timing"].items():
         lines.append(f"| {method} | {t['mean_round_s']:.2f} | {t['steady_round_s']:.2f} | {t['total_s']:.0f} |")
     lines.append("")
-    if meta.get("notes"):
-        lines += ["## Notes", "", *[f"- {n}" for n in meta["notes"]], ""]
     return "\n".join(lines)
 
 
-def main() -> None:
+def setting_of(grid: dict[tuple[str, str], list[Finished]]) -> dict:
+    """The budget the tables describe, read from a run's config (all runs of the grid share it)."""
+    any_run = next(r for recs in grid.values() for r in recs)
+    p = any_run.params
+    local = (f"E = {p['federation.local_epochs']} local epoch(s) per round" if p.get("federation.local_epochs")
+             else f"{p['federation.local_steps']} local steps per round")
+    gen = next((r.params.get("algorithm.generator_batch_size") for recs in grid.values() for r in recs
+                if r.params.get("algorithm.name") == "fedkf"), None)
+    local += (f", SGD lr {p['federation.lr']:g}" + (f", FedKF {gen} generated samples per step" if gen else "")
+              + f", evaluated every {p['federation.eval_every']} round(s)")
+    seeds = sorted({r.seed for recs in grid.values() for r in recs})
+    return {"rounds": p["federation.rounds"], "batch_size": p["federation.batch_size"], "local_work": local,
+            "seeds": ", ".join(map(str, seeds))}
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.1, 0.01])
-    ap.add_argument("--rounds", type=int, default=20)
+    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=20, seeds=(0, 1))
     ap.add_argument("--local-epochs", type=int, default=None,
                     help="passes over each client's data per round (the paper: 10); overrides --local-steps")
     ap.add_argument("--local-steps", type=int, default=16, help="optimizer steps per client per round")
@@ -351,38 +313,21 @@ def main() -> None:
     ap.add_argument("--generator-batch", type=int, default=16,
                     help="FedKF's generated samples per local step (the paper: the batch size, 64)")
     ap.add_argument("--eval-every", type=int, default=2, help="evaluate every N rounds (and after the last)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (runtime.num_cpus_per_worker)")
-    ap.add_argument("--runs-dir", default="runs/fedkf_fmnist", help="one subfolder per run (resumable)")
-    ap.add_argument("--out", default="benchmarks/results", help="folder for fedkf_fmnist.json / .md")
-    args = ap.parse_args()
-    if "fedavg" not in args.methods:
-        print("note: without fedavg there is no FedAvg row and no rounds-to-target column", file=sys.stderr)
-    started = time.perf_counter()
-    min_samples = run_all(args)
-    wall = time.perf_counter() - started
-    res = collect(args)
-    local_work = (f"E = {args.local_epochs} local epoch(s) per round" if args.local_epochs is not None
-                  else f"{args.local_steps} local steps per round")
-    local_work += (f", SGD lr {args.lr:g}, FedKF {args.generator_batch} generated samples per step, "
-                   f"evaluated every {args.eval_every} round(s)")
-    meta = {
-        "benchmark": "fedkf_fmnist", "date": time.strftime("%Y-%m-%d %H:%M"),
-        "command": "python benchmarks/papers/fedkf_fmnist.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()} CPU, {os.cpu_count()} cores, torch {torch.__version__}, "
-                   f"{args.threads} torch thread(s), local runtime",
-        "wall_s": wall, "local_work": local_work, "min_samples": min_samples,
-        "settings": {**base_overrides(args), "methods": {m: method_overrides(args, m) for m in args.methods},
-                     "seeds": args.seeds, "alphas": args.alphas},
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {**meta, "results": res, "paper": {"tables_V_VI_XII": {d: {str(a): v for a, v in t.items()}
-                                                                    for d, t in PAPER.items()},
-                                                "table_VIII": PAPER_ROUNDS}}
-    (out / "fedkf_fmnist.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    (out / "fedkf_fmnist.md").write_text(markdown(args, res, meta))
-    print(f"wrote {out / 'fedkf_fmnist.json'} and {out / 'fedkf_fmnist.md'} ({wall:.0f} s)")
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    opts = {k: getattr(args, k) for k in ("rounds", "local_epochs", "local_steps", "lr", "batch_size",
+                                          "generator_batch", "eval_every", "threads", "device", "keep_models")}
+    runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
+    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
+    grid = harness.collect(runs)
+    if not grid:
+        raise SystemExit(f"no finished run in {args.runs_dir}")
+    res = tabulate(grid, args.settings)
+    md = markdown(res, meta, setting_of(grid), args.runs_dir)
+    harness.write(args.out, NAME, meta, {"results": res, "paper": {
+        "tables_V_VI_XII": {d: {str(a): v for a, v in t.items()} for d, t in PAPER.items()},
+        "table_VIII": PAPER_ROUNDS}}, md)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -1,55 +1,298 @@
-"""What the method-comparison benchmarks share: a grid of runs (method x setting x seed) run in separate
-processes, resumable, and mean ± std cells for their tables."""
+"""The harness every method-comparison benchmark in this folder shares.
+
+A benchmark is a grid: method x setting x seed, one run folder each (``RUNS/<method>_<setting>_seed<seed>``,
+a ``fedray run`` output directory). The harness
+
+- plans the grid (:func:`plan`) from the benchmark's ``--methods``, ``--settings`` and ``--seeds``;
+- runs what is not finished, ``--jobs`` at a time, each in its own process (:func:`execute`): a run folder
+  holding ``summary.json`` is finished and skipped; one holding a checkpoint goes on from it, with the
+  figures of an uninterrupted run;
+- reads the finished runs back (:func:`collect`) for the benchmark's tables, whose cells are
+  :func:`fedray.report.runs.fmt_mean_std` (mean ± sample std over seeds), the one format of ``fedray report``;
+- keeps the record of how the runs were made (date, commit, device, command) in ``OUT/<name>.json``, so that
+  ``--report-only`` rebuilds ``OUT/<name>.md`` from the run folders digit for digit, on any machine.
+
+The run folders are committed (``summary.json``, ``history.parquet``, ``config.yaml``, ``clients.json``;
+``.gitignore`` leaves out checkpoints and plots, and the harness deletes ``model.pt`` unless asked to keep it).
+"""
 
 from __future__ import annotations
 
 import argparse
-import math
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
+from fedray.report.runs import RunRecord, fmt_mean_std
 
-LAST_N = 5  # the tables' "last 5": mean of the last 5 evaluations (one round's accuracy swings a lot)
+__all__ = ["Finished", "LAST_N", "Run", "collect", "execute", "fmt_mean_std", "grid_args", "header", "plan",
+           "run_and_record", "write"]
 
-
-def mean_std(vals: Sequence[float | None], scale: float = 100.0) -> str:
-    """``mean ± sample std`` of the finite values, scaled (fractions -> %); "—" when there are none."""
-    vals = [v for v in vals if v is not None and not math.isnan(v)]
-    if not vals:
-        return "—"
-    m = float(np.mean(vals)) * scale
-    s = float(np.std(vals, ddof=1)) * scale if len(vals) > 1 else 0.0
-    return f"{m:.2f} ± {s:.2f}"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+LAST_N = 5  # the tables' "last 5": the mean of the last 5 evaluations (fedray.report.table.LAST_N)
 
 
-def grid_args(ap: argparse.ArgumentParser, methods: Sequence[str], settings: Sequence[str], rounds: int,
-              runs_dir: str) -> None:
-    """The options every grid benchmark takes."""
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--settings", nargs="+", default=list(settings), choices=list(settings))
+# --------------------------------------------------------------------------------------------------
+# the grid
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cell of the grid and its run folder."""
+
+    method: str
+    setting: str
+    seed: int
+    out: Path
+
+    @property
+    def finished(self) -> bool:
+        from fedray.report.results import is_finished
+
+        return is_finished(self.out)
+
+
+def run_name(method: str, setting: str, seed: int) -> str:
+    return f"{method}_{setting}_seed{seed}"
+
+
+def plan(root: str | Path, methods: Iterable[str], settings: Iterable[str], seeds: Iterable[int]) -> list[Run]:
+    """Every (method, setting, seed) of the grid, setting by setting and seed by seed (a stopped benchmark has
+    every method of the seeds it reached)."""
+    methods, settings, seeds = list(methods), list(settings), list(seeds)
+    return [Run(m, s, seed, Path(root) / run_name(m, s, seed)) for s in settings for seed in seeds for m in methods]
+
+
+def pending(runs: Iterable[Run]) -> list[Run]:
+    """The runs without a ``summary.json``."""
+    return [r for r in runs if not r.finished]
+
+
+def grid_args(ap: argparse.ArgumentParser, name: str, methods: Sequence[str], settings: Sequence[str], rounds: int,
+              seeds: Sequence[int] = (0, 1, 2)) -> None:
+    """The options every comparison benchmark takes."""
     ap.add_argument("--methods", nargs="+", default=list(methods), choices=list(methods))
+    ap.add_argument("--settings", nargs="+", default=list(settings), choices=list(settings))
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--runs-dir", default=runs_dir)
-    ap.add_argument("--report-only", action="store_true", help="only tabulate the finished runs")
+    ap.add_argument("--keep-models", action="store_true", help="keep each run's model.pt (deleted by default)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help=f"where {name}.md and {name}.json go")
+    ap.add_argument("--runs-dir", type=Path, default=RESULTS / f"{name}_runs", help="one folder per run")
+    ap.add_argument("--report-only", action="store_true",
+                    help=f"run nothing: rebuild {name}.md from the finished runs and the record in {name}.json")
+
+
+# --------------------------------------------------------------------------------------------------
+# running
+
+
+Build = Callable[[Run, dict], Any]  # (run, options) -> an ExperimentConfig, or (config, FederatedData)
 
 
 def resume_point(out: Path) -> Path | None:
-    """``out`` when it holds a checkpoint of an unfinished run: a stopped benchmark goes on from there, with
-    the figures of an uninterrupted run (``run_experiment(..., resume_from=...)``)."""
+    """``out`` when it holds a checkpoint of an unfinished run (``run_experiment(..., resume_from=...)``)."""
     from fedray.report.checkpoint import FILENAME
 
     return out if (out / FILENAME).is_file() else None
 
 
-def run_grid(run_one: Callable[[dict], str], jobs: list[dict], workers: int) -> None:
-    """``run_one(job)`` for every job in ``workers`` spawned processes, printing each result as it ends."""
-    with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-        for fut in as_completed([pool.submit(run_one, j) for j in jobs]):
-            print(fut.result(), flush=True)
+def run_one(build: Build, run: Run, options: dict) -> str:
+    """One run, in this process: skipped when finished, resumed from its checkpoint when it has one."""
+    from fedray.report.results import MODEL_FILE
+    from fedray.simulation import run_experiment
+
+    if run.finished:
+        return f"skip {run.out.name} (finished)"
+    if "threads" in options:
+        import torch
+
+        torch.set_num_threads(options["threads"])
+    built = build(run, options)
+    cfg, data = built if isinstance(built, tuple) else (built, None)
+    t0 = time.perf_counter()
+    result = run_experiment(cfg, run.out, progress=False, data=data, resume_from=resume_point(run.out))
+    if not options.get("keep_models"):
+        (run.out / MODEL_FILE).unlink(missing_ok=True)
+    s = result.summary
+    return (f"done {run.out.name}: accuracy {s['eval/accuracy']:.4f}, {s['time/round_s']:.2f} s/round, "
+            f"{time.perf_counter() - t0:.0f} s")
+
+
+def execute(build: Build, runs: Sequence[Run], options: dict, jobs: int = 1) -> int:
+    """Run the unfinished ``runs``: in this process with ``jobs`` = 1, else ``jobs`` spawned processes at a
+    time. ``build`` must be importable from the benchmark's module (a module-level function). Returns how
+    many ran."""
+    todo = pending(runs)
+    for r in runs:
+        if r not in todo:
+            print(f"skip {r.out.name} (finished)", flush=True)
+    if jobs <= 1:
+        for r in todo:
+            print(run_one(build, r, options), flush=True)
+    elif todo:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            for fut in as_completed([pool.submit(run_one, build, r, options) for r in todo]):
+                print(fut.result(), flush=True)
+    return len(todo)
+
+
+# --------------------------------------------------------------------------------------------------
+# reading back
+
+
+@dataclass
+class Finished:
+    """A finished run of the grid: its cell and what ``fedray.report`` reads from its folder."""
+
+    run: Run
+    record: RunRecord
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
+
+    @property
+    def summary(self) -> dict:
+        return self.record.summary
+
+    @property
+    def history(self) -> list[dict]:
+        return self.record.history
+
+    @property
+    def params(self) -> dict:
+        return self.record.params
+
+
+def collect(runs: Iterable[Run]) -> dict[tuple[str, str], list[Finished]]:
+    """The finished runs, by (method, setting), in seed order; unfinished ones are left out."""
+    from fedray.report.runs import load_run_dirs
+
+    out: dict[tuple[str, str], list[Finished]] = {}
+    for r in sorted(runs, key=lambda r: r.seed):
+        if r.finished:
+            out.setdefault((r.method, r.setting), []).append(Finished(r, load_run_dirs([r.out])[0]))
+    return out
+
+
+def last_n(history: Sequence[dict], key: str = "eval/accuracy") -> float | None:
+    """The mean of ``key`` over a run's last :data:`LAST_N` evaluated rounds."""
+    from fedray.report.table import last_n_mean
+
+    return last_n_mean(history, key, LAST_N)
+
+
+# --------------------------------------------------------------------------------------------------
+# the record: how the runs were made
+
+
+def code_version() -> str:
+    """This checkout's commit (``+changes`` when fedray/ differs from it); ``$FEDRAY_COMMIT`` outside a git
+    checkout (a snapshot made with ``git archive``)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "fedray"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("FEDRAY_COMMIT", "unknown")
+
+
+def device_name(device: str) -> str:
+    """The machine the runs use, in words: the GPU's name, or the CPU's model and core count."""
+    if device != "cpu":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                return f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPU cores"
+        except ImportError:
+            pass
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU ({model}), {os.cpu_count()} cores"
+
+
+def invocation(script: str, argv: Sequence[str], device: str) -> dict:
+    """This invocation: date, commit, device and the command that reproduces it."""
+    return {"date": datetime.date.today().isoformat(), "commit": code_version(), "device": device_name(device),
+            "command": " ".join([".venv/bin/python", f"benchmarks/papers/{script}.py", *map(shlex.quote, argv)])}
+
+
+def read_meta(out: Path, name: str) -> dict | None:
+    path = Path(out) / f"{name}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("meta")
+
+
+def shown(path: Path) -> str:
+    """A path as the tables print it: relative to the repository when inside it."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def header(title: str, meta: dict, name: str, runs_dir: Path) -> list[str]:
+    """The first lines of every comparison table: what ran where, and how to rebuild the tables."""
+    lines = [f"# {title}", "",
+             f"Recorded {meta.get('date', '?')} at commit {meta.get('commit', '?')} on {meta.get('device', '?')}.",
+             f"Command: `{meta.get('command', '?')}`", ""]
+    for m in meta.get("earlier", []):
+        lines += [f"Earlier runs: {m.get('date', '?')} at commit {m.get('commit', '?')} on {m.get('device', '?')}, "
+                  f"`{m.get('command', '?')}`", ""]
+    return lines + [f"Tables rebuilt from the run folders in `{shown(runs_dir)}/` by "
+                    f"`.venv/bin/python benchmarks/papers/{name}.py --report-only`.", ""]
+
+
+def run_and_record(name: str, script_argv: Sequence[str], args: argparse.Namespace, build: Build,
+                   runs: Sequence[Run], options: dict) -> dict:
+    """Run the grid unless ``--report-only``; return the record's meta: this invocation's when it ran
+    something, else the one in ``OUT/<name>.json`` (so that ``--report-only`` reproduces the tables)."""
+    recorded = read_meta(args.out, name)
+    if args.report_only:
+        if recorded is None:
+            print(f"warning: no {Path(args.out) / (name + '.json')}: the tables will not say where the runs "
+                  "were made", file=sys.stderr)
+        return recorded or {}
+    ran = execute(build, runs, options, args.jobs)
+    if ran == 0 and recorded is not None:
+        return recorded
+    meta = invocation(name, script_argv, args.device)
+    if recorded:  # runs of earlier invocations stay in the tables: say where they come from
+        earlier = [{k: v for k, v in recorded.items() if k != "earlier"}, *recorded.get("earlier", [])]
+        meta["earlier"] = [m for m in earlier if any(m.get(k) != meta[k] for k in ("date", "commit", "command"))]
+        if not meta["earlier"]:
+            del meta["earlier"]
+    return meta
+
+
+def write(out: Path, name: str, meta: dict, data: Any, md: str) -> None:
+    """``OUT/<name>.json`` (the record and the tables' data) and ``OUT/<name>.md``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, **data}, indent=1, default=str) + "\n")
+    (out / f"{name}.md").write_text(md)

@@ -50,12 +50,14 @@ Features are the raw backbone outputs (no centring or normalisation), as in the 
 Seeds (0, 1, 2) change the initialisation, the batch order of the batch means and the training order;
 the data split is fixed. mean +- std is over seeds (sample std, ddof=1).
 
-Writes benchmarks/results/subspace_fmnist.json (every run, the per-seed summary) and .md (tables; the
-recorded .md ends with a hand-written reading that a rerun does not regenerate). About 6 minutes on one
-core.
+Not a grid of fedray runs (no federation: one forward pass per backbone), so not through harness.py: its
+record, benchmarks/results/subspace_fmnist.json, holds every run (one per setting x model x backbone x
+seed) and is what ``--report-only`` rebuilds subspace_fmnist.md from, with fedray.report's mean ± std.
+About 6 minutes on one core.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py                 # the recorded run
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py --seeds 0 --models mlp --no-write  # smoke
+    .venv/bin/python benchmarks/papers/subspace_fmnist.py --report-only   # subspace_fmnist.md from the record
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from fedray.learning.subspace import projection_cosine, projector  # noqa: E402
 from fedray.config import load_config  # noqa: E402
 from fedray.data import build_federated_data, to_float  # noqa: E402
 from fedray.models import build_model  # noqa: E402
+from fedray.report.runs import fmt_mean_std  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SETTINGS = ("classes", "domains")
@@ -228,9 +231,8 @@ def evaluate(model, data: dict, seed: int, ridges, batch_sizes) -> dict:
 # ---------------------------------------------------------------- report
 
 
-def _ms(values: list[float]) -> str:
-    v = np.asarray(values, dtype=np.float64)
-    return f"{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.3f}"
+def _ms(values) -> str:
+    return fmt_mean_std(list(values), 1.0, 3)
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -341,7 +343,7 @@ def markdown(meta: dict, summary: dict, args) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
@@ -353,8 +355,20 @@ def main() -> None:
                     help="also project onto every feature (b=1)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--data-dir", default=None)
-    ap.add_argument("--no-write", action="store_true", help="print only; leave benchmarks/results alone")
-    args = ap.parse_args()
+    ap.add_argument("--no-write", action="store_true", help="print only; leave the results folder alone")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="where subspace_fmnist.md and .json go")
+    ap.add_argument("--report-only", action="store_true",
+                    help="run nothing: rebuild subspace_fmnist.md from the runs recorded in OUT/subspace_fmnist.json")
+    args = ap.parse_args(argv)
+    if args.report_only:
+        record = json.loads((args.out / "subspace_fmnist.json").read_text())
+        st = record["settings"]
+        args.seeds, args.ridges, args.batch_size = st["seeds"], st["ridges"], st["batch_sizes"][0]
+        meta = {k: v for k, v in record.items() if k not in ("summary", "runs")}
+        md = markdown(meta, summarise(record["runs"]), args)
+        (args.out / "subspace_fmnist.md").write_text(md)
+        print(md)
+        return
     args.ridges = [float(a) for a in args.ridges]
     if HEADLINE_A not in args.ridges:
         args.ridges = sorted({*args.ridges, HEADLINE_A})
@@ -383,7 +397,8 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "device": "cpu",
                     "torch": torch.__version__, "threads": args.threads},
-        "command": " ".join(["OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py", *sys.argv[1:]]),
+        "command": " ".join(["OMP_NUM_THREADS=1 .venv/bin/python benchmarks/papers/subspace_fmnist.py",
+                             *(sys.argv[1:] if argv is None else argv)]),
         "wall_s": round(time.time() - t0, 1),
         "settings": {"seeds": args.seeds, "ridges": args.ridges, "batch_sizes": batch_sizes,
                      "headline_a": HEADLINE_A, "lr": LR, "train_batch": TRAIN_BATCH, "std": "sample (ddof=1)"},
@@ -393,10 +408,10 @@ def main() -> None:
     if args.no_write:
         print(md)
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "subspace_fmnist.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs},
-                                                             indent=1) + "\n")
-    (RESULTS / "subspace_fmnist.md").write_text(md)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "subspace_fmnist.json").write_text(json.dumps({**meta, "summary": summary, "runs": runs},
+                                                              indent=1) + "\n")
+    (args.out / "subspace_fmnist.md").write_text(md)
     print(md)
 
 

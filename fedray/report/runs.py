@@ -129,6 +129,17 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def fmt_mean_std(values: Iterable[Any], scale: float = 100.0, decimals: int = 2) -> str:
+    """``mean ± std`` over seeds, as every table of fedray's prints it: each value times ``scale`` first (the
+    default turns fractions into %), then :func:`mean_std` of those that are numbers (None and NaN left out),
+    both with ``decimals`` decimals; "—" when none is left."""
+    scaled = [v * scale for v in (_num(x) for x in values) if v is not None]
+    if not scaled:
+        return DASH
+    mean, std = mean_std(scaled)
+    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+
+
 def _fill_algorithm_defaults(params: dict[str, Any]) -> dict[str, Any]:
     """Add the registered algorithm's default parameters that the config left implicit.
 
@@ -345,8 +356,4 @@ def load_mlflow_runs(experiment: str, tracking_uri: str | None = None) -> list[R
             "--experiment", f"cannot read MLflow store {uri} ({type(e).__name__}: {first}); check the tracking URI"
         ) from None
     return records
-
-
-# --------------------------------------------------------------------------------------------------
-# grouping
 

@@ -11,27 +11,27 @@ test images (last evaluation and mean of the last 5), with FedD3A's teacher diag
 (``diag/teacher_acc_*``: accuracy of each weighting's teacher on the server's domain, from the labels the
 simulation keeps and the method never reads).
 
-Writes ``OUT/fedd3a_fmnist_domains.json`` / ``.md``; runs in ``--runs-dir`` (resumable).
+The grid runs through harness.py (runs in ``--runs-dir``, finished runs skipped, ``--jobs`` at a time); writes
+``OUT/fedd3a_fmnist_domains.md`` and ``OUT/fedd3a_fmnist_domains.json`` (the record and every run's figures).
 
-    .venv/bin/python benchmarks/papers/fedd3a_domains.py --jobs 2
-    .venv/bin/python benchmarks/papers/fedd3a_domains.py --rounds 2 --seeds 0 --settings cross_silo --out /tmp/d --runs-dir /tmp/d/runs
+    .venv/bin/python benchmarks/papers/fedd3a_fmnist_domains.py --jobs 2
+    .venv/bin/python benchmarks/papers/fedd3a_fmnist_domains.py --rounds 2 --seeds 0 --settings cross_silo --out /tmp/d --runs-dir /tmp/d/runs
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from harness import LAST_N, grid_args, mean_std, resume_point, run_grid  # noqa: E402
+import harness
+from harness import LAST_N, Finished, Run
+from harness import fmt_mean_std as mean_std
 
+NAME = "fedd3a_fmnist_domains"
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
     "fedprox": {"algorithm": {"name": "fedprox", "mu": 0.1}},
@@ -59,10 +59,6 @@ DIAG = ("diag/teacher_acc_soft", "diag/teacher_acc_onehot", "diag/teacher_acc_av
         "diag/teacher_acc_best_single", "server/alpha_entropy")
 
 
-def run_dir(root: Path, method: str, setting: str, seed: int) -> Path:
-    return root / f"{method}_{setting}_seed{seed}"
-
-
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
     from fedray.methods import validate_experiment
     from fedray.config import load_config, validate_config
@@ -77,49 +73,30 @@ def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
     return validate_experiment(validate_config(apply_overrides(raw, over)))
 
 
-def run_one(job: dict) -> str:
-    import torch
-
-    from fedray.report.results import MODEL_FILE, is_finished
-    from fedray.simulation import run_experiment
-
-    torch.set_num_threads(job["threads"])
-    out = Path(job["out"])
-    if is_finished(out):
-        return f"skip {out.name}"
-    t0 = time.perf_counter()
-    result = run_experiment(make_config(job["method"], job["setting"], job["seed"], job["rounds"], job["device"]),
-                            out, progress=False, resume_from=resume_point(out))
-    (out / MODEL_FILE).unlink(missing_ok=True)
-    return f"done {out.name}: acc {result.summary['eval/accuracy']:.4f} in {time.perf_counter() - t0:.0f} s"
+def build(run: Run, opts: dict):
+    return make_config(run.method, run.setting, run.seed, opts["rounds"], opts["device"])
 
 
-def collect(root: Path, seeds, settings) -> dict:
-    from fedray.report.table import last_n_mean
-    from fedray.report.results import is_finished, read_history, read_summary
-
+def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
     res: dict[str, list[dict]] = {}
-    for method in METHODS:
-        for setting in settings:
-            for seed in seeds:
-                out = run_dir(root, method, setting, seed)
-                if not is_finished(out):
-                    continue
-                hist, summary = read_history(out), read_summary(out)
-                diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
-                        for k in DIAG if any(r.get(k) is not None for r in hist)}
-                evals = [r for r in hist if r.get("eval/accuracy") is not None]
-                domains = {k.removeprefix("eval/acc_"): v for k, v in (evals[-1] if evals else {}).items()
-                           if k.startswith("eval/acc_") and v is not None}
-                res.setdefault(f"{method}|{setting}", []).append({
-                    "seed": seed, "accuracy": summary["eval/accuracy"], "last_n": last_n_mean(hist, n=LAST_N),
-                    "amp": summary["eval/amp"], "round_s": summary["time/round_s"], "diagnostics": diag,
-                    "domains": domains})
+    for (method, setting), recs in grid.items():
+        for f in recs:
+            hist, summary = f.history, f.summary
+            diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
+                    for k in DIAG if any(r.get(k) is not None for r in hist)}
+            evals = [r for r in hist if r.get("eval/accuracy") is not None]
+            domains = {k.removeprefix("eval/acc_"): v for k, v in (evals[-1] if evals else {}).items()
+                       if k.startswith("eval/acc_") and v is not None}
+            res.setdefault(f"{method}|{setting}", []).append({
+                "seed": f.seed, "accuracy": summary["eval/accuracy"], "last_n": harness.last_n(hist),
+                "amp": summary["eval/amp"], "round_s": summary["time/round_s"], "diagnostics": diag,
+                "domains": domains})
     return res
 
 
-def tables(res: dict, settings, note: str) -> str:
-    lines = ["# FedD3A on fmnist_domains (the FedD3A paper's comparison and Table 1, in shape)\n", note + "\n",
+def tables(res: dict, settings, meta: dict, runs_dir: Path) -> str:
+    lines = harness.header("FedD3A on fmnist_domains (the FedD3A paper's comparison and Table 1, in shape)", meta,
+                           NAME, runs_dir) + [
              "Global model's top-1 accuracy (%) on the client domains' test images, mean ± std over seeds: last "
              f"evaluation / mean of the last {LAST_N}; teacher accuracies (%) on the server's domain are means over "
              "rounds of `diag/teacher_acc_*` (FedD3A runs only).\n",
@@ -153,24 +130,17 @@ def tables(res: dict, settings, note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    grid_args(ap, METHODS, SETTINGS, 20, "benchmarks/results/fedd3a_domains_runs")
-    args = ap.parse_args()
-    root = Path(args.runs_dir)
-    if not args.report_only:
-        jobs = [{"method": m, "setting": s, "seed": seed, "rounds": args.rounds, "device": args.device,
-                 "threads": args.threads, "out": str(run_dir(root, m, s, seed))}
-                for seed in args.seeds for s in args.settings for m in args.methods]
-        run_grid(run_one, jobs, args.jobs)
-    res = collect(root, args.seeds, args.settings)
-    note = (f"Measured {time.strftime('%Y-%m-%d')} on {args.device} ({os.cpu_count()} CPUs), {args.rounds} rounds, "
-            f"seeds {args.seeds}; command: benchmarks/papers/fedd3a_domains.py {' '.join(sys.argv[1:])}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fedd3a_fmnist_domains.json").write_text(json.dumps({"note": note, "runs": res}, indent=1) + "\n")
-    md = tables(res, args.settings, note)
-    (out / "fedd3a_fmnist_domains.md").write_text(md)
+    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=20)
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models}
+    runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
+    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
+    res = collect(harness.collect(runs))
+    md = tables(res, args.settings, meta, args.runs_dir)
+    harness.write(args.out, NAME, meta, {"runs": res}, md)
     print(md)
 
 
