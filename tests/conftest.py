@@ -58,6 +58,66 @@ def tiny():
     return tiny_config
 
 
+# --- every method ------------------------------------------------------------------------------------------------
+
+SERVER_DATA = {"data__server_data__kind": "holdout", "data__server_data__per_class": 10}
+UNLABELLED_SERVER_DATA = {**SERVER_DATA, "data__server_data__labelled": False}
+# DaFKD with a small generator and a short server distillation (well under a second a round on one core).
+DAFKD_TINY = {"algorithm__generator": "dcgan", "algorithm__gen_width": 8, "algorithm__gen_hidden": 32,
+              "algorithm__distill_samples": 32, "algorithm__distill_steps": 2, "algorithm__distill_batch_size": 16,
+              "algorithm__distill_lr": 0.05, "federation__momentum": 0.9}
+
+# THE place for what each built-in method needs to run on tiny_config's synthetic data (server data, a small
+# generator, per-client architectures), read by every test that runs every method (tests/test_every_method.py).
+# Keys: a method's algorithm.name, or "<name>-<variant>" for a further setting of it worth every check (an optimizer
+# state or a schedule carried across rounds). A new method gets a line here: {} if tiny_config suits it.
+METHOD_CASES: dict[str, dict] = {
+    "fedavg": {},
+    # SGD momentum's buffers, Adam's moments and a learning-rate schedule, carried across rounds and a resume
+    "fedavg-momentum": {"federation__momentum": 0.9, "federation__weight_decay": 1e-3},
+    "fedavg-adam-cosine": {"federation__optimizer": "adam", "federation__lr": 0.01, "federation__lr_schedule": "cosine",
+                           "federation__lr_min": 0.001},
+    "fedprox": {"algorithm__mu": 0.5},
+    "qffl": {"algorithm__q": 1.0},
+    "fedgkd": {},
+    "local": {"model__client_models": ["lenet5", "resnet8_bn"]},  # per-client models of two architectures
+    "fedkf": {},
+    "dafkd": DAFKD_TINY,
+    # its private variant: no shared discriminator, each client's own, logit ensemble without correlation weights
+    "dafkd-private": {**DAFKD_TINY, "algorithm__sharing": False, "algorithm__private_discriminator": True,
+                      "algorithm__ensemble": "logits", "algorithm__correlation": False},
+    # batches of 17: client 3's 35 samples end a pass on a one-sample batch
+    "fedcd": {**SERVER_DATA, "model__client_models": ["lenet5", "resnet8"], "federation__batch_size": 17},
+    "fedd3a": UNLABELLED_SERVER_DATA,
+    "fedd3a-heterogeneous": {**UNLABELLED_SERVER_DATA, "model__client_models": ["lenet5", "resnet8"]},
+    "feddf": UNLABELLED_SERVER_DATA,
+    "feddistill": {"model__client_models": ["lenet5", "mlp"]},
+}
+
+
+def built_in_methods() -> list[str]:
+    """fedray's own methods in the registry (not those the tests register: they live outside fedray.methods)."""
+    from fedray.methods import ALGORITHMS
+
+    return sorted(n for n in ALGORITHMS if ALGORITHMS[n].__module__.startswith("fedray.methods."))
+
+
+def method_overrides(case: str) -> dict:
+    """``algorithm__name`` and the settings of ``case`` (a method's name or "<name>-<variant>"), for tiny_config.
+    A built-in method without a case fails, saying what to add where."""
+    name = case.split("-")[0]
+    if case not in METHOD_CASES:
+        pytest.fail(f"method {name!r} is registered but has no case: add {case!r}: {{...}} to METHOD_CASES in "
+                    f"tests/conftest.py, the settings it needs to run on tiny_config's synthetic data ({{}} if none)",
+                    pytrace=False)
+    return {"algorithm__name": name, **METHOD_CASES[case]}
+
+
+def method_config(case: str, **overrides) -> ExperimentConfig:
+    """tiny_config of a method's case, plus ``overrides``."""
+    return tiny_config(**{**method_overrides(case), **overrides})
+
+
 def _ensure_ray():
     import ray
 
@@ -95,13 +155,34 @@ def object_of_a_dead_owner(value, settle: bool = False):
 
 
 @pytest.fixture
-def ray_local():
+def ray_local(request):
     """A local Ray shared by the tests that need one (ray.init costs ~4 s and ~700 MB here).
 
     Started on first use and shut down at the end of the session; a test that needs its own cluster
-    (the two-node one) shuts it down, and the next user starts it again.
+    (the two-node one) shuts it down, and the next user starts it again. A test using it must be marked
+    ``@pytest.mark.ray`` (``-m "not ray"`` must deselect every test that starts Ray).
     """
+    if request.node.get_closest_marker("ray") is None:
+        pytest.fail(f"{request.node.nodeid} uses the ray_local fixture without the ray marker: add "
+                    "@pytest.mark.ray (or pytest.param(..., marks=pytest.mark.ray))", pytrace=False)
     return _ensure_ray()
+
+
+@pytest.fixture(autouse=True)
+def _markers_say_what_a_test_needs(request):
+    """``-m "not ray"`` / ``"not realdata"`` must deselect every test that starts Ray / reads the real Fashion-MNIST:
+    a test using ``fashion_mnist_root`` without ``realdata`` fails, as does one that leaves a Ray it started up
+    without ``ray`` (the ``ray_local`` fixture checks its users itself)."""
+    import sys
+
+    if "fashion_mnist_root" in request.fixturenames and request.node.get_closest_marker("realdata") is None:
+        pytest.fail(f"{request.node.nodeid} reads the real Fashion-MNIST (fashion_mnist_root) without the realdata "
+                    "marker: add @pytest.mark.realdata", pytrace=False)
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()
+    yield
+    if (not ray_before and request.node.get_closest_marker("ray") is None and "ray" in sys.modules
+            and sys.modules["ray"].is_initialized()):
+        pytest.fail(f"{request.node.nodeid} started Ray without the ray marker: add @pytest.mark.ray", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

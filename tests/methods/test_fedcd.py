@@ -135,15 +135,6 @@ def test_two_round_run_learns_and_repeats(name):
     assert a.history[-1]["eval/amp"] > 0.3 and a.history[-1]["eval/amp"] > a.history[0]["eval/amp"]
 
 
-@pytest.mark.ray
-def test_fedcd_on_ray_matches_local(ray_local):
-    cfg = tiny_config(**FEDCD)
-    local = run_experiment(cfg, progress=False)
-    remote = run_experiment(tiny_config(**FEDCD, runtime__backend="ray"), progress=False)
-    assert _figures(local) == _figures(remote)
-    assert [r["comm/bytes_up"] for r in local.history] == [r["comm/bytes_up"] for r in remote.history]
-
-
 # --- FedDistill -------------------------------------------------------------------------------------
 
 def test_label_means_by_hand():

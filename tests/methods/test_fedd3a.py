@@ -105,14 +105,6 @@ def test_methods_need_server_data(name):
     assert err.value.key == "data.server_data.kind"
 
 
-@pytest.mark.ray
-def test_fedd3a_on_ray_matches_local(ray_local):
-    cfg = tiny_config(algorithm__name="fedd3a", **SERVER)
-    local = run_experiment(cfg, progress=False)
-    remote = run_experiment(tiny_config(algorithm__name="fedd3a", runtime__backend="ray", **SERVER), progress=False)
-    assert _eval(local) == _eval(remote)
-
-
 def test_cosine_learning_rate_schedule():
     fed = tiny_config(federation__rounds=5, federation__lr=0.01, federation__lr_schedule="cosine",
                       federation__lr_min=0.0001).federation

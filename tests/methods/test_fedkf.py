@@ -1,7 +1,6 @@
 """FedKF: T1 cached aggregation (ACA / OCA) by hand, the generator losses, the persistent local generator,
-FedAvg (OCA), two-round runs of fedkf / fedkf- and local == Ray."""
+FedAvg (OCA), two-round runs of fedkf / fedkf- (local == Ray and resumes: tests/test_every_method.py)."""
 
-import json
 import math
 
 import pytest
@@ -284,18 +283,3 @@ def test_two_round_runs_of_fedkf_and_fedkf_minus():
     again = run_experiment(tiny_config(algorithm__name="fedkf", algorithm__variant="fedkf-", **FAST), progress=False)
     assert again.summary["eval/amp_oca"] == b["eval/amp_oca"]
     assert [r["train/loss"] for r in again.history] == [r["train/loss"] for r in runs["fedkf-"].history]
-
-
-@pytest.mark.ray
-def test_fedkf_local_and_ray_give_identical_figures(ray_local, tmp_path):
-    cfg = tiny_config(algorithm__name="fedkf", federation__rounds=3, **FAST)
-    local = run_experiment(cfg, tmp_path / "local", progress=False)
-    ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"backend": "ray"})})
-    remote = run_experiment(ray_cfg, tmp_path / "ray", progress=False)
-    a = json.loads((tmp_path / "local" / "summary.json").read_text())
-    b = json.loads((tmp_path / "ray" / "summary.json").read_text())
-    figures = [k for k in a if k.startswith(("eval/", "comm/"))]
-    assert any(k.endswith("_oca") for k in figures) and any(k.endswith("_aca") for k in figures)
-    assert {k: a[k] for k in figures} == {k: b[k] for k in figures}
-    for ra, rb in zip(local.history, remote.history):
-        assert ra["train/loss"] == rb["train/loss"] and ra["train/gen_loss"] == rb["train/gen_loss"]

@@ -1,6 +1,6 @@
-"""Local and Ray runtimes: identical figures, client state kept client-side, pool sizing, actor mapping."""
+"""Local and Ray runtimes: client state kept client-side, pool sizing, actor mapping, start-up order. (Identical
+figures in process and on Ray, the server in the driver or an actor, for every method: tests/test_every_method.py.)"""
 
-import json
 from collections import Counter
 
 import cloudpickle
@@ -12,7 +12,6 @@ from fedray.errors import ResourceError
 from fedray.runtime import make_runtime, malloc
 from fedray.runtime.placement import plan_pool
 from fedray.seeding import sample_clients
-from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
 from tests.runtime import stateful
 
@@ -36,29 +35,6 @@ def _collector(actor) -> tuple[bool, int, int]:
     import gc
 
     return gc.isenabled(), gc.get_freeze_count(), gc.get_stats()[2]["collections"]
-
-
-FIGURES = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp", "eval/best_accuracy", "comm/bytes_up",
-           "comm/bytes_down", "rounds")
-
-
-@pytest.mark.ray
-def test_local_and_ray_give_identical_summaries(ray_local, tmp_path):
-    """The same figures in-process and on Ray, with the server in the driver (the default here: it reserves no
-    resources) and in a server actor; the validation set's too."""
-    cfg = tiny_config(algorithm__name="fedprox", algorithm__mu=0.1, federation__rounds=3, data__val_per_class=5)
-    local = run_experiment(cfg, tmp_path / "local", progress=False)
-    a = json.loads((tmp_path / "local" / "summary.json").read_text())
-    for where, server in (("driver", "auto"), ("actor", False)):
-        ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
-            update={"backend": "ray", "server_in_driver": server})})
-        remote = run_experiment(ray_cfg, tmp_path / where, progress=False)
-        b = json.loads((tmp_path / where / "summary.json").read_text())
-        assert {k: a[k] for k in (*FIGURES, "val/accuracy")} == {k: b[k] for k in (*FIGURES, "val/accuracy")}, where
-        assert b["runtime"].startswith("ray: 2 client worker(s)")
-        assert ("server in the driver" in b["runtime"]) == (where == "driver"), b["runtime"]
-        for ra, rb in zip(local.history, remote.history):
-            assert ra["train/loss"] == rb["train/loss"], where
 
 
 def _participations(seed, rounds, k, m):
