@@ -107,6 +107,7 @@ def test_unknown_preset_lists_the_presets(capsys):
     assert "quickstart" in capsys.readouterr().err
 
 
+@pytest.mark.ray
 def test_missing_gpu_on_ray_is_refused_before_work(tmp_path, capsys, ray_local):
     import torch
 

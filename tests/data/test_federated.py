@@ -108,6 +108,7 @@ def test_partition_summary(fd):
     assert all(0.1 <= row["dominant_share"] <= 1.0 for row in rows)
 
 
+@pytest.mark.realdata
 def test_image_arrays_have_canonical_strides(fashion_mnist_root):
     """Torch reads a stride of 1 on a size-1 channel axis as channels-last and convolves differently;
     Ray's object store normalises strides, so odd ones would break local == ray equality."""

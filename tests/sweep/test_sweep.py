@@ -173,6 +173,7 @@ def test_a_trial_the_cluster_can_never_place_is_refused():
         assert e.value.key == key and fragment in e.value.message, e.value.message
 
 
+@pytest.mark.ray
 def test_a_sweep_whose_trial_cannot_fit_exits_2_before_writing_anything(tmp_path, capsys, monkeypatch, ray_local):
     """Tune would wait for such a trial without end; fedray says so once Ray is up (the cluster's CPUs)."""
     monkeypatch.chdir(tmp_path)
