@@ -27,7 +27,7 @@ from urllib.error import URLError
 
 import numpy as np
 
-from fedray.config import DOMAINS, DataConfig
+from fedray.config import DataConfig
 from fedray.data.cache import DecodedCache, default_cache_dir, fingerprint
 from fedray.errors import DataError
 from fedray.paths import DATA_DIR_ENV

@@ -11,7 +11,7 @@ uses them is :mod:`fedray.methods.api`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Generic, Iterator, TypeVar
 
 import torch
 
@@ -107,8 +107,11 @@ class ModelBank:
         return self._modules[architecture]
 
 
+M = TypeVar("M")  # a method's modules: what its build_modules() returns
+
+
 @dataclass
-class ClientContext:
+class ClientContext(Generic[M]):
     """Everything a client update may use: its own data, its seeded randomness, the worker's modules."""
 
     client_id: int
@@ -119,7 +122,7 @@ class ClientContext:
     spec: DataSpec
     fed: FederationConfig
     device: torch.device
-    modules: Any  # what the method's build_modules() returned, built once per process
+    modules: M  # what the method's build_modules() returned, built once per process
     architecture: str = ""  # this client's model architecture (model.client_models, else model.name)
     models: ModelBank | None = None  # one built module per architecture, shared by the worker's clients
     server_x: torch.Tensor | None = None  # the server data's images, for methods whose clients hold them
@@ -166,11 +169,11 @@ def local_step_count(fed: FederationConfig, num_samples: int) -> int:
 
 
 @dataclass
-class ServerContext:
+class ServerContext(Generic[M]):
     round: int
     seed: int
     device: torch.device
-    modules: Any
+    modules: M  # the server instance's build_modules()
     # replay loops of fixed-shape steps as CUDA graphs where the device allows (``runtime.cuda_graphs``;
     # :class:`fedray.learning.cuda_graphs.GraphedStep`)
     cuda_graphs: bool = False

@@ -1,12 +1,12 @@
 """A client's supervised local training, described as data rather than run inside ``client_update``.
 
 Most methods' local update is "start from these weights, take ``ctx.num_local_steps()`` optimizer steps
-of this loss on the client's batches, then build the upload from the trained model". A method that says
-so through :meth:`Algorithm.local_training` lets the runtime choose how to run it: one client at a time
-(:func:`run_local_training`), or all of a worker's clients of the round in
-lockstep as one batched computation (``fedray.vectorized.engine``, ``runtime.vectorize``). The method
-does not change between the two: its local training is a step function, and like FedJAX's
-``for_each_client`` backends, how clients run is the runtime's choice.
+of this loss on the client's batches, then build the upload from the trained model". A method's
+``client_update`` says so by returning a :class:`LocalTraining` (or, for several modules and updates per step, a
+:class:`StepwiseTraining`) instead of a finished :class:`ClientResult`, and the runtime chooses how to run it: one
+client at a time (:func:`run_update`), or all of a worker's clients of the round in lockstep as one batched
+computation (``fedray.vectorized``, ``runtime.vectorize``). The method does not change between the two: its local
+training is a step function, and like FedJAX's ``for_each_client`` backends, how clients run is the runtime's choice.
 
 The contract a :class:`LocalTraining` keeps so that batching it is exact:
 
@@ -122,6 +122,10 @@ class StepwiseTraining:
     ``optimizer_state`` continues an optimizer of an earlier round (FedKF's generator keeps its Adam moments):
     by parameter name (``"<module>.<parameter>"``), ``{"step": n, "exp_avg": m, "exp_avg_sq": v}`` (Adam) or
     ``{"step": n, "momentum_buffer": b}`` (SGD); absent parameters start fresh, as a new ``torch.optim`` would.
+
+    ``alone``: the method's own run of this client by itself, the sequential reference the batched run is tested
+    against (DaFKD's and FedKF's hand-written loops); :func:`run_update` calls it when the runtime trains the
+    client alone. None: the runtime runs the plan's steps for this client alone.
     """
 
     modules: torch.nn.ModuleDict  # the worker's modules, by name; weights loaded from ``start``
@@ -134,6 +138,11 @@ class StepwiseTraining:
     optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     batches: ClientBatches | None = None
     paddable: bool = False
+    alone: Callable[[], ClientResult] | None = None
+
+
+#: What a method's ``client_update`` returns: the finished result, or a training plan the runtime runs.
+ClientUpdate = ClientResult | LocalTraining | StepwiseTraining
 
 
 def weights_only(finish: Callable) -> Callable:
@@ -189,6 +198,19 @@ def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
             sums[key] = sums.get(key, 0.0) + value.detach()
         steps += 1
     return plan.finish(model, step_means(sums, steps))
+
+
+def run_update(ctx: ClientContext, update: ClientUpdate) -> ClientResult:
+    """One client's update run by itself: a finished result as it is, a :class:`LocalTraining` by
+    :func:`run_local_training`, a :class:`StepwiseTraining` by its ``alone`` (the runtime runs one without it through
+    the lockstep engine, for this client alone)."""
+    if isinstance(update, ClientResult):
+        return update
+    if isinstance(update, LocalTraining):
+        return run_local_training(ctx, update)
+    if update.alone is None:
+        raise ValueError("this StepwiseTraining has no 'alone' run: run it through the runtime")
+    return update.alone()
 
 
 def step_means(sums: dict[str, Any], steps: int) -> dict[str, float]:

@@ -1,17 +1,38 @@
-"""The algorithm interface: broadcast -> client_update -> server_update.
+"""The method contract: what a federated method implements, what it may override, and nothing else.
 
-An algorithm is plain PyTorch and never knows where it runs. The runtime builds its modules once per
-process (``build_modules``), hands each client a :class:`ClientContext` with that client's data and
-seeded generator, ships the :class:`Payload` down and the :class:`Upload` up, and keeps each client's
-private :class:`ClientState` on the client side (it is never passed to ``server_update``). These four
-types are the privacy boundary of a method: every method subclasses them with its own dataclasses, so
-what crosses between client and server is explicit and typed, and the checkpoint code can save it.
+A method is plain PyTorch and never knows where it runs. Each round the runtime calls, in this order::
+
+    payload = broadcast(state, round)                         # server -> every sampled client (comm/bytes_down)
+    update  = client_update(ctx, payload, client_state)       # on a client: a ClientResult, or a training plan
+    state, metrics = server_update(state, uploads, server_ctx)  # uploads in client-id order (comm/bytes_up)
+
+**A method must implement** (abstract below): ``name`` (its ``algorithm.name``), ``build_modules`` (its
+nn.Modules, built once per process), ``init_server_state``, ``broadcast``, ``client_update`` and
+``server_update``. The types that cross the client/server boundary are its own dataclasses subclassing
+:class:`Payload` (down), :class:`Upload` (up), :class:`ClientState` (kept by the client, never shown to the server)
+and :class:`ServerState`: the privacy boundary is explicit, and checkpoints save them without pickle.
+
+**The one client entry point**, ``client_update``, returns either a finished :class:`ClientResult` or a training
+plan (:class:`~fedray.learning.training.LocalTraining`: start weights, a loss, a finish that builds the result;
+:class:`~fedray.learning.training.StepwiseTraining` for several modules and updates per step). A plan lets the
+runtime train the round's clients one at a time or batched (``runtime.vectorize``) with the same numbers.
+
+**A method may override** (defaults below): ``Params`` (its ``algorithm.*`` parameters, a pydantic model),
+``check_config`` (what it needs of the rest of the config), ``init_client_state``, ``global_weights`` and
+``extra_eval_models`` (what ``eval/*`` scores), ``personal_model`` (personalised methods), and the
+simulation-only diagnostics ``server_diagnostics`` / ``probe_size`` + ``probe_diagnostics`` (``diag/*``, never fed
+back). Three class flags say what the runtime must know before any work: ``shared_architecture``, ``personalised``,
+``clients_hold_server_images``.
+
+**Families share a base with explicit hooks**: local-SGD methods subclass :class:`fedray.methods.fedavg.FedAvg`
+(hooks ``make_anchor``, ``local_loss`` with ``local_loss_paddable``, ``make_upload``); methods whose clients each own
+a model subclass :class:`PersonalisedAlgorithm` (``own_training``); server-side distillation over proxy data builds
+on :mod:`fedray.learning.proxy_distill` (FedDF, FedD3A).
 
 Per-client models: a method whose clients each own a model (possibly of a different architecture,
-``model.client_models``) sets ``shared_architecture = False``; the client's weights are its client
-state, and ``ctx.own_model()`` is a module of the client's architecture to load them into.
-``personalised = True`` makes ``eval/*`` score each client's own model (:meth:`Algorithm.personal_model`)
-instead of a global one.
+``model.client_models``) sets ``shared_architecture = False``; the client's weights are its client state, and
+``ctx.own_model()`` is a module of the client's architecture to load them into. ``personalised = True`` makes
+``eval/*`` score each client's own model (:meth:`Algorithm.personal_model`) instead of a global one.
 """
 
 from __future__ import annotations
@@ -27,7 +48,7 @@ from fedray.errors import ConfigError
 from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, DataSpec, DiagnosticProbe, ModelBank,
                                       Payload, PersonalModel, ServerContext, ServerSideData, ServerState, Upload,
                                       local_step_count)
-from fedray.learning.training import LocalTraining, is_weights_only, weights_only
+from fedray.learning.training import ClientUpdate, LocalTraining, is_weights_only, weights_only
 from fedray.learning.weights import Weights, clone_weights
 from fedray.models import build_model
 from fedray.seeding import derive_seed
@@ -38,16 +59,13 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def defining_class(cls: type, name: str) -> type:
-    """The class in ``cls``'s MRO whose own body defines ``name`` (what a method's override reaches)."""
-    return next(c for c in cls.__mro__ if name in vars(c))
-
-
 Params = TypeVar("Params", bound=BaseModel)
+Modules = TypeVar("Modules")
 
 
-class Algorithm(ABC, Generic[Params]):
-    """Base class of every method. Subclasses set ``name``, ``Params`` and implement the four steps."""
+class Algorithm(ABC, Generic[Params, Modules]):
+    """Base class of every method (module docstring: what to implement, what to override). ``Params``: the type of
+    ``self.params``; ``Modules``: what ``build_modules`` returns and ``ctx.modules`` holds."""
 
     name: ClassVar[str]
     Params: ClassVar[type[BaseModel]] = NoParams
@@ -61,10 +79,11 @@ class Algorithm(ABC, Generic[Params]):
     #: once is counted in ``comm/bytes_setup``.
     clients_hold_server_images: ClassVar[bool] = False
 
-    def __init__(self, cfg: ExperimentConfig, spec: DataSpec):
+    def __init__(self, cfg: ExperimentConfig, spec: DataSpec, params: BaseModel | None = None):
+        """``params``: this run's parsed ``algorithm.*`` (the resolved experiment's); parsed from ``cfg`` when None."""
         self.cfg = cfg
         self.spec = spec
-        self.params: Params = self.parse_params(cfg.algorithm.params())  # type: ignore[assignment]
+        self.params: Params = params if params is not None else self.parse_params(cfg.algorithm.params())  # type: ignore[assignment]
         #: The server's data (``data.server_data``) on the server's instance; always None on clients.
         self.server_data: ServerSideData | None = None
 
@@ -87,12 +106,13 @@ class Algorithm(ABC, Generic[Params]):
 
     # --- built once per process -----------------------------------------------------------------
     @abstractmethod
-    def build_modules(self) -> Any:
-        """The nn.Modules this method needs in a worker or the server; weights are loaded per call."""
+    def build_modules(self) -> Modules:
+        """The nn.Modules this method needs in a worker or the server (a small dataclass of them), built once per
+        process; weights are loaded per call. ``ctx.modules`` is what this returned."""
 
     # --- server side -----------------------------------------------------------------------------
     @abstractmethod
-    def init_server_state(self, modules: Any) -> ServerState:
+    def init_server_state(self, modules: Modules) -> ServerState:
         """Round-0 server state; ``modules`` were built under the run's ``init`` seed."""
 
     @abstractmethod
@@ -136,15 +156,11 @@ class Algorithm(ABC, Generic[Params]):
         return None
 
     @abstractmethod
-    def client_update(self, ctx: ClientContext, payload: Payload, state: ClientState | None) -> ClientResult:
-        """Local training from the payload and this client's private state."""
-
-    def local_training(self, ctx: ClientContext, payload: Payload, state: ClientState | None) -> Any:
-        """This client's update as a :class:`~fedray.learning.training.LocalTraining` (start weights, loss,
-        finish), which the runtime may batch with the round's other clients (``runtime.vectorize``); None
-        (the default): the update is not plain local training and ``client_update`` runs it, one client at
-        a time. Methods that return one implement ``client_update`` as ``run_local_training`` of it."""
-        return None
+    def client_update(self, ctx: ClientContext[Modules], payload: Payload, state: ClientState | None) -> ClientUpdate:
+        """This client's update from the payload and its private state: a finished :class:`ClientResult`, or a
+        training plan (:class:`LocalTraining`, :class:`StepwiseTraining`) that the runtime runs for this client
+        alone or batched with the round's other clients (``runtime.vectorize``). To run it by itself (tests, a
+        subclass that post-processes its parent's result): :func:`fedray.learning.training.run_update`."""
 
     def personal_model(self, state: ClientState) -> PersonalModel:
         """Personalised methods: the client's own model inside its state (what ``eval/*`` scores)."""
@@ -185,7 +201,7 @@ class PersonalisedAlgorithm(Algorithm):
         model.load_state_dict(state.weights)
         return model
 
-    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish, paddable: bool = False) -> Any:
+    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish, paddable: bool = False) -> LocalTraining:
         """A :class:`~fedray.learning.training.LocalTraining` of the client's own model from its state;
         ``finish(model, metrics, new_state)`` builds the result."""
         def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
@@ -199,3 +215,8 @@ class PersonalisedAlgorithm(Algorithm):
     def keep(ctx: ClientContext, state: PersonalModel, model: torch.nn.Module) -> PersonalModel:
         """The client's new state: the weights ``model`` now holds."""
         return PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
+
+
+__all__ = ["Algorithm", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "DataSpec", "DiagnosticProbe",
+           "LocalTraining", "ModelBank", "NoParams", "Payload", "PersonalModel", "PersonalisedAlgorithm", "ServerContext",
+           "ServerSideData", "ServerState", "Upload", "Weights", "local_step_count"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +27,9 @@ from fedray.methods.api import (
     ServerState,
     Upload,
     Weights,
-    defining_class,
 )
 from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
-from fedray.learning.training import LocalTraining, run_local_training, weights_only
+from fedray.learning.training import LocalTraining, weights_only
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.models import build_model
 
@@ -70,7 +69,23 @@ class FedAvgParams(CacheParams):
     pass
 
 
-class FedAvg(Algorithm):
+class FedAvg(Algorithm[FedAvgParams, Modules]):
+    """FedAvg, and the base of the local-SGD methods (FedProx, q-FFL, FedGKD, FedKF's warm-up, FedDF's clients).
+
+    A client loads the broadcast weights and takes ``ctx.num_local_steps()`` optimizer steps of :meth:`local_loss`;
+    its upload is :meth:`make_upload` of the trained weights. Subclasses change the update through three hooks:
+
+    - :meth:`make_anchor`: what the loss compares against, from the payload alone (FedProx: the received weights;
+      FedGKD: the teacher); the same for every client of the round.
+    - :meth:`local_loss` with :attr:`local_loss_paddable`: the training objective, and whether every term of it
+      that reads the batch averages over its rows not labelled ``IGNORE_LABEL`` only (then the vectorised runtime
+      may pad short batches). A subclass that overrides ``local_loss`` must say so in its own class body:
+      inheriting a "paddable" it never checked would silently change its numbers.
+    - :meth:`make_upload`: the upload from the client's trained weights.
+
+    ``client_update`` itself is overridden only to post-process the plan (q-FFL's upload, FedKF's distillation).
+    """
+
     name = "fedavg"
     Params = FedAvgParams
 
@@ -101,44 +116,44 @@ class FedAvg(Algorithm):
             return {}
         return {"aca": state.weights, "oca": state.cache.oca}
 
-    # --- client -------------------------------------------------------------------------------------
-    # Beside each local_loss: whether every term that reads the batch averages over its rows not labelled
-    # IGNORE_LABEL only, as F.cross_entropy's row mean does (LocalTraining.paddable). Honoured only from the class
-    # that defines the local_loss in use, so a subclass that overrides local_loss is not padded unless it says so.
-    local_loss_paddable = True
+    # --- client: the local-SGD hooks ------------------------------------------------------------------
+    #: Whether every term of :meth:`local_loss` that reads the batch averages over its rows not labelled
+    #: IGNORE_LABEL only, as F.cross_entropy's row mean does (LocalTraining.paddable).
+    local_loss_paddable: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "local_loss" in cls.__dict__ and "local_loss_paddable" not in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__} overrides local_loss: set local_loss_paddable in its class body "
+                            "(True only if every term reading the batch averages over rows not labelled IGNORE_LABEL)")
 
     def local_loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, anchor: Any) -> torch.Tensor:
         """The client's training objective; subclasses add terms (FedProx's proximal term)."""
         return F.cross_entropy(model(x), y)
 
-    def _local_loss_paddable(self) -> bool:
-        return bool(vars(defining_class(type(self), "local_loss")).get("local_loss_paddable", False))
-
     def make_anchor(self, model: torch.nn.Module, ctx: ClientContext | None = None, payload: Any = None) -> Any:
         """What the local loss may compare against (the received global model, a teacher); None for FedAvg."""
         return None
 
-    def make_upload(self, ctx: ClientContext, model: torch.nn.Module) -> ModelUpload:
+    def make_upload(self, ctx: ClientContext, weights: Weights) -> ModelUpload:
+        """The upload from the client's trained ``weights`` (a copy of its model's state dict)."""
         if self.uses_cache:
-            return CachedUpload(weights=clone_weights(model), num_samples=ctx.num_samples, client_id=ctx.client_id)
-        return ModelUpload(weights=clone_weights(model), num_samples=ctx.num_samples)
+            return CachedUpload(weights=weights, num_samples=ctx.num_samples, client_id=ctx.client_id)
+        return ModelUpload(weights=weights, num_samples=ctx.num_samples)
 
-    def local_training(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> LocalTraining:
+    def client_update(self, ctx: ClientContext[Modules], payload: ModelPayload,
+                      state: ClientState | None) -> LocalTraining:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         model.train()
         anchor = self.make_anchor(model, ctx, payload)  # from the payload alone: the same for every client
 
+        @weights_only  # the model is read only through clone_weights
         def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
-            return ClientResult(self.make_upload(ctx, m), None, metrics)
+            return ClientResult(self.make_upload(ctx, clone_weights(m)), None, metrics)
 
-        if defining_class(type(self), "make_upload") is FedAvg:  # clone_weights(model): nothing else read
-            weights_only(finish)
         return LocalTraining(model=model, start=payload.weights, loss=lambda m, x, y: self.local_loss(m, x, y, anchor),
-                             finish=finish, paddable=self._local_loss_paddable())
-
-    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> ClientResult:
-        return run_local_training(ctx, self.local_training(ctx, payload, state))
+                             finish=finish, paddable=self.local_loss_paddable)
 
     # --- server -------------------------------------------------------------------------------------
     def server_update(

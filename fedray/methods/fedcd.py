@@ -47,7 +47,7 @@ from fedray.methods.api import (
     Upload,
 )
 from fedray.learning.distill import kd_kl, normalised_entropy
-from fedray.learning.training import LocalTraining, run_local_training
+from fedray.learning.training import LocalTraining
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
 from fedray.errors import ConfigError
@@ -166,7 +166,7 @@ class FedCD(PersonalisedAlgorithm):
         assert ctx.server_x is not None, "FedCD's clients hold the shared validation images"
         return to_float(ctx.server_x[idx.to(ctx.server_x.device)], ctx.spec.mean, ctx.spec.std)
 
-    def local_training(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> LocalTraining:
+    def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> LocalTraining:
         p = self.params
         if payload.teacher is None or p.lambda_kd == 0:
             def loss_fn(m, x, y):
@@ -189,8 +189,6 @@ class FedCD(PersonalisedAlgorithm):
         # the distillation term reads the shared batch, not the private one: padded private rows stay out of it
         return self.own_training(ctx, state, loss_fn, finish, paddable=True)
 
-    def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> ClientResult:
-        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     # --- server (Algorithm 1, lines 11-16) ------------------------------------------------------------
     def server_update(self, state: FedCDServerState, uploads: list[FedCDUpload],

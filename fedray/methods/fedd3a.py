@@ -53,7 +53,7 @@ from fedray.learning.distill import kd_kl, normalised_entropy, soft_targets
 from fedray.methods.feddf import require_server_data
 from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
 from fedray.learning.subspace import projection_cosine, projector, subspace_weights
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, run_local_training, weights_only
+from fedray.learning.training import IGNORE_LABEL, LocalTraining, weights_only
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
@@ -156,7 +156,7 @@ class FedD3A(Algorithm):
                            for i in range(0, ctx.num_samples, bs)])
         return projector(feats, self.params.proj_a, batch_size=bs).float().cpu()
 
-    def local_training(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> LocalTraining:
+    def client_update(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> LocalTraining:
         glob = ctx.modules.model
         glob.load_state_dict(payload.weights)
         proj = self.client_projector(ctx, glob)
@@ -190,8 +190,6 @@ class FedD3A(Algorithm):
         return LocalTraining(model=ctx.own_model(), start=state.weights, loss=loss_fn, finish=own_finish,
                              paddable=True)
 
-    def client_update(self, ctx: ClientContext, payload: GlobalPayload, state: ClientState | None) -> ClientResult:
-        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     # --- server (Algorithm 1: Eq. 6-8) -----------------------------------------------------------------
     def server_update(self, state: GlobalModel, uploads: list[FedD3AUpload],

@@ -37,7 +37,7 @@ from fedray.methods.api import (
     Upload,
 )
 from fedray.learning.distill import kl_rows, soft_targets
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, row_mean, run_local_training
+from fedray.learning.training import IGNORE_LABEL, LocalTraining, row_mean
 from fedray.data.federated import to_float
 
 
@@ -82,7 +82,7 @@ class FedDistill(PersonalisedAlgorithm):
     def broadcast(self, state: LabelLogits, round_: int) -> LabelLogitsPayload:
         return LabelLogitsPayload(logits=state.logits, present=state.present)
 
-    def local_training(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> LocalTraining:
+    def client_update(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> LocalTraining:
         p = self.params
         if payload.logits is None or p.lambda_kd == 0:
             def loss_fn(m, x, y):
@@ -112,8 +112,6 @@ class FedDistill(PersonalisedAlgorithm):
 
         return self.own_training(ctx, state, loss_fn, finish, paddable=True)
 
-    def client_update(self, ctx: ClientContext, payload: LabelLogitsPayload, state: PersonalModel) -> ClientResult:
-        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     def server_update(self, state: LabelLogits, uploads: list[LabelLogitsUpload],
                       ctx: ServerContext) -> tuple[LabelLogits, dict[str, float]]:

@@ -59,7 +59,7 @@ from fedray.methods.api import ClientContext, ClientResult, ClientState, Payload
 from fedray.learning.cached import CacheParams
 from fedray.learning.distill import kd_kl
 from fedray.methods.fedavg import FedAvg, ModelPayload
-from fedray.learning.training import (IGNORE_LABEL, OptimSpec, StepwiseTraining, Update, is_weights_only,
+from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, is_weights_only,
                                        make_optimizer, module_dict, weights_only)
 from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_device
@@ -203,12 +203,14 @@ class FedKF(FedAvg):
                 new.adam_exp_avg_sq[name] = st["exp_avg_sq"].detach().to("cpu", copy=True)
         return new
 
-    def local_training(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None):
-        """The local step as data, for the runtime to batch over clients: warm-up rounds are FedAvg's; a
-        distillation round is two updates per step, (1) the student and (2) the generator, on the batch and the
-        noise ``client_update`` draws, with the generator's Adam state carried over from the client's state."""
+    def client_update(self, ctx: ClientContext, payload: FedKFPayload,
+                      state: GeneratorState | None) -> LocalTraining | StepwiseTraining:
+        """The local step as data, for the runtime to run alone or batched over clients: warm-up rounds are
+        FedAvg's; a distillation round is two updates per step, (1) the student and (2) the generator, on the batch
+        and the noise :meth:`distill_alone` draws, with the generator's Adam state carried over from the client's
+        state. :meth:`distill_alone` is the same round one client at a time, the reference the batched run meets."""
         if not self.distills(ctx.round):
-            plan = super().local_training(ctx, ModelPayload(weights=payload.weights), None)
+            plan = super().client_update(ctx, ModelPayload(weights=payload.weights), None)
             fedavg_finish = plan.finish  # FedAvg's result, with the generator state left as it is
 
             def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
@@ -217,6 +219,7 @@ class FedKF(FedAvg):
             return dataclasses.replace(plan, finish=weights_only(finish) if is_weights_only(fedavg_finish) else finish)
         p = self.params
         mods: FedKFModules = ctx.modules
+        received = state
         teacher = mods.teacher  # frozen and the same for every client of the round
         teacher.load_state_dict(payload.teacher if payload.teacher is not None else payload.weights)
         teacher.eval()
@@ -265,7 +268,8 @@ class FedKF(FedAvg):
                         new.adam_step = int(st["step"])
                         new.adam_exp_avg[name] = st["exp_avg"].to("cpu", copy=True)
                         new.adam_exp_avg_sq[name] = st["exp_avg_sq"].to("cpu", copy=True)
-            return ClientResult(self.make_upload(ctx, m["model"]), new, {k: v / steps for k, v in sums.items()})
+            return ClientResult(self.make_upload(ctx, clone_weights(m["model"])), new,
+                                {k: v / steps for k, v in sums.items()})
 
         kept = {}
         if p.persist_generator_optimizer and state.adam_step > 0:
@@ -277,12 +281,11 @@ class FedKF(FedAvg):
             updates=[Update(student_loss, {"model": OptimSpec.of(ctx.fed)}),
                      Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)})],
             steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept,
-            batches=ctx.batch_plan(), paddable=True)  # the batch is read only by the cross-entropy, as above
+            batches=ctx.batch_plan(), paddable=True,  # the batch is read only by the cross-entropy, as above
+            alone=lambda: self.distill_alone(ctx, payload, received))
 
-    def client_update(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
-        if not self.distills(ctx.round):  # warm-up: plain local training, the generator is left as it is
-            result = super().client_update(ctx, ModelPayload(weights=payload.weights), None)
-            return ClientResult(result.upload, state, result.metrics)
+    def distill_alone(self, ctx: ClientContext, payload: FedKFPayload, state: GeneratorState | None) -> ClientResult:
+        """A distillation round's local training (Alg. 1 lines 4-8, Eq. 2-8) for one client by itself."""
         p = self.params
         mods: FedKFModules = ctx.modules
         student, teacher, gen = mods.model, mods.teacher, mods.generator
@@ -322,4 +325,4 @@ class FedKF(FedAvg):
         student.zero_grad(set_to_none=True)
         mean = (sums / max(steps, 1)).cpu().tolist()
         keys = ("train/loss", "train/ce", "train/kl", "train/gen_loss", "train/l_ie", "train/l_oh", "train/l_a")
-        return ClientResult(self.make_upload(ctx, student), new_state, dict(zip(keys, mean)))
+        return ClientResult(self.make_upload(ctx, clone_weights(student)), new_state, dict(zip(keys, mean)))

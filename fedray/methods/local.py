@@ -27,7 +27,7 @@ from fedray.methods.api import (
     ServerState,
     Upload,
 )
-from fedray.learning.training import LocalTraining, run_local_training, weights_only
+from fedray.learning.training import LocalTraining, weights_only
 
 
 @dataclass
@@ -54,13 +54,11 @@ class Local(PersonalisedAlgorithm):
     def broadcast(self, state: NoServerState, round_: int) -> EmptyPayload:
         return EmptyPayload()
 
-    def local_training(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> LocalTraining:
+    def client_update(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> LocalTraining:
         return self.own_training(ctx, state, lambda m, x, y: F.cross_entropy(m(x), y),
                                  weights_only(lambda m, metrics, new: ClientResult(EmptyUpload(), new, metrics)),
                                  paddable=True)
 
-    def client_update(self, ctx: ClientContext, payload: EmptyPayload, state: PersonalModel) -> ClientResult:
-        return run_local_training(ctx, self.local_training(ctx, payload, state))
 
     def server_update(self, state: NoServerState, uploads: list[EmptyUpload],
                       ctx: ServerContext) -> tuple[NoServerState, dict[str, float]]:

@@ -91,11 +91,11 @@ class QFFL(FedAvg):
             total += float(F.cross_entropy(logits, ctx.y[s : s + bs], reduction="sum"))
         return total / max(ctx.num_samples, 1)
 
-    def local_training(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> LocalTraining:
+    def client_update(self, ctx: ClientContext, payload: ModelPayload, state: ClientState | None) -> LocalTraining:
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         loss = self.local_objective(ctx, model)  # F_k(w), before training
-        plan = super().local_training(ctx, payload, state)  # FedAvg's local SGD from the same w
+        plan = super().client_update(ctx, payload, state)  # FedAvg's local SGD from the same w
 
         @weights_only
         def finish(trained: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:

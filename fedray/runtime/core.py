@@ -23,7 +23,7 @@ from fedray.errors import RunFailure
 from fedray.report.metrics import Evaluator, eval_layout, personal_metrics
 from fedray.models import build_model
 from fedray.models.base import channels_last_if_faster
-from fedray.learning.training import LocalTraining
+from fedray.learning.training import ClientUpdate, LocalTraining, StepwiseTraining, run_update
 from fedray.learning.weights import leaves, nbytes
 from fedray.runtime.malloc import keep_freed_memory
 from fedray.vectorized.precision import at_local_precision, check_precision
@@ -99,7 +99,7 @@ class ClientWorkerCore:
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(cfg, data, device, algo_cls)
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
-        self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device, type(self.algo))
+        self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
         self._evaluator: Evaluator | None = None
         self._eval_models: dict[str, torch.nn.Module] = {}  # per architecture, apart from the modules clients train in
@@ -111,25 +111,32 @@ class ClientWorkerCore:
     def train(self, round_: int, client_id: int, payload: Any,
               state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
         ctx, state = self._context(round_, client_id, state)
-        return self._outcome(ctx, self.algo.client_update(ctx, payload, state))
+        return self._outcome(ctx, self._alone(ctx, self.algo.client_update(ctx, payload, state)))
+
+    def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
+        """One client's update run by itself; a StepwiseTraining without a run of its own goes through the
+        lockstep engine for this client alone."""
+        if isinstance(update, StepwiseTraining) and update.alone is None:
+            return train_vectorized([ctx], [update], pad=False, cuda_graphs=self.cfg.runtime.cuda_graphs)[0]
+        return run_update(ctx, update)
 
     @at_local_precision
     def train_many(self, round_: int, client_ids: list[int], payload: Any,
                    states: list[ClientState | None]) -> list[tuple[Upload, ClientState | None, dict]]:
-        """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on and a method
-        that describes its update as :class:`LocalTraining`, clients sharing a module and a loss are trained
-        in lockstep as one batched computation (:mod:`fedray.vectorized.engine`); otherwise one by one."""
+        """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on, the clients whose
+        ``client_update`` returns a training plan and that share a module and a loss are trained in lockstep as one
+        batched computation (:mod:`fedray.vectorized.engine`); otherwise one by one."""
         if not self.vectorize or len(client_ids) < self.vectorize_min:
             return [self.train(round_, c, payload, s) for c, s in zip(client_ids, states)]
         ctxs, plans, results = [], [], {}
         for cid, state in zip(client_ids, states):
             ctx, state = self._context(round_, cid, state)
-            plan = self.algo.local_training(ctx, payload, state)
-            if plan is None:  # not plain local training (e.g. DaFKD's GAN steps): the method runs it
-                results[cid] = self._outcome(ctx, self.algo.client_update(ctx, payload, state))
+            update = self.algo.client_update(ctx, payload, state)
+            if isinstance(update, ClientResult):  # not a plan (e.g. DaFKD with a gradient penalty): done already
+                results[cid] = self._outcome(ctx, update)
             else:
                 ctxs.append(ctx)
-                plans.append(plan)
+                plans.append(update)
         groups: dict[tuple, list[int]] = {}
         for i, plan in enumerate(plans):  # batched together: the same modules and loss
             modules = (plan.model,) if isinstance(plan, LocalTraining) else tuple(plan.modules.values())

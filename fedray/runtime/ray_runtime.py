@@ -112,7 +112,7 @@ class RayRuntime(Runtime):
         # vectorised clients need (the worker's device decides, as in ClientWorkerCore). Not with a client
         # timeout, which is per client: a straggler would hold back the rest of its task.
         worker_device = torch.device("cuda" if cfg.runtime.num_gpus_per_worker > 0 else "cpu")
-        self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device, self.algo_cls)
+        self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device)
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
         if data is not None:

@@ -1,6 +1,6 @@
 """Sweep specs for ``fedray tune``: a base config, overrides, a search space over any config key, the
 metric to optimise and an optional ASHA scheduler over rounds. Validated up front; executed by Ray Tune
-in :mod:`fedray.runtime.tune` (the only place that may import Ray).
+in :mod:`fedray.sweep.runner` (with the runtime, the only places that import Ray).
 
 A spec (``tune_configs/*.yaml``)::
 

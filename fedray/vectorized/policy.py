@@ -7,20 +7,12 @@ from typing import Any
 
 import torch
 
-from fedray.methods.api import Algorithm, defining_class
-
-
-def vectorize_enabled(setting: Any, device: torch.device, algo_cls: type) -> bool:
-    """Whether a worker on ``device`` trains ``algo_cls``'s clients batched. ``runtime.vectorize``: true/false
-    as said; ``auto`` vectorises on CUDA devices only (on a CPU batching clients measured slower than one at
-    a time, see benchmarks/overhead.py). Never for a method without :meth:`Algorithm.local_training`, nor
-    for one whose ``client_update`` is overridden below it (a subclass changing the update would be
-    bypassed: it runs sequentially)."""
-    if not (device.type == "cuda" if setting == "auto" else bool(setting)):
-        return False
-
-    planned, update = defining_class(algo_cls, "local_training"), defining_class(algo_cls, "client_update")
-    return planned is not Algorithm and issubclass(planned, update)
+def vectorize_enabled(setting: Any, device: torch.device) -> bool:
+    """Whether a worker on ``device`` trains its clients batched. ``runtime.vectorize``: true/false as said; ``auto``
+    vectorises on CUDA devices only (on a CPU batching clients measured slower than one at a time, see
+    benchmarks/speed/overhead.py). A client whose ``client_update`` returns a finished result, not a training plan,
+    runs by itself either way."""
+    return device.type == "cuda" if setting == "auto" else bool(setting)
 
 
 def vectorize_min_clients(runtime_cfg: Any) -> int:

@@ -6,6 +6,7 @@ import time
 import torch
 
 from fedray.methods import register_algorithm
+from fedray.learning.training import run_update
 from fedray.methods.api import ClientResult
 from fedray.methods.fedavg import FedAvg, ModelUpload
 
@@ -18,7 +19,7 @@ class NaNClient(FedAvg):
     nan_all = False
 
     def client_update(self, ctx, payload, state) -> ClientResult:
-        result = super().client_update(ctx, payload, state)
+        result = run_update(ctx, super().client_update(ctx, payload, state))
         if ctx.round == 2 and (self.nan_all or ctx.client_id == 1):
             weights = {k: torch.full_like(v, math.nan) if torch.is_floating_point(v) else v
                        for k, v in result.upload.weights.items()}
@@ -38,7 +39,7 @@ class SlowClient0(FedAvg):
 
     name = "test_slow_client_0"
 
-    def client_update(self, ctx, payload, state) -> ClientResult:
+    def client_update(self, ctx, payload, state):
         if ctx.client_id == 0:
             time.sleep(120)
         return super().client_update(ctx, payload, state)
@@ -51,7 +52,7 @@ class SlowRound2(FedAvg):
 
     name = "test_slow_round_2"
 
-    def client_update(self, ctx, payload, state) -> ClientResult:
+    def client_update(self, ctx, payload, state):
         if ctx.round == 2:
             time.sleep(2)
         return super().client_update(ctx, payload, state)
@@ -59,12 +60,12 @@ class SlowRound2(FedAvg):
 
 @register_algorithm
 class SlowPlanRound2(FedAvg):
-    """SlowRound2 for vectorised clients: the delay is in ``local_training``, so the worker still batches its
-    clients of the round (1 s each) and a fault lands mid-task."""
+    """SlowRound2 for vectorised clients: the delay comes before the plan is returned, so the worker still batches
+    its clients of the round (1 s each) and a fault lands mid-task."""
 
     name = "test_slow_plan_round_2"
 
-    def local_training(self, ctx, payload, state):
+    def client_update(self, ctx, payload, state):
         if ctx.round == 2:
             time.sleep(1)
-        return super().local_training(ctx, payload, state)
+        return super().client_update(ctx, payload, state)

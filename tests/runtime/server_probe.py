@@ -1,6 +1,7 @@
 """A test-only method that reports what server data it sees on the server and on the clients."""
 
 from fedray.methods import register_algorithm
+from fedray.learning.training import run_update
 from fedray.methods.api import ClientResult
 from fedray.methods.fedavg import FedAvg
 
@@ -10,7 +11,7 @@ class ServerDataProbe(FedAvg):
     name = "test_server_probe"
 
     def client_update(self, ctx, payload, state) -> ClientResult:
-        result = super().client_update(ctx, payload, state)
+        result = run_update(ctx, super().client_update(ctx, payload, state))
         return ClientResult(result.upload, None, {**result.metrics,
                                                   "test/client_sees_server_data": float(self.server_data is not None)})
 

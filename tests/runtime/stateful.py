@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from fedray.methods import register_algorithm
+from fedray.learning.training import run_update
 from fedray.methods.api import ClientResult
 from fedray.methods.fedavg import FedAvg
 
@@ -22,6 +23,6 @@ class CountingFedAvg(FedAvg):
 
     def client_update(self, ctx, payload, state: Counter) -> ClientResult:
         assert state.client_id == ctx.client_id, "a client received another client's state"
-        result = super().client_update(ctx, payload, state)
+        result = run_update(ctx, super().client_update(ctx, payload, state))
         new = Counter(ctx.client_id, state.count + 1)
         return ClientResult(result.upload, new, {**result.metrics, "test/count": float(new.count)})

@@ -92,7 +92,7 @@ def test_bf16_is_refused_on_a_gpu_without_bfloat16_arithmetic(monkeypatch, caplo
 
 def test_a_nested_block_casts_once_and_the_block_ends_on_an_error(monkeypatch):
     """train_many trains a client by train, both at runtime.precision: the inner block adds no second cast."""
-    from fedray.runtime import precision
+    from fedray.vectorized import precision
 
     casts = []
     monkeypatch.setattr(precision, "_low", lambda v: casts.append(v) or v.bfloat16())

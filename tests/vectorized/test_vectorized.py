@@ -10,14 +10,12 @@ import pytest
 import torch
 
 from fedray.methods import ALGORITHMS, validate_experiment
-from fedray.methods.api import Algorithm
-from fedray.methods.dafkd import DaFKD
+from fedray.methods.api import ClientResult
 from fedray.methods.fedavg import FedAvg
-from fedray.methods.qffl import QFFL
 from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
-from fedray.learning.training import IGNORE_LABEL, OptimSpec, is_weights_only, weights_only
+from fedray.learning.training import IGNORE_LABEL, OptimSpec, is_weights_only, run_update, weights_only
 from fedray.vectorized.stacked_optimizer import StackedOptimizer
 from fedray.learning import cuda_graphs
 from fedray.data import federated as fed_data
@@ -229,7 +227,7 @@ def test_batched_inputs_are_each_clients_batches_and_padded_rows_are_ignored():
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
         ctxs = [rt.worker._context(1, c, None)[0] for c in (3, 5)]  # 35 and 70 samples: 6 and 10 steps
-    plans = [as_stepwise(c, rt.worker.algo.local_training(c, rt.worker.algo.broadcast(rt.server.state, 1), None))
+    plans = [as_stepwise(c, rt.worker.algo.client_update(c, rt.worker.algo.broadcast(rt.server.state, 1), None))
              for c in ctxs]
     for pad in (False, True):
         rows = RoundBatches(plans, torch.device("cpu"), pad)
@@ -261,7 +259,7 @@ def _plans(cfg, client_ids):
     for c in client_ids:
         ctx, state = rt.worker._context(1, c, None)
         ctxs.append(ctx)
-        plans.append(algo.local_training(ctx, rt.server.broadcast(1)[0], state))
+        plans.append(algo.client_update(ctx, rt.server.broadcast(1)[0], state))
     return rt, ctxs, plans
 
 
@@ -276,16 +274,24 @@ def test_finishes_that_only_copy_the_weights_say_so(kw, marked):
         assert [is_weights_only(p.finish) for p in plans] == [marked] * 2
 
 
-def test_a_subclass_whose_upload_reads_the_model_is_not_weights_only():
-    class Probing(FedAvg):  # an upload that runs the model: it must get the module, not a stand-in
-        def make_upload(self, ctx, model):
-            return super().make_upload(ctx, model)
+def test_a_subclass_upload_is_made_from_the_trained_weights_so_the_finish_stays_weights_only():
+    """make_upload is handed the client's trained weights, never the module: an override cannot read the model
+    behind the batched runner's back, and FedAvg's finish may always take the weights-only path."""
+    given = []
+
+    class Probing(FedAvg):
+        def make_upload(self, ctx, weights):
+            given.append(weights)
+            return super().make_upload(ctx, weights)
 
     cfg = validate_experiment(tiny_config())
     rt, ctxs, plans = _plans(cfg, [3])
     with rt:
-        plan = Probing(cfg, rt.worker.algo.spec).local_training(ctxs[0], rt.server.broadcast(1)[0], None)
-        assert not is_weights_only(plan.finish)
+        plan = Probing(cfg, rt.worker.algo.spec).client_update(ctxs[0], rt.server.broadcast(1)[0], None)
+        assert is_weights_only(plan.finish)
+        result = run_update(ctxs[0], plan)
+    assert len(given) == 1 and result.upload.weights is given[0]
+    assert set(given[0]) == set(plan.model.state_dict()) and all(isinstance(v, torch.Tensor) for v in given[0].values())
 
 
 def test_a_weights_only_finish_gets_each_clients_weights_from_one_host_copy():
@@ -388,18 +394,25 @@ def test_a_step_that_cannot_be_batched_runs_sequentially_under_vectorize():
     assert untimed[0] == untimed[1]
 
 
-def test_auto_vectorises_on_cuda_only_and_only_methods_whose_update_is_their_local_training():
+def test_auto_vectorises_on_cuda_only_and_a_subclass_changing_the_update_is_never_bypassed():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert vectorize_enabled("auto", cuda, FedAvg) and not vectorize_enabled("auto", cpu, FedAvg)
-    assert vectorize_enabled(True, cpu, QFFL) and not vectorize_enabled(False, cuda, FedAvg)
-    assert vectorize_enabled(True, cpu, DaFKD) and not vectorize_enabled(True, cpu, Algorithm)
-
-    class Altered(FedAvg):  # changes the update without saying how to batch it: must not be bypassed
-        def client_update(self, ctx, payload, state):
-            return super().client_update(ctx, payload, state)
-
-    assert not vectorize_enabled(True, cpu, Altered)
+    assert vectorize_enabled("auto", cuda) and not vectorize_enabled("auto", cpu)
+    assert vectorize_enabled(True, cpu) and not vectorize_enabled(False, cuda)
     assert tiny_config(runtime__vectorize="true").runtime.vectorize is True
+
+    class Altered(FedAvg):  # changes the update after its parent's training: runs as written, never batched past
+        name = "test_altered"
+
+        def client_update(self, ctx, payload, state):
+            result = run_update(ctx, super().client_update(ctx, payload, state))
+            return ClientResult(result.upload, None, {**result.metrics, "test/altered": 1.0})
+
+    cfg = validate_experiment(tiny_config(runtime__vectorize=True, federation__rounds=1))
+    with make_runtime(cfg, build_federated_data(cfg.data, cfg.seed)) as rt:
+        rt.worker.algo = Altered(cfg, rt.worker.algo.spec)
+        rt.worker.vectorize_min = 1
+        done = rt.worker.train_many(1, [3, 4], rt.server.broadcast(1)[0], [None, None])
+    assert [info["test/altered"] for _, _, info in done] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("setting, min_clients, batched, said", [

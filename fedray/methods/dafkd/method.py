@@ -47,26 +47,23 @@ distillation from round 1 (code: from round 2, ``distill_start_round``), tempera
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import dataclasses
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from fedray.learning import optim
-from fedray.methods.api import (Algorithm, ClientContext, ClientResult, ClientState, DiagnosticProbe, Payload,
-                                    ServerContext, ServerState, Upload, Weights)
+from fedray.methods.api import Algorithm, ClientContext, ClientResult, DiagnosticProbe, ServerContext, Weights
 from fedray.methods.dafkd.server import probe_diagnostics, server_round
 from fedray.methods.dafkd.types import (DaFKDClientState, DaFKDModules, DaFKDParams, DaFKDPayload, DaFKDServerState,
                                         DaFKDUpload)
 from fedray.learning.distill import soft_targets
 from fedray.methods.dafkd.client import batched_local_step, sequential_update
-from fedray.learning.training import row_mean
+from fedray.learning.training import StepwiseTraining, row_mean
 from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_device
-from fedray.models import FedModel, build_model
+from fedray.models import build_model
 from fedray.models.base import batch_rows, frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
 from fedray.seeding import derive_seed
@@ -221,14 +218,16 @@ class DaFKD(Algorithm):
             adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // ctx.fed.batch_size))
         return round_d, round_g, adv_steps
 
-    def local_training(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState):
-        """Lines 19-25 as data, for the runtime to batch over clients (:mod:`fedray.methods.dafkd.client`);
-        None with the gradient penalty. ``client_update`` (``dafkd_client.sequential_update``) is the sequential
-        reference."""
-        return batched_local_step(self, ctx, payload, state)
-
-    def client_update(self, ctx: ClientContext, payload: DaFKDPayload, state: DaFKDClientState) -> ClientResult:
-        return sequential_update(self, ctx, payload, state)
+    def client_update(self, ctx: ClientContext, payload: DaFKDPayload,
+                      state: DaFKDClientState) -> StepwiseTraining | ClientResult:
+        """Lines 17-26: as data (:func:`~fedray.methods.dafkd.client.batched_local_step`) for the runtime to run
+        alone or batched over clients, with :func:`~fedray.methods.dafkd.client.sequential_update` as its run for
+        this client by itself (the reference). With the gradient penalty (a gradient inside the loss, which vmap
+        cannot batch here) the sequential update runs at once."""
+        plan = batched_local_step(self, ctx, payload, state)
+        if plan is None:
+            return sequential_update(self, ctx, payload, state)
+        return dataclasses.replace(plan, alone=lambda: sequential_update(self, ctx, payload, state))
 
     # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
     #: This round's uploads, kept for probe_diagnostics (only on a round it runs; not server state)
