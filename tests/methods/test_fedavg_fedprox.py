@@ -20,9 +20,9 @@ def _ctx():
     return ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=None)
 
 
-def test_server_step_is_the_sample_weighted_mean():
-    cfg = tiny_config()
-    algo = FedAvg(cfg, None)
+@pytest.mark.parametrize("name", ["fedavg", "fedprox"])
+def test_server_step_is_the_sample_weighted_mean(name):
+    algo = get_algorithm(name)(tiny_config(algorithm__name=name), None)
     ups = [
         ModelUpload({"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(5)}, num_samples=1),
         ModelUpload({"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(9)}, num_samples=3),

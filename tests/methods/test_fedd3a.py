@@ -1,5 +1,5 @@
-"""FedD3A (Eq. 5-8) and FedDF: teacher weights by hand, the client's projector, what is communicated,
-homogeneous and heterogeneous runs, early stopping, diagnostics, and the presets on fabricated images."""
+"""FedD3A (Eq. 5-8) and FedDF: teacher weights and both server steps by hand, the client's projector, what is
+communicated, homogeneous and heterogeneous runs, early stopping, diagnostics, and the presets on fabricated images."""
 
 import math
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from fedray.methods import load_experiment, validate_experiment
+from fedray.methods import DataSpec, ServerContext, load_experiment, validate_experiment
+from fedray.methods.api import ServerSideData
 from fedray.methods.fedd3a import weights_for
 from fedray.learning.subspace import projector
 from fedray.data import build_federated_data
@@ -96,6 +97,97 @@ def test_feddf_distils_the_mean_logits_with_early_stopping():
     assert 0 <= row["server/val_agreement"] <= 1
     uploads = 2 * cfg.federation.clients_per_round  # FedAvg's traffic only: the model, + the sample count up
     assert result.summary["comm/bytes_up"] == result.summary["comm/bytes_down"] + 8 * uploads
+
+
+# --- server steps by hand --------------------------------------------------------------------------------
+# Models whose every parameter is 0 but the head's bias b: their logits are b on any image (features are 0, or
+# anything: the head's weight is 0). The student starts from the sample-weighted average, so its logits are the
+# average bias; the first distillation step's loss, T^2 KL(teacher || softmax(student / T)), is then a number by hand.
+
+SPEC = DataSpec(input_shape=(1, 16, 16), num_classes=10, num_clients=6, mean=(0.5,), std=(0.25,))
+
+
+def _with_head_bias(weights, bias, keep_backbone=False):
+    """``weights`` with the head's weight 0 and its bias ``bias`` (a list, padded with 0 to 10 classes); every other
+    parameter 0 too unless ``keep_backbone``."""
+    out = {k: (v.clone() if keep_backbone else torch.zeros_like(v)) for k, v in weights.items()}
+    out["head.weight"] = torch.zeros_like(weights["head.weight"])
+    out["head.bias"] = torch.tensor(bias + [0.0] * (10 - len(bias)))
+    return out
+
+
+def _softmax(z):
+    e = [math.exp(v) for v in z]
+    return [v / sum(e) for v in e]
+
+
+def _kl(p, q):
+    return sum(a * math.log(a / b) for a, b in zip(p, q))
+
+
+def test_feddf_server_step_distils_the_softmax_of_the_mean_logits_into_the_average():
+    """FedDF's teacher is softmax(mean_k logits_k / T), each client's model weighing the same (not its sample
+    count, not the mean of the clients' softmaxes); its student starts from FedAvg's sample-weighted average."""
+    from fedray.methods.fedavg import ModelUpload
+    from fedray.methods.feddf import FedDF
+
+    t = 2.0
+    cfg = validate_experiment(tiny_config(algorithm__name="feddf", algorithm__temperature=t, algorithm__patience=0,
+                                          algorithm__distill_epochs=1, **SERVER))
+    algo = FedDF(cfg, SPEC)
+    algo.server_data = ServerSideData(x=torch.full((8, 1, 16, 16), 200, dtype=torch.uint8), y=None)
+    modules = algo.build_modules()
+    state = algo.init_server_state(modules)
+    assert set(state.weights) >= {"head.weight", "head.bias"}
+    a, b = _with_head_bias(state.weights, [2.0, 0.0]), _with_head_bias(state.weights, [0.0, 4.0])
+    new, metrics = algo.server_update(state, [ModelUpload(a, num_samples=1), ModelUpload(b, num_samples=3)],
+                                      ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=modules))
+    teacher = _softmax([0.5 * 2 / t, 0.5 * 4 / t] + [0.0] * 8)  # mean logits (1, 2, 0, ...) / T
+    student = _softmax([(1 * 2 + 3 * 0) / 4 / t, (1 * 0 + 3 * 4) / 4 / t] + [0.0] * 8)  # average bias (0.5, 3) / T
+    # 8 images in batches of 128: one step, and its loss is the first
+    assert metrics["server/distill_steps"] == 1
+    assert metrics["server/kd_loss_first"] == pytest.approx(t * t * _kl(teacher, student), rel=1e-5)
+    # what the wrong teachers would have given: the sample-weighted mean of the logits is the student itself,
+    # the mean of the softmaxes another distribution
+    softmaxes = [(p + q) / 2 for p, q in zip(_softmax([1.0] + [0.0] * 9), _softmax([0.0, 2.0] + [0.0] * 8))]
+    assert _kl(softmaxes, student) != pytest.approx(_kl(teacher, student), rel=1e-3)
+    moved = [k for k in new.weights if not torch.equal(new.weights[k], (a[k] * 1 + b[k] * 3) / 4)]
+    assert "head.bias" in moved  # trained from the average for its one step
+
+
+def test_fedd3a_server_step_weights_each_teacher_by_eq6_and_mixes_their_softmaxes_by_eq7():
+    """Two clients: P_1 = I keeps every feature (r_1 = cos(u, u) = 1), P_2 = 0 none (r_2 = 0, by definition), so
+    Eq. 6 gives alpha = softmax((r - mean r) / std r) = softmax(1/sqrt 2, -1/sqrt 2) on every image, and Eq. 7's
+    teacher is alpha_1 softmax(b_1 / T) + alpha_2 softmax(b_2 / T)."""
+    from fedray.methods.fedd3a import FedD3A, FedD3AUpload
+
+    t = 2.0
+    cfg = validate_experiment(tiny_config(algorithm__name="fedd3a", algorithm__temperature=t,
+                                          algorithm__distill_epochs=1, **SERVER))
+    algo = FedD3A(cfg, SPEC)
+    algo.server_data = ServerSideData(x=torch.full((8, 1, 16, 16), 200, dtype=torch.uint8), y=None)
+    modules = algo.build_modules()
+    state = algo.init_server_state(modules)  # its backbone B: the initial model's
+    modules.model.load_state_dict(state.weights)
+    with torch.no_grad():
+        feats = modules.model.features(torch.full((1, 1, 16, 16), (200 / 255 - 0.5) / 0.25))
+    assert feats.abs().sum() > 0  # u != 0: cos(u, P u) is defined
+    d = feats.shape[1]
+    ups = [FedD3AUpload(weights=_with_head_bias(state.weights, bias, keep_backbone=True), architecture="lenet5",
+                        num_samples=n, projector=p)
+           for bias, n, p in (([2.0, 0.0], 1, torch.eye(d)), ([0.0, 4.0], 3, torch.zeros(d, d)))]
+    _, metrics = algo.server_update(state, ups, ServerContext(round=1, seed=0, device=torch.device("cpu"),
+                                                              modules=modules))
+    z = 1 / math.sqrt(2)  # r = (1, 0): mean 1/2, sample std 1/sqrt 2
+    alpha = _softmax([z, -z])
+    teacher = [alpha[0] * p + alpha[1] * q
+               for p, q in zip(_softmax([2 / t] + [0.0] * 9), _softmax([0.0, 4 / t] + [0.0] * 8))]
+    student = _softmax([0.5 / t, 3 / t] + [0.0] * 8)  # the sample-weighted average's bias (0.5, 3)
+    assert metrics["server/r_mean"] == pytest.approx(0.5)
+    assert metrics["server/alpha_max_mean"] == pytest.approx(alpha[0])
+    h = -sum(a * math.log(a) for a in alpha) / math.log(2)
+    assert metrics["server/alpha_entropy"] == pytest.approx(h)
+    assert metrics["server/kd_loss_first"] == pytest.approx(t * t * _kl(teacher, student), rel=1e-5)
 
 
 @pytest.mark.parametrize("name", ["fedd3a", "feddf"])

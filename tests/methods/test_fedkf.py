@@ -80,6 +80,12 @@ def test_aca_and_oca_are_the_hand_computed_weighted_means(mode):
     assert len(state2.cache.slots) == 3  # one slot per client, overwritten: no growth with rounds
 
 
+def test_fedkfs_server_step_is_the_cached_aggregation_checked_above():
+    # FedKF aggregates as FedAvg with its cache (ACA / OCA, T1): the hand-computed test above is FedKF's server step
+    # for as long as FedKF does not override it
+    assert FedKF.server_update is FedAvg.server_update and FedKF.init_server_state is FedAvg.init_server_state
+
+
 def test_cache_memory_is_one_slot_per_client_and_survives_a_checkpoint(tmp_path):
     import fedray.report.checkpoint as checkpoint
     w0 = {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}

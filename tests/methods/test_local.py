@@ -50,6 +50,19 @@ def test_local_training_keeps_each_clients_own_model_and_sends_nothing():
             assert any(not torch.equal(st.weights[k], init[k]) for k in init)  # trained, not the initial model
 
 
+def test_server_step_keeps_nothing_and_nothing_is_sent():
+    from fedray.learning.weights import nbytes
+    from fedray.methods.api import ServerContext
+    from fedray.methods.local import EmptyUpload, Local
+
+    algo = Local(validate_experiment(tiny_config(**HETERO)), None)
+    state = algo.init_server_state(None)
+    new, metrics = algo.server_update(state, [EmptyUpload(), EmptyUpload()],
+                                      ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=None))
+    assert new == state and metrics == {}
+    assert nbytes(algo.broadcast(new, 2)) == 0 and nbytes(EmptyUpload()) == 0
+
+
 def test_a_clients_model_continues_from_its_last_round():
     """Training round 2 starts from the weights round 1 left, not from a fresh initialisation."""
     cfg = tiny_config(algorithm__name="local", data__num_clients=3, federation__clients_per_round=3)

@@ -137,6 +137,16 @@ def test_fedgkd_teacher_is_the_mean_of_the_last_m_global_models(full_only):
         assert (t is None) if expected[r] is None else t == pytest.approx(expected[r], rel=1e-6)
 
 
+def test_fedgkd_server_step_is_the_sample_weighted_mean_and_buffers_it():
+    algo = FedGKD(tiny_config(algorithm__name="fedgkd", algorithm__buffer_size=2), SPEC4)
+    state = algo.init_server_state(GKDModules(model=_lin(0.0), teacher=_lin(0.0)))
+    ups = [ModelUpload({"weight": torch.tensor([[1.0]])}, num_samples=1),
+           ModelUpload({"weight": torch.tensor([[5.0]])}, num_samples=3)]
+    state, _ = algo.server_update(state, ups, _ctx(1))
+    assert float(state.weights["weight"].item()) == (1 * 1.0 + 3 * 5.0) / 4  # 4.0, FedAvg's mean
+    assert _teacher_value(algo, state, 2) == pytest.approx((0.0 + 4.0) / 2)  # the buffer: w0 = 0 and 4
+
+
 def test_fedgkd_local_loss_is_ce_plus_half_gamma_kl():
     algo = FedGKD(tiny_config(algorithm__name="fedgkd", algorithm__gamma=0.4), SPEC4)
     torch.manual_seed(0)
