@@ -220,12 +220,13 @@ def plot_mechanism(by: dict, alphas, path: Path) -> Path | None:
     return path
 
 
-def markdown(runs: list[dict], methods, alphas, rounds: int, meta: dict, setting: str, runs_dir: Path) -> str:
+def markdown(runs: list[dict], methods, alphas, rounds: int, meta: dict, setting: str, runs_dir: Path,
+             planned: list[Run]) -> str:
     by = {}
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)
     seeds = sorted({r["seed"] for r in runs})
-    lines = harness.header("DaFKD on Fashion-MNIST", meta, NAME, runs_dir) + [
+    lines = harness.header("DaFKD on Fashion-MNIST", meta, NAME, runs_dir, planned) + [
              f"{setting}, {rounds} rounds, seeds {', '.join(map(str, seeds))}; the same budget for every method. "
              "Paper: ResNet-11 and its own FedAvg/FedProx runs, E=20 epochs, T=60 (Table 1, 2, 3); its numbers are "
              "copied for reference, not reproduced settings.", "",
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = collect(grid)
     alphas = [SETTINGS[s] for s in args.settings]
     setting, rounds = setting_of(grid)
-    md = markdown(runs, args.methods, alphas, rounds, meta, setting, args.runs_dir)
+    md = markdown(runs, args.methods, alphas, rounds, meta, setting, args.runs_dir, grid_runs)
     by: dict = {}
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)

@@ -115,8 +115,9 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
     return {f"{m}|{s}": v for (m, s), v in runs.items()}
 
 
-def tables(res: dict, settings: list[str], meta: dict, runs_dir: Path) -> str:
-    lines = ["\n".join(harness.header("FedCD on Fashion-MNIST (FedCD Tables I-III in shape)", meta, NAME, runs_dir))]
+def tables(res: dict, settings: list[str], meta: dict, runs_dir: Path, planned: list[Run]) -> str:
+    lines = ["\n".join(harness.header("FedCD on Fashion-MNIST (FedCD Tables I-III in shape)", meta, NAME, runs_dir,
+                                      planned))]
     lines += ["## Table II's shape: average user accuracy (%)\n",
               "Mean over users of their own model's top-1 accuracy on the global test set (FedAvg: the global "
               f"model), mean ± std over seeds; last evaluation / mean of the last {LAST_N} evaluations; AMP on the "
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
     meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
     res = collect(harness.collect(runs))
-    md = tables(res, args.settings, meta, args.runs_dir)
+    md = tables(res, args.settings, meta, args.runs_dir, runs)
     harness.write(args.out, NAME, meta, {"runs": res}, md)
     print(md)
 

@@ -94,9 +94,9 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
     return res
 
 
-def tables(res: dict, settings, meta: dict, runs_dir: Path) -> str:
+def tables(res: dict, settings, meta: dict, runs_dir: Path, planned: list[Run]) -> str:
     lines = harness.header("FedD3A on fmnist_domains (the FedD3A paper's comparison and Table 1, in shape)", meta,
-                           NAME, runs_dir) + [
+                           NAME, runs_dir, planned) + [
              "Global model's top-1 accuracy (%) on the client domains' test images, mean ± std over seeds: last "
              f"evaluation / mean of the last {LAST_N}; teacher accuracies (%) on the server's domain are means over "
              "rounds of `diag/teacher_acc_*` (FedD3A runs only).\n",
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
     meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
     res = collect(harness.collect(runs))
-    md = tables(res, args.settings, meta, args.runs_dir)
+    md = tables(res, args.settings, meta, args.runs_dir, runs)
     harness.write(args.out, NAME, meta, {"runs": res}, md)
     print(md)
 

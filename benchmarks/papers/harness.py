@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from fedray.report.runs import RunRecord, fmt_mean_std
 
-__all__ = ["Finished", "LAST_N", "Run", "collect", "execute", "fmt_mean_std", "grid_args", "header", "plan",
-           "run_and_record", "write"]
+__all__ = ["Finished", "LAST_N", "Run", "collect", "execute", "fmt_mean_std", "grid_args", "header", "not_run",
+           "plan", "run_and_record", "write"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -189,6 +189,25 @@ def collect(runs: Iterable[Run]) -> dict[tuple[str, str], list[Finished]]:
     return out
 
 
+def not_run(runs: Sequence[Run], name: str) -> list[str]:
+    """Markdown lines naming the grid's cells without a finished run, methods that miss the same cells
+    together, and the command that runs them (finished runs are skipped); none when the grid is complete."""
+    missing: dict[str, dict[str, list[int]]] = {}
+    for r in pending(runs):
+        missing.setdefault(r.method, {}).setdefault(r.setting, []).append(r.seed)
+    if not missing:
+        return []
+    by_cells: dict[str, list[str]] = {}
+    for method, cells in missing.items():
+        where = "; ".join(f"{setting} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))})"
+                          for setting, seeds in cells.items())
+        by_cells.setdefault(where, []).append(method)
+    lines = ["Not run yet, so not in the tables:"]
+    lines += [f"- {', '.join(methods)}: {where}" for where, methods in by_cells.items()]
+    return lines + ["", f"`.venv/bin/python benchmarks/papers/{name}.py` runs them (its defaults are this grid; "
+                    "finished runs are skipped).", ""]
+
+
 def last_n(history: Sequence[dict], key: str = "eval/accuracy") -> float | None:
     """The mean of ``key`` over a run's last :data:`LAST_N` evaluated rounds."""
     from fedray.report.table import last_n_mean
@@ -256,8 +275,9 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def header(title: str, meta: dict, name: str, runs_dir: Path) -> list[str]:
-    """The first lines of every comparison table: what ran where, and how to rebuild the tables."""
+def header(title: str, meta: dict, name: str, runs_dir: Path, planned: Sequence[Run] = ()) -> list[str]:
+    """The first lines of every comparison table: what ran where, how to rebuild the tables, and which of the
+    ``planned`` runs have not run."""
     lines = [f"# {title}", "",
              f"Recorded {meta.get('date', '?')} at commit {meta.get('commit', '?')} on {meta.get('device', '?')}.",
              f"Command: `{meta.get('command', '?')}`", ""]
@@ -265,7 +285,7 @@ def header(title: str, meta: dict, name: str, runs_dir: Path) -> list[str]:
         lines += [f"Earlier runs: {m.get('date', '?')} at commit {m.get('commit', '?')} on {m.get('device', '?')}, "
                   f"`{m.get('command', '?')}`", ""]
     return lines + [f"Tables rebuilt from the run folders in `{shown(runs_dir)}/` by "
-                    f"`.venv/bin/python benchmarks/papers/{name}.py --report-only`.", ""]
+                    f"`.venv/bin/python benchmarks/papers/{name}.py --report-only`.", "", *not_run(planned, name)]
 
 
 def run_and_record(name: str, script_argv: Sequence[str], args: argparse.Namespace, build: Build,
