@@ -144,7 +144,7 @@ def _output_dir(args: argparse.Namespace, name: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace, hooks=()) -> int:
-    from fedray.runtime.ray_start import release_unclaimed, start_ray_during
+    from fedray.runtime.ray_start import shutdown_ray, start_ray_during
 
     if args.resume:
         cfg, out = _resume_target(args)
@@ -160,28 +160,32 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
         from fedray.gc_pause import imports_without_gc
 
         with imports_without_gc():
-            from fedray.methods import validate_experiment
+            from fedray.methods import resolve_experiment
             from fedray.report.results import MLFLOW_RUN_FILE
+            from fedray.runtime import make_runtime
             from fedray.simulation import run_experiment
             from fedray.report.tracking import RunTracking
 
             if cfg.tracking.enabled:  # MLflow's ~1 s of imports here, frozen with the rest, not in RunTracking
                 importlib.import_module("mlflow.tracking")
 
-        checked = validate_experiment(cfg)
+        experiment = resolve_experiment(cfg)  # the one resolution of this run: config, method, parameters
         # Built before any work: it checks tracking.uri.
-        tracking = ([RunTracking(checked, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume))]
-                    if checked.tracking.enabled else [])
-        return checked, run_experiment, tracking
+        tracking = ([RunTracking(experiment.cfg, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume))]
+                    if experiment.cfg.tracking.enabled else [])
+        return experiment, make_runtime, run_experiment, tracking
 
+    owns_ray = False  # a Ray started here and not yet handed to a runtime
     try:
-        cfg, run_experiment, tracking = start_ray_during(cfg, prepare)
-        result = run_experiment(cfg, out, progress=not args.no_progress, hooks=[*tracking, *hooks],
-                                resume_from=out if args.resume else None)
+        (experiment, make_runtime, run_experiment, tracking), owns_ray = start_ray_during(cfg, prepare)
+        runtime, owns_ray = make_runtime(experiment, owns_ray=owns_ray), False  # the runtime shuts it down now
+        result = run_experiment(experiment, out, progress=not args.no_progress, hooks=[*tracking, *hooks],
+                                resume_from=out if args.resume else None, runtime=runtime)
     finally:
-        release_unclaimed()  # a Ray started above that the run never took over (it failed before)
+        shutdown_ray(owns_ray)  # started above for a run that failed before its runtime took Ray over
         if not args.resume and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # made by _output_dir for a run that failed before writing anything
+    cfg = experiment.cfg
     from fedray.report.console import make_console, summary_table
     from fedray.report.results import HISTORY_FILE, SUMMARY_FILE
 
@@ -198,7 +202,6 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
 def _resume_target(args: argparse.Namespace):
     from fedray.report.checkpoint import CheckpointError, load_checkpoint
-    from fedray.methods import validate_experiment
     from fedray.config import validate_config
     from fedray.overrides import apply_overrides
     from fedray.report.results import SUMMARY_FILE, is_finished
@@ -212,7 +215,7 @@ def _resume_target(args: argparse.Namespace):
     if args.data_dir:
         overrides.append(f"data.data_dir={args.data_dir}")
     raw = load_checkpoint(out)["config"]
-    return validate_experiment(validate_config(apply_overrides(raw, overrides))), out
+    return validate_config(apply_overrides(raw, overrides)), out  # the registries' checks: once, in cmd_run
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -14,6 +14,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+import contextlib
+
 from fedray import __version__
 from fedray.report.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
@@ -22,7 +24,8 @@ from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.report.results import EVAL_KEYS, claim_run_dir, clear_previous_run, final_figures, write_run_outputs
-from fedray.runtime import make_runtime
+from fedray.methods import Experiment, resolve_experiment
+from fedray.runtime import Runtime, make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
 from fedray.seeding import sample_clients
 
@@ -79,34 +82,36 @@ class RunHooks(Protocol):
 
 
 def run_experiment(
-    cfg: ExperimentConfig,
+    experiment: Experiment | ExperimentConfig,
     output_dir: str | Path | None = None,
     progress: bool = True,
     data: FederatedData | None = None,
     hooks: Sequence[RunHooks] = (),
     resume_from: str | Path | None = None,
+    runtime: Runtime | None = None,
 ) -> RunResult:
-    """Run ``cfg`` to the end; write ``summary.json``, ``history.parquet``, the config, the final model
+    """Run an experiment to the end; write ``summary.json``, ``history.parquet``, the config, the final model
     and two plots (learning curve, partition).
 
-    Resource checks and data loading come first (the runtime is started, then given the data), so a bad
-    path or an impossible resource request fails before anything is written. Result files are written only once the run has finished. With an
-    ``output_dir`` a checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a
-    folder with a checkpoint) continues from it and ends with exactly the figures of an uninterrupted run.
+    ``experiment``: resolved once (:func:`fedray.methods.resolve_experiment`), or a config resolved here before any
+    work. ``runtime``: where to run it, from :func:`fedray.runtime.make_runtime` and not yet given data (the CLI
+    builds it while it starts); the run closes it. None: built here. Resource checks and data loading come first
+    (the runtime is started, then given the data), so a bad path or an impossible resource request fails before
+    anything is written. Result files are written only once the run has finished. With an ``output_dir`` a
+    checkpoint is written every ``runtime.checkpoint_every`` rounds; ``resume_from`` (a folder with a checkpoint)
+    continues from it and ends with exactly the figures of an uninterrupted run.
     """
-    from fedray.methods import validate_experiment
+    with runtime if runtime is not None else contextlib.nullcontext():  # a runtime handed in is closed on every path
+        exp = resolve_experiment(experiment)
+        if output_dir is None:
+            return _run(exp, None, progress, data, hooks, resume_from, runtime)
+        with claim_run_dir(output_dir):  # one run at a time in a folder, from its checkpoint to its results
+            return _run(exp, output_dir, progress, data, hooks, resume_from, runtime)
 
-    validate_experiment(cfg)  # a config built in code gets the registries' checks too, before any work
-    if output_dir is None:
-        return _run(cfg, None, progress, data, hooks, resume_from)
-    with claim_run_dir(output_dir):  # one run at a time in a folder, from its checkpoint to its results
-        return _run(cfg, output_dir, progress, data, hooks, resume_from)
 
-
-def _run(cfg: ExperimentConfig, output_dir: str | Path | None, progress: bool, data: FederatedData | None,
-         hooks: Sequence[RunHooks], resume_from: str | Path | None) -> RunResult:
-    from fedray.methods import get_algorithm
-
+def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: FederatedData | None,
+         hooks: Sequence[RunHooks], resume_from: str | Path | None, given: Runtime | None) -> RunResult:
+    cfg = exp.cfg
     start = time.perf_counter()
     fed = cfg.federation
     ckpt = load_checkpoint(resume_from) if resume_from is not None else None
@@ -115,7 +120,7 @@ def _run(cfg: ExperimentConfig, output_dir: str | Path | None, progress: bool, d
     history: list[dict[str, Any]] = list(ckpt["history"]) if ckpt else []
     every = cfg.runtime.checkpoint_interval(fed.rounds) if output_dir is not None else 0
     # The runtime first: on Ray its actors start (processes, torch imports) while the data loads here.
-    with make_runtime(cfg) as runtime:
+    with contextlib.nullcontext(given) if given is not None else make_runtime(exp) as runtime:
         data = data if data is not None else build_federated_data(cfg.data, cfg.seed)
         runtime.attach(data)
         where = runtime.describe()
@@ -148,7 +153,7 @@ def _run(cfg: ExperimentConfig, output_dir: str | Path | None, progress: bool, d
             final_weights = runtime.global_weights() if output_dir is not None else None
             clients = runtime.client_evaluation()
             summary = summarise(cfg, history, where, time.perf_counter() - start,
-                                setup_bytes(get_algorithm(cfg.algorithm.name), data))
+                                setup_bytes(exp.method, data))
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
                 write_run_outputs(out, cfg, data, history, summary, final_weights, clients)

@@ -2,9 +2,10 @@
 several modules, :mod:`fedray.methods.dafkd`), and the registry that finds a method by ``algorithm.name``
 (:mod:`fedray.methods.registry`)."""
 
-from fedray.methods.registry import (ALGORITHMS, algorithm_params, get_algorithm, load_experiment,
-                                     register_algorithm, validate_experiment)
+from fedray.methods.registry import (ALGORITHMS, Experiment, algorithm_params, get_algorithm, load_experiment,
+                                     register_algorithm, resolve_experiment, validate_experiment)
 from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "algorithm_params",
-           "get_algorithm", "load_experiment", "register_algorithm", "validate_experiment"]
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "Experiment", "ServerContext",
+           "algorithm_params", "get_algorithm", "load_experiment", "register_algorithm", "resolve_experiment",
+           "validate_experiment"]

@@ -88,9 +88,9 @@ class Algorithm(ABC, Generic[Params, Modules]):
         self.server_data: ServerSideData | None = None
 
     @classmethod
-    def check_config(cls, cfg: ExperimentConfig) -> None:
-        """What the method needs of the rest of the config (e.g. labelled server data); raise
-        :class:`ConfigError` naming the key. Called by ``validate_experiment`` before any work."""
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
+        """What the method needs of the rest of the config (e.g. labelled server data), given its parsed
+        ``params``; raise :class:`ConfigError` naming the key. Called by ``resolve_experiment`` before any work."""
 
     @classmethod
     def parse_params(cls, values: dict[str, Any]) -> BaseModel:

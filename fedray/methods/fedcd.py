@@ -49,6 +49,7 @@ from fedray.methods.api import (
 from fedray.learning.distill import kd_kl, normalised_entropy
 from fedray.learning.training import LocalTraining
 from fedray.config import ExperimentConfig
+from fedray.data.datasets import input_spec
 from fedray.data.federated import to_float
 from fedray.errors import ConfigError
 from fedray.seeding import derive_rng
@@ -131,10 +132,7 @@ class FedCD(PersonalisedAlgorithm):
     clients_hold_server_images = True
 
     @classmethod
-    def check_config(cls, cfg: ExperimentConfig) -> None:
-        from fedray.methods import algorithm_params
-        from fedray.data.datasets import input_spec
-
+    def check_config(cls, cfg: ExperimentConfig, params: FedCDParams) -> None:
         sd = cfg.data.server_data
         if sd.kind == "none" or not sd.is_labelled():
             raise ConfigError("data.server_data.kind", f"{cls.name} ensembles the clients' logits on a labelled "
@@ -142,7 +140,7 @@ class FedCD(PersonalisedAlgorithm):
                               "(FedCD: data.server_data.per_class=50)")
         if sd.kind == "holdout":
             size = sd.per_class * input_spec(cfg.data)[1]
-            batch = algorithm_params(cfg).shared_batch
+            batch = params.shared_batch
             if batch > size:
                 raise ConfigError("algorithm.shared_batch", f"{batch} exceeds the validation set's {size} images "
                                   f"(data.server_data.per_class x classes); allowed: 1..{size}")

@@ -121,7 +121,7 @@ class FedD3A(Algorithm):
     _round: tuple[torch.Tensor, torch.Tensor, int, Weights, Weights] | None = None
 
     @classmethod
-    def check_config(cls, cfg: ExperimentConfig) -> None:
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
         require_server_data(cls.name, cfg)
 
     @property

@@ -49,7 +49,7 @@ class FedDF(FedAvg):
     Params = FedDFParams
 
     @classmethod
-    def check_config(cls, cfg: ExperimentConfig) -> None:
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
         require_server_data(cls.name, cfg)
 
     def settings(self) -> DistillSettings:

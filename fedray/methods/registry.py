@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, MutableMapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
+from fedray.config import ExperimentConfig, load_config
 from fedray.errors import ConfigError
-
-if TYPE_CHECKING:
-    from fedray.config import ExperimentConfig
+from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
+from fedray.models import MODEL_NAMES
 
 
 class _Registry(MutableMapping):
@@ -87,15 +86,30 @@ def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:
     return get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params())
 
 
-def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
-    """What ``fedray.config`` cannot check without the registries: the algorithm's name and parameters, the
-    model names, and that a method which averages parameters gets one architecture. Every entry point
-    calls this before any work; it raises :class:`ConfigError` naming the key."""
-    from fedray.models import MODEL_NAMES
+@dataclass(frozen=True)
+class Experiment:
+    """An experiment resolved once, before any work: the checked config, its method's class and its parsed
+    ``algorithm.*`` parameters. The simulation, the runtime and every worker are handed this; none of them looks a
+    method up by name or parses its parameters again."""
 
-    algo = get_algorithm(cfg.algorithm.name)
-    algo.parse_params(cfg.algorithm.params())
-    algo.check_config(cfg)
+    cfg: ExperimentConfig
+    method: type[Algorithm]
+    params: BaseModel
+
+    def build(self, spec: DataSpec) -> Algorithm:
+        """The method's instance for data of ``spec`` (one per process: a worker, the server, the driver)."""
+        return self.method(self.cfg, spec, self.params)
+
+
+def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
+    """What ``fedray.config`` cannot check without the registries: the algorithm's name and parameters, the
+    model names, and that a method which averages parameters gets one architecture; raises :class:`ConfigError`
+    naming the key. An :class:`Experiment` is returned as it is (resolved already)."""
+    if isinstance(cfg, Experiment):
+        return cfg
+    method = get_algorithm(cfg.algorithm.name)
+    params = method.parse_params(cfg.algorithm.params())
+    method.check_config(cfg, params)
     if cfg.model.name not in MODEL_NAMES:
         raise ConfigError("model.name", f"unknown model {cfg.model.name!r}; allowed: {', '.join(MODEL_NAMES)}")
     if cfg.model.client_models is not None:
@@ -104,20 +118,24 @@ def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
             raise ConfigError("model.client_models", f"{cfg.model.client_models} must be a non-empty list of "
                               f"model names; allowed: {', '.join(MODEL_NAMES)}")
         others = sorted(set(cfg.model.client_models) - {cfg.model.name})
-        if algo.shared_architecture and others:
-            raise ConfigError("model.client_models", f"'{algo.name}' averages parameters, so every client must "
+        if method.shared_architecture and others:
+            raise ConfigError("model.client_models", f"'{method.name}' averages parameters, so every client must "
                               f"train model.name={cfg.model.name}, not {', '.join(others)}; drop "
                               "model.client_models or use a method with per-client models "
                               f"({', '.join(n for n, c in sorted(ALGORITHMS.items()) if not c.shared_architecture)})")
-    return cfg
+    return Experiment(cfg, method, params)
+
+
+def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
+    """:func:`resolve_experiment`'s checks, for a caller that keeps the config: ``cfg`` itself."""
+    return resolve_experiment(cfg).cfg
 
 
 def load_experiment(name_or_path: str | None = None, overrides=None) -> "ExperimentConfig":
     """:func:`fedray.config.load_config` followed by :func:`validate_experiment`: a fully checked config."""
-    from fedray.config import load_config
-
     return validate_experiment(load_config(name_or_path, overrides))
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "ServerContext", "algorithm_params", "get_algorithm",
-           "load_experiment", "register_algorithm", "validate_experiment"]
+__all__ = ["ALGORITHMS", "Algorithm", "ClientContext", "ClientResult", "DataSpec", "Experiment", "ServerContext",
+           "algorithm_params", "get_algorithm", "load_experiment", "register_algorithm", "resolve_experiment",
+           "validate_experiment"]

@@ -11,19 +11,25 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fedray.config import ExperimentConfig
     from fedray.data.federated import FederatedData
+    from fedray.methods import Experiment
     from fedray.runtime.base import RoundOutcome, Runtime
 
 
-def make_runtime(cfg: ExperimentConfig, data: FederatedData | None = None) -> Runtime:
-    """The runtime ``cfg.runtime.backend`` names. Without ``data``, give it the data with ``attach`` before the
-    first round: the Ray runtime starts its actors first, so they start while the data loads."""
-    if cfg.runtime.backend == "ray":
+def make_runtime(experiment: Experiment | ExperimentConfig, data: FederatedData | None = None,
+                 owns_ray: bool | None = None) -> Runtime:
+    """The one factory of runtimes: the one ``runtime.backend`` names, for a resolved experiment (a config is
+    resolved here). Without ``data``, give it the data with ``attach`` before the first round: the Ray runtime
+    starts its actors first, so they start while the data loads. ``owns_ray``: see :class:`RayRuntime`."""
+    from fedray.methods import resolve_experiment
+
+    exp = resolve_experiment(experiment)
+    if exp.cfg.runtime.backend == "ray":
         from fedray.runtime.ray_runtime import RayRuntime  # imports ray only when asked for
 
-        return RayRuntime(cfg, data)
+        return RayRuntime(exp, data, owns_ray)
     from fedray.runtime.local import LocalRuntime
 
-    return LocalRuntime(cfg, data)
+    return LocalRuntime(exp, data)
 
 
 def __getattr__(name: str) -> Any:

@@ -23,8 +23,8 @@ from fedray.gc_pause import imports_without_gc
 if TYPE_CHECKING:
     import torch
 
-    from fedray.config import ExperimentConfig
     from fedray.data.federated import FederatedData
+    from fedray.methods import Experiment
     from fedray.runtime.core import ClientWorkerCore, ServerCore
 
 
@@ -42,21 +42,21 @@ EVAL_CHUNK = 16  # clients per personalised-evaluation task
 READY_TIMEOUT_S = 60.0  # a restarting worker imports torch and maps the dataset: seconds, more on a busy node
 
 
-def actor_spec(cfg: ExperimentConfig, algo_cls: type) -> bytes:
-    """What a ``ClientWorker`` or ``ServerActor`` is built from: the run's config and the method's class,
-    pickled by the driver as Ray would pickle them, and unpickled by :func:`_start_actor`."""
-    return ray.cloudpickle.dumps((cfg, algo_cls))
+def actor_spec(experiment: Experiment) -> bytes:
+    """What a ``ClientWorker`` or ``ServerActor`` is built from: the resolved experiment (config, the method's
+    class, its parameters), pickled by the driver as Ray would pickle it, and unpickled by :func:`_start_actor`."""
+    return ray.cloudpickle.dumps(experiment)
 
 
-def _start_actor(spec: bytes) -> tuple[ExperimentConfig, type]:
+def _start_actor(spec: bytes) -> Experiment:
     """The actor process's start: its imports (with the collector paused), threads, malloc settings and how
     its tensors go into the object store (:mod:`fedray.runtime.tensor_wire`)."""
     with imports_without_gc():
-        cfg, algo_cls = ray.cloudpickle.loads(spec)  # imports pydantic, torch and the method
+        experiment = ray.cloudpickle.loads(spec)  # imports pydantic, torch and the method
         from fedray.runtime import core, tensor_wire  # the round's code, loaded now rather than by the first task
-    core.claim_process(cfg)
+    core.claim_process(experiment.cfg)
     tensor_wire.register()
-    return cfg, algo_cls
+    return experiment
 
 
 def _actor_device() -> torch.device:
@@ -74,7 +74,8 @@ class ClientWorker:
     re-putting the dataset if its object is gone."""
 
     def __init__(self, spec: bytes):
-        self.cfg, self.algo_cls = _start_actor(spec)
+        self.experiment = _start_actor(spec)
+        self.cfg = self.experiment.cfg
         self.core: ClientWorkerCore | None = None
 
     def ready(self) -> tuple[int, str, bool]:
@@ -84,7 +85,7 @@ class ClientWorker:
         if self.core is None:
             from fedray.runtime.core import ClientWorkerCore
 
-            self.core = ClientWorkerCore(self.cfg, data, _actor_device(), self.algo_cls)
+            self.core = ClientWorkerCore(self.experiment, data, _actor_device())
         return self.ready()
 
     def _core(self) -> ClientWorkerCore:
@@ -114,7 +115,8 @@ class ServerActor:
     """Started from small arguments, like the workers, and given the dataset by ``attach``."""
 
     def __init__(self, spec: bytes):
-        self.cfg, self.algo_cls = _start_actor(spec)
+        self.experiment = _start_actor(spec)
+        self.cfg = self.experiment.cfg
         self.core: ServerCore | None = None
         self.inbox: dict[int, Any] = {}
 
@@ -122,7 +124,7 @@ class ServerActor:
         if self.core is None:
             from fedray.runtime.core import ServerCore
 
-            self.core = ServerCore(self.cfg, data, _actor_device(), self.algo_cls)
+            self.core = ServerCore(self.experiment, data, _actor_device())
         return self.ready()
 
     def ready(self) -> tuple[int, str]:

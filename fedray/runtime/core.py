@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.methods import Algorithm, ClientContext, DataSpec, ServerContext, get_algorithm
+from fedray.methods import Algorithm, ClientContext, DataSpec, Experiment, ServerContext, resolve_experiment
 from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload,
                                     Weights)
 from fedray.config import ExperimentConfig
@@ -77,10 +77,10 @@ def cpu_channels_last(cfg: ExperimentConfig, device: torch.device) -> bool:
     return cfg.runtime.cpu_channels_last and device.type == "cpu"
 
 
-def _build(cfg: ExperimentConfig, data: FederatedData, device: torch.device,
-           algo_cls: type[Algorithm] | None) -> tuple[Algorithm, Any]:
-    # The class travels with the task (cloudpickle) so algorithms registered by a user's script work too.
-    algo = (algo_cls or get_algorithm(cfg.algorithm.name))(cfg, data_spec(data))
+def _build(exp: Experiment, data: FederatedData, device: torch.device) -> tuple[Algorithm, Any]:
+    # The class travels with the experiment (cloudpickle) so algorithms registered by a user's script work too.
+    cfg = exp.cfg
+    algo = exp.build(data_spec(data))
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
     return algo, _to_device(algo.build_modules(), device, cpu_channels_last(cfg, device))
@@ -93,11 +93,12 @@ class ClientWorkerCore:
     serving 1,000 clients holds a handful of modules; the clients' weights are their client state.
     """
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
-                 algo_cls: type[Algorithm] | None = None):
+    def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData, device: torch.device):
+        exp = resolve_experiment(experiment)
+        cfg = exp.cfg
         check_precision(cfg.runtime.precision, device)
         self.cfg, self.data, self.device = cfg, data, device
-        self.algo, self.modules = _build(cfg, data, device, algo_cls)
+        self.algo, self.modules = _build(exp, data, device)
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
@@ -221,16 +222,16 @@ class ClientWorkerCore:
 class ServerCore:
     """Holds the server state; broadcasts, aggregates and evaluates the global model."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData, device: torch.device,
-                 algo_cls: type[Algorithm] | None = None):
-        self.cfg, self.device = cfg, device
-        self.algo, self.modules = _build(cfg, data, device, algo_cls)
+    def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData, device: torch.device):
+        exp = resolve_experiment(experiment)
+        self.cfg, self.device = exp.cfg, device
+        self.algo, self.modules = _build(exp, data, device)
         self.algo.server_data = server_side_data(data, device)
         # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
-        self.probe = diagnostic_probe(data, self.algo, cfg.seed, device)
+        self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)
         self.data = data
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from fedray.methods import get_algorithm
+from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
@@ -17,20 +17,20 @@ from fedray.vectorized.policy import describe_vectorised
 
 
 class LocalRuntime(Runtime):
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
-        self.cfg = cfg
+    def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData | None = None):
+        self.experiment = resolve_experiment(experiment)
+        self.cfg = cfg = self.experiment.cfg
         self.device = local_device(cfg)
         self._threads_before = claim_process(cfg)
         self.threads = torch_threads(cfg)
-        self.algo_cls = get_algorithm(cfg.algorithm.name)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
-        self.personalised = self.algo_cls.personalised
+        self.personalised = self.experiment.method.personalised
         if data is not None:
             self.attach(data)
 
     def attach(self, data: FederatedData) -> None:
-        self.server = ServerCore(self.cfg, data, self.device, self.algo_cls)
-        self.worker = ClientWorkerCore(self.cfg, data, self.device, self.algo_cls)
+        self.server = ServerCore(self.experiment, data, self.device)
+        self.worker = ClientWorkerCore(self.experiment, data, self.device)
         self.num_clients = data.num_clients
 
     def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:

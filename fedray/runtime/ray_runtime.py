@@ -40,7 +40,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fedray.methods import get_algorithm
+from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
@@ -74,9 +74,13 @@ class _Job:
 class RayRuntime(Runtime):
     """Starts Ray and the actors at once; ``attach(data)`` (or ``data`` here) gives them the dataset."""
 
-    def __init__(self, cfg: ExperimentConfig, data: FederatedData | None = None):
-        self.cfg = cfg
-        self.owns_ray = start_ray(cfg)
+    def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData | None = None,
+                 owns_ray: bool | None = None):
+        """``owns_ray``: whether this runtime shuts Ray down when it closes, for a Ray its caller started for it
+        (:func:`~fedray.runtime.ray_start.start_ray_during`); None: it connects or starts one itself."""
+        self.experiment = resolve_experiment(experiment)
+        self.cfg = cfg = self.experiment.cfg
+        self.owns_ray = start_ray(cfg) if owns_ray is None else owns_ray
         tensor_wire.register()  # the driver's tensors too: a resumed run's server and client states
         self.pool: WorkerPool | None = None
         self.server = None
@@ -84,11 +88,10 @@ class RayRuntime(Runtime):
             nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
             self.pool_size = plan_pool(cfg, ray.cluster_resources(), nodes)
             rt = cfg.runtime
-            self.algo_cls = get_algorithm(cfg.algorithm.name)
             # Not waited for here: they start (a process each, torch imported) while the driver loads the data.
-            spec = actor_spec(cfg, self.algo_cls)
+            spec = actor_spec(self.experiment)
             if server_in_driver(cfg):
-                self.server = DriverServer(cfg, self.algo_cls)
+                self.server = DriverServer(self.experiment)
             else:
                 server_opts: dict[str, Any] = {"num_cpus": rt.server_num_cpus, "num_gpus": rt.server_num_gpus}
                 if ray.util.get_current_placement_group() is None:
@@ -104,7 +107,7 @@ class RayRuntime(Runtime):
         except BaseException:
             self.close()
             raise
-        self.personalised = self.algo_cls.personalised
+        self.personalised = self.experiment.method.personalised
         # The global model is scored on the workers (idle between rounds) unless only the server has a GPU.
         self.spread_eval = not (rt.server_num_gpus > 0 and rt.num_gpus_per_worker == 0)
         # A worker gets its clients of a round as one task: one call and one scheduling decision instead of one
@@ -129,7 +132,7 @@ class RayRuntime(Runtime):
             self.close()
             raise
         self.num_clients = data.num_clients
-        self.algo = self.algo_cls(self.cfg, data_spec(data))  # the driver's copy: reads client states, builds nothing
+        self.algo = self.experiment.build(data_spec(data))  # the driver's copy: reads client states, builds nothing
         self.client_cost = client_costs(self.cfg, data.input_shape, data.num_classes, data.client_sizes())
         self.one_actor_per_client = self.pool_size >= self.num_clients
         self.eval_index = EvalIndex(data)

@@ -2,9 +2,10 @@
 
 Imports ray only for a run on Ray (an in-process ``fedray run`` never pays for it), and never torch:
 ``fedray run`` calls :func:`start_ray_during` before it imports torch, the methods and MLflow, so that those
-imports (in a thread) overlap ``ray.init``, which mostly waits on Ray's own processes starting. The Ray runtime
-then takes that Ray over (:func:`start_ray` returns True, as if it had started it) and shuts it down when it
-closes. On the 2-core overhead workload round 1 begins ~1.5 s sooner (``benchmarks/README.md``).
+imports (in a thread) overlap ``ray.init``, which mostly waits on Ray's own processes starting. It says whether it
+started Ray, and the caller hands that to the runtime it builds (``make_runtime(..., owns_ray=...)``), which then
+shuts that Ray down when it closes. On the 2-core overhead workload round 1 begins ~1.5 s sooner
+(``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ from fedray.errors import ConfigError
 
 T = TypeVar("T")
 
-# True from a start_ray_during that started Ray until a start_ray claims it (or release_unclaimed shuts it).
-_unclaimed = False
-
 # Ray's own connection retries, for a local cluster started here: the raylet connects to its object store,
 # a worker or driver to its raylet, retrying every `raylet_client_connect_timeout_milliseconds`. The raylet's
 # first try often comes before its store listens (2 of 10 starts here), and Ray's 1,000 ms between tries
@@ -30,15 +28,13 @@ LOCAL_SYSTEM_CONFIG = {"raylet_client_connect_timeout_milliseconds": 50, "raylet
 
 
 def start_ray(cfg: ExperimentConfig, address_key: str = "runtime.address") -> bool:
-    """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray;
-    True if the caller owns it (started it here, or takes over the one :func:`start_ray_during` started).
+    """Connect to ``runtime.address`` (or ``$RAY_ADDRESS``, as inside a Ray job) or start a local Ray; True if
+    it was started or connected here (the caller owns it and shuts it down), False if Ray was up already.
     ``address_key``: what an unreachable address is blamed on (the option the user gave it as)."""
     import ray
 
-    global _unclaimed
     if ray.is_initialized():
-        owned, _unclaimed = _unclaimed, False
-        return owned
+        return False
     address = cfg.runtime.address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"logging_level": "ERROR", "configure_logging": True}
     if address is None:
@@ -71,19 +67,18 @@ def _check_listening(address: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"nothing accepts connections there: {exc}") from None
 
 
-def start_ray_during(cfg: ExperimentConfig, work: Callable[[], T]) -> T:
+def start_ray_during(cfg: ExperimentConfig, work: Callable[[], T]) -> tuple[T, bool]:
     """``work()`` (imports, checks) in a thread while Ray starts in this one, when ``cfg`` runs on Ray and no
-    Ray is up; just ``work()`` otherwise. Returns what ``work`` returns. If either fails, Ray is shut down
-    again and the error raised (``work``'s first: a bad config is the user's to fix before anything else).
-    The Ray started here is left for the runtime's :func:`start_ray` to claim; a caller that may not get
-    that far calls :func:`release_unclaimed` when it is done."""
-    global _unclaimed
+    Ray is up; just ``work()`` otherwise. Returns what ``work`` returns and whether Ray was started here: the
+    caller owns that Ray, hands it to its runtime (``owns_ray``) or shuts it down with :func:`shutdown_ray`. If
+    either fails, Ray is shut down again and the error raised (``work``'s first: a bad config is the user's to fix
+    before anything else)."""
     if cfg.runtime.backend != "ray":
-        return work()
+        return work(), False
     import ray  # before the thread starts: ray.init's processes start sooner than if the imports shared the GIL
 
     if ray.is_initialized():
-        return work()
+        return work(), False
     done: dict[str, Any] = {}
 
     def run() -> None:
@@ -94,22 +89,21 @@ def start_ray_during(cfg: ExperimentConfig, work: Callable[[], T]) -> T:
 
     thread = threading.Thread(target=run, name="fedray-start-up", daemon=True)
     thread.start()
+    owned = False
     try:
-        _unclaimed = start_ray(cfg)
+        owned = start_ray(cfg)
     finally:
         thread.join()  # also when ray.init failed or was interrupted: work's error may be the one to report
         if "error" in done:
-            release_unclaimed()
+            shutdown_ray(owned)
             raise done["error"]
-    return done["value"]
+    return done["value"], owned
 
 
-def release_unclaimed() -> None:
-    """Shut down the Ray that :func:`start_ray_during` started if no runtime took it over."""
-    global _unclaimed
-    if _unclaimed:
+def shutdown_ray(owned: bool) -> None:
+    """Shut down a Ray this process started (``owned``) and gave to no runtime; a Ray it joined is left up."""
+    if owned:
         import ray
 
-        _unclaimed = False
         if ray.is_initialized():
             ray.shutdown()

@@ -17,7 +17,7 @@ The methods raise :class:`~fedray.errors.RunFailure` where the server is lost, t
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -25,6 +25,9 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.runtime.actors import SYSTEM_ERRORS, ServerActor
+
+if TYPE_CHECKING:
+    from fedray.methods import Experiment
 
 
 def server_in_driver(cfg: ExperimentConfig) -> bool:
@@ -113,10 +116,11 @@ class DriverServer:
 
     in_driver = True
 
-    def __init__(self, cfg: ExperimentConfig, algo_cls: type):
+    def __init__(self, experiment: Experiment):
         from fedray.runtime.core import claim_process
 
-        self.cfg, self.algo_cls = cfg, algo_cls
+        self.experiment, self.cfg = experiment, experiment.cfg
+        cfg = self.cfg
         self.core = None
         self.inbox: dict[int, Any] = {}
         self._threads_before = claim_process(cfg)
@@ -128,7 +132,7 @@ class DriverServer:
         from fedray.runtime.core import ServerCore
 
         if self.core is None:
-            self.core = ServerCore(self.cfg, data, torch.device("cpu"), self.algo_cls)
+            self.core = ServerCore(self.experiment, data, torch.device("cpu"))
 
     def wait_ready(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()

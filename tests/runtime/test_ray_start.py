@@ -21,8 +21,8 @@ def work():
     where.append(threading.current_thread() is threading.main_thread())
     return "checked"
 
-# The work runs in another thread while Ray starts; the runtime's start_ray then owns that Ray, once.
-assert ray_start.start_ray_during(cfg, work) == "checked" and where == [False]
+# The work runs in another thread while Ray starts; the caller is told it owns that Ray.
+assert ray_start.start_ray_during(cfg, work) == ("checked", True) and where == [False]
 assert ray.is_initialized()
 
 # Ray's processes retry their connections every 50 ms, not every second (ray_start.LOCAL_SYSTEM_CONFIG).
@@ -31,11 +31,15 @@ def connect_retries():
     from ray._raylet import Config
     return Config.raylet_client_connect_timeout_milliseconds(), Config.raylet_client_num_connect_attempts()
 assert ray.get(connect_retries.remote()) == (50, 200), ray.get(connect_retries.remote())
-assert ray_start.start_ray(cfg) is True
-assert ray_start.start_ray(cfg) is False
-ray_start.release_unclaimed()
-assert ray.is_initialized(), "released a Ray the runtime had taken over"
-ray.shutdown()
+assert ray_start.start_ray(cfg) is False  # up already: not this caller's to shut down
+assert ray_start.start_ray_during(cfg, work) == ("checked", False)
+ray_start.shutdown_ray(False)
+assert ray.is_initialized(), "shut down a Ray the caller did not own"
+
+# Handed to the runtime (owns_ray=True), the runtime shuts it down when it closes.
+from fedray.runtime import make_runtime
+make_runtime(cfg, owns_ray=True).close()
+assert not ray.is_initialized(), "the runtime given the Ray left it up"
 
 # The work fails (a bad config): its error, and Ray is down again.
 def bad():
@@ -48,13 +52,13 @@ else:
     raise AssertionError("the work's error was lost")
 assert not ray.is_initialized()
 
-# Nobody took it over (the run failed before its runtime started): release_unclaimed shuts it down.
-ray_start.start_ray_during(cfg, lambda: None)
-ray_start.release_unclaimed()
+# Nobody took it over (the run failed before its runtime started): shutdown_ray of the owned Ray shuts it down.
+_, owned = ray_start.start_ray_during(cfg, lambda: None)
+ray_start.shutdown_ray(owned)
 assert not ray.is_initialized()
 
 # An in-process run: the work runs here, and Ray is not started.
-assert ray_start.start_ray_during(tiny_config(), work) == "checked" and where[-1] is True
+assert ray_start.start_ray_during(tiny_config(), work) == ("checked", False) and where[-1] is True
 assert not ray.is_initialized()
 print("ok")
 """

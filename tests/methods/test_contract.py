@@ -1,0 +1,92 @@
+"""The method contract (fedray/methods/api.py): its hooks are declared, not inferred; an experiment is resolved once."""
+
+from __future__ import annotations
+
+import pytest
+import torch.nn.functional as F
+
+from fedray.learning.training import LocalTraining, StepwiseTraining, run_update
+from fedray.methods import ALGORITHMS, Experiment, resolve_experiment
+from fedray.methods.api import Algorithm, ClientResult
+from fedray.methods.fedavg import FedAvg
+from fedray.simulation import run_experiment
+from tests.conftest import tiny_config
+
+
+def test_a_local_loss_override_must_declare_whether_it_is_paddable():
+    with pytest.raises(TypeError, match="local_loss_paddable"):
+        class Unsaid(FedAvg):  # noqa: F841 - defining it is the test
+            def local_loss(self, model, x, y, anchor):
+                return F.cross_entropy(model(x), y) + model(x).pow(2).mean()  # reads the batch without a row mask
+
+    class Said(FedAvg):
+        local_loss_paddable = False
+
+        def local_loss(self, model, x, y, anchor):
+            return F.cross_entropy(model(x), y) + model(x).pow(2).mean()
+
+    class Inherits(Said):  # no local_loss of its own: Said's declaration holds
+        pass
+
+    assert Said.local_loss_paddable is False and Inherits.local_loss_paddable is False
+
+
+def test_the_declared_paddability_is_what_the_plan_carries(tiny_runtime):
+    rt, ctx, payload = tiny_runtime
+
+    class Unpadded(FedAvg):
+        local_loss_paddable = False
+
+        def local_loss(self, model, x, y, anchor):
+            return F.cross_entropy(model(x), y)
+
+    assert FedAvg(rt.cfg, rt.worker.algo.spec).client_update(ctx, payload, None).paddable is True
+    assert Unpadded(rt.cfg, rt.worker.algo.spec).client_update(ctx, payload, None).paddable is False
+
+
+def test_every_builtin_method_has_one_client_entry_point():
+    """``client_update`` is the only client hook: no second entry point kept in step by hand."""
+    for name in ALGORITHMS:
+        cls = ALGORITHMS[name]
+        assert not hasattr(cls, "local_training"), f"{name} still has local_training"
+        assert "client_update" not in cls.__abstractmethods__
+
+
+def test_run_update_runs_whatever_client_update_returns(tiny_runtime):
+    rt, ctx, payload = tiny_runtime
+    plan = rt.worker.algo.client_update(ctx, payload, None)
+    assert isinstance(plan, LocalTraining)
+    result = run_update(ctx, plan)
+    assert isinstance(result, ClientResult) and run_update(ctx, result) is result
+    with pytest.raises(ValueError, match="alone"):
+        run_update(ctx, StepwiseTraining(modules=None, start={}, updates=[], steps=0, inputs=None, finish=None))
+
+
+def test_an_experiment_is_resolved_once_per_run(monkeypatch):
+    """The method's parameters are parsed once (by resolve_experiment) and handed down: no Algorithm.__init__,
+    runtime or worker parses them or looks the method up by name again."""
+    parsed = []
+    original = Algorithm.parse_params.__func__
+
+    def counting(cls, values):
+        parsed.append(cls.name)
+        return original(cls, values)
+
+    monkeypatch.setattr(Algorithm, "parse_params", classmethod(counting))
+    exp = resolve_experiment(tiny_config(federation__rounds=1))
+    assert isinstance(exp, Experiment) and exp.method is FedAvg and parsed == ["fedavg"]
+    monkeypatch.setattr("fedray.methods.registry.get_algorithm", lambda name: pytest.fail("looked up again"))
+    run_experiment(exp, progress=False)
+    assert parsed == ["fedavg"]
+    assert resolve_experiment(exp) is exp
+
+
+@pytest.fixture
+def tiny_runtime():
+    from fedray.data import build_federated_data
+    from fedray.runtime import make_runtime
+
+    cfg = resolve_experiment(tiny_config()).cfg
+    with make_runtime(cfg, build_federated_data(cfg.data, cfg.seed)) as rt:
+        ctx, _ = rt.worker._context(1, 3, None)
+        yield rt, ctx, rt.server.broadcast(1)[0]
