@@ -37,12 +37,12 @@ def test_the_helper_sees_local_imports():
 
 
 @pytest.mark.parametrize(("module", "forbidden"), [
-    ("tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.report.results'
+    ("report.tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.report.results'
     ("simulation", "fedray.report.tracking"),  # the round loop reaches MLflow only through hooks
-    ("results", "fedray.report.tracking"),
-    ("results", "fedray.simulation"),
-    ("console", "fedray.report.tracking"),
-    ("console", "fedray.simulation"),
+    ("report.results", "fedray.report.tracking"),
+    ("report.results", "fedray.simulation"),
+    ("report.console", "fedray.report.tracking"),
+    ("report.console", "fedray.simulation"),
     ("config", "fedray.methods"),  # loading a config builds no method or model
     ("config", "fedray.models"),
 ])
