@@ -15,6 +15,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 _DECODED_CACHE = tempfile.mkdtemp(prefix="fedray-test-decoded-")
 os.environ["FEDRAY_CACHE_DIR"] = _DECODED_CACHE
 atexit.register(shutil.rmtree, _DECODED_CACHE, True)
+# Where a test and the clients it holds meet (tests/runtime/faulty.py's Gate): set before any Ray starts, so that
+# every Ray worker inherits it.
+_GATES = tempfile.mkdtemp(prefix="fedray-test-gates-")
+os.environ["FEDRAY_TEST_GATES"] = _GATES
+atexit.register(shutil.rmtree, _GATES, True)
 
 from pathlib import Path  # noqa: E402
 

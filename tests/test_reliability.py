@@ -234,28 +234,47 @@ def test_all_uploads_nonfinite_stops_with_last_good_checkpoint(tmp_path, capsys)
 
 # --- worker, straggler, server and node failures on Ray ----------------------------------------------
 
+def _inject(gate, during, rt, errors):
+    """Once every worker holds a client of the held round: ``during(rt)``, then the clients are released."""
+    try:
+        gate.wait_started(rt.pool.pids)
+        during(rt)
+    except BaseException as e:  # raised in the test's thread once the round is over
+        errors.append(e)
+    finally:
+        gate.release()
+
+
 def _run_rounds(cfg, rounds, during=None):
-    """Rounds on a RayRuntime; ``during(rt)`` runs in a thread while round 2 is in flight."""
+    """Rounds on a RayRuntime; ``during(rt)`` runs in a thread while every worker holds a client of round 2 (the
+    ``test_held_*`` methods wait for the test's release: no race with the round's end, whatever the load)."""
     from fedray.runtime.ray_runtime import RayRuntime
 
     data = build_federated_data(cfg.data, cfg.seed)
-    out = []
-    with RayRuntime(cfg, data) as rt:
-        for r in range(1, rounds + 1):
-            t = threading.Timer(0.5, during, args=(rt,)) if (during and r == 2) else None
-            if t:
-                t.start()
-            o = rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
-            if t:
-                t.join()
-            out.append(({i["client"]: i["train/loss"] for i in o.client_infos}, o.server_metrics))
-        out.append(rt.evaluate())
-        pool = len(rt.pool.workers)
+    out, errors = [], []
+    gate = faulty.Gate(2) if during else None
+    try:
+        with RayRuntime(cfg, data) as rt:
+            for r in range(1, rounds + 1):
+                t = threading.Thread(target=_inject, args=(gate, during, rt, errors)) if (during and r == 2) else None
+                if t:
+                    t.start()
+                o = rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
+                if t:
+                    t.join()
+                    if errors:
+                        raise errors[0]
+                out.append(({i["client"]: i["train/loss"] for i in o.client_infos}, o.server_metrics))
+            out.append(rt.evaluate())
+            pool = len(rt.pool.workers)
+    finally:
+        if gate:
+            gate.close()
     return out, pool
 
 
 def _kill_a_worker(rt):
-    """SIGKILL worker 0 while it holds a round-2 client (the round's clients idle 2 s: no race)."""
+    """SIGKILL worker 0 while it holds a round-2 client."""
     os.kill(rt.pool.pids[0], signal.SIGKILL)
 
 
@@ -277,7 +296,8 @@ def _lose_the_data_then_kill_a_worker(rt):
 def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
     """With no live worker left, the client waits for a restart rather than spending its retries. A worker
     restarts even when the dataset's object is gone: the driver attaches the data again."""
-    cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_slow_round_2")
+    cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_held_round",
+                       federation__local_steps=10)
     clean, _ = _run_rounds(cfg, 3)
     with caplog.at_level(logging.WARNING, logger="fedray"):
         faulted, pool = _run_rounds(cfg, 3, during=kill)
@@ -294,7 +314,8 @@ def test_killed_workers_cost_only_a_retry(kill, ray_local, caplog):
 def test_a_killed_worker_reruns_its_batched_clients_one_by_one(ray_local, caplog):
     """Vectorised clients: a worker killed while it trains its clients as one task costs a rerun of that task
     on a live worker, batched as before, so the figures are the fault-free ones exactly."""
-    cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_slow_plan_round_2",
+    cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=3, algorithm__name="test_held_plan",
+                       federation__local_steps=10,
                        runtime__vectorize=True)
     clean, _ = _run_rounds(cfg, 3)
     with caplog.at_level(logging.WARNING, logger="fedray"):
@@ -322,7 +343,7 @@ def test_no_actor_restart_depends_on_an_object_in_the_store(ray_local, capfd):
 @pytest.mark.slow
 def test_client_dropped_after_max_retries(ray_local, caplog):
     cfg = _cfg_of_args(runtime__backend="ray", federation__rounds=2, runtime__max_client_retries=0,
-                       algorithm__name="test_slow_round_2")
+                       algorithm__name="test_held_round", federation__local_steps=10)
     with caplog.at_level(logging.WARNING, logger="fedray"):
         faulted, _ = _run_rounds(cfg, 2, during=_kill_a_worker)
     assert "dropped client" in caplog.text
@@ -358,12 +379,24 @@ def test_lost_server_actor_stops_the_round_clearly(ray_local):
 
 
 class _RemoveNodeDuringRound3(RunHooks):
-    def __init__(self, cluster, node):
-        self.cluster, self.node, self.timer = cluster, node, None
+    """Removes the node once both workers (one a node) hold a client of round 3 (test_held_round), then releases
+    them."""
+
+    def __init__(self, cluster, node, gate):
+        self.cluster, self.node, self.gate, self.timer, self.errors = cluster, node, gate, None, []
+
+    def _remove(self):
+        try:
+            self.gate.wait_started(count=2)
+            self.cluster.remove_node(self.node)
+        except BaseException as e:
+            self.errors.append(e)
+        finally:
+            self.gate.release()
 
     def on_round(self, row):
         if row["round"] == 2:
-            self.timer = threading.Timer(0.3, self.cluster.remove_node, args=(self.node,))
+            self.timer = threading.Thread(target=self._remove)
             self.timer.start()
 
 
@@ -380,21 +413,25 @@ def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog, monkeypat
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    gate = faulty.Gate(3)
     try:
         node = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="ERROR")
-        cfg = _cfg_of_args(runtime__backend="ray", runtime__address=cluster.address, federation__rounds=5)
-        hook = _RemoveNodeDuringRound3(cluster, node)
+        cfg = _cfg_of_args(runtime__backend="ray", runtime__address=cluster.address, federation__rounds=5,
+                           algorithm__name="test_held_round", federation__local_steps=10)
+        hook = _RemoveNodeDuringRound3(cluster, node, gate)
         with caplog.at_level(logging.WARNING, logger="fedray"):
             result = run_experiment(cfg, progress=False, hooks=[hook])
         hook.timer.join()
+        assert not hook.errors, hook.errors
     finally:
+        gate.close()
         ray.shutdown()
         cluster.shutdown()
     # the lost node's clients rerun on the other from the same seeds: the undisturbed run's figures (this tiny
     # synthetic task sits at chance accuracy on some CPUs, so "it learned" is no check here)
-    undisturbed = run_experiment(_cfg_of_args(federation__rounds=5), progress=False)
+    undisturbed = run_experiment(_cfg_of_args(federation__rounds=5, federation__local_steps=10), progress=False)
     assert result.summary["rounds"] == 5
     assert {k: result.summary[k] for k in FIGURES} == pytest.approx({k: undisturbed.summary[k] for k in FIGURES},
                                                                       rel=1e-6)

@@ -1,7 +1,10 @@
-"""Test-only methods that misbehave on purpose: non-finite uploads and slow clients."""
+"""Test-only methods that misbehave on purpose: non-finite uploads, a straggler, clients held while a test
+injects a fault."""
 
 import math
+import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -45,27 +48,73 @@ class SlowClient0(FedAvg):
         return super().client_update(ctx, payload, state)
 
 
-@register_algorithm
-class SlowRound2(FedAvg):
-    """Every client of round 2 idles 2 s before training, so a fault injected then lands mid-task
-    rather than racing the round's end."""
+GATES_ENV = "FEDRAY_TEST_GATES"  # a folder tests/conftest.py makes before Ray starts: every worker inherits it
 
-    name = "test_slow_round_2"
+
+class Gate:
+    """Holds the clients of round ``round_`` of the ``test_held_*`` methods until the test releases them, so that a
+    fault it injects lands while the workers hold those clients, however loaded the machine (no timed sleep).
+
+    Files in ``$FEDRAY_TEST_GATES``: ``hold`` (the round held), ``started-<pid>-<client>`` (a client of that round
+    began, in that process), ``release``. A client rerun after the fault finds ``release`` and goes on."""
+
+    def __init__(self, round_: int):
+        self.folder = Path(os.environ[GATES_ENV])
+        self.close()
+        (self.folder / "hold").write_text(str(round_))
+
+    def started_pids(self) -> set[int]:
+        return {int(f.name.split("-")[1]) for f in self.folder.glob("started-*")}
+
+    def wait_started(self, pids=(), count: int = 1, timeout: float = 120.0) -> None:
+        """Until every process in ``pids``, and at least ``count`` processes, hold a client of the round."""
+        deadline = time.monotonic() + timeout
+        while not (set(pids) <= self.started_pids() and len(self.started_pids()) >= count):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"held clients in processes {self.started_pids()} after {timeout} s; wanted "
+                                   f"{count} and every one of {set(pids)}")
+            time.sleep(0.01)
+
+    def release(self) -> None:
+        (self.folder / "release").touch()
+
+    def close(self) -> None:
+        for f in self.folder.glob("*"):
+            f.unlink()
+
+
+def held(ctx) -> None:
+    """In a worker: a client of the held round says it started, then waits for the test's release."""
+    folder = Path(os.environ[GATES_ENV])
+    hold = folder / "hold"
+    if not hold.exists() or hold.read_text() != str(ctx.round):
+        return
+    (folder / f"started-{os.getpid()}-{ctx.client_id}").touch()
+    deadline = time.monotonic() + 300
+    while not (folder / "release").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"round {ctx.round}'s client {ctx.client_id} was never released")
+        time.sleep(0.01)
+
+
+@register_algorithm
+class HeldRound(FedAvg):
+    """FedAvg whose clients of the round a :class:`Gate` holds wait for its release before training."""
+
+    name = "test_held_round"
 
     def client_update(self, ctx, payload, state):
-        if ctx.round == 2:
-            time.sleep(2)
+        held(ctx)
         return super().client_update(ctx, payload, state)
 
 
 @register_algorithm
-class SlowPlanRound2(FedAvg):
-    """SlowRound2 for vectorised clients: the delay comes before the plan is returned, so the worker still batches
-    its clients of the round (1 s each) and a fault lands mid-task."""
+class HeldPlan(FedAvg):
+    """HeldRound for vectorised clients: held before the plan is returned, so the worker still batches its clients
+    of the round once released."""
 
-    name = "test_slow_plan_round_2"
+    name = "test_held_plan"
 
     def client_update(self, ctx, payload, state):
-        if ctx.round == 2:
-            time.sleep(1)
+        held(ctx)
         return super().client_update(ctx, payload, state)

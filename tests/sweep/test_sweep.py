@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import numpy as np
+import psutil
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -112,7 +113,7 @@ def test_missing_spec_and_bad_flags_exit_2(tmp_path, capsys):
 def test_shipped_specs_are_valid():
     from pathlib import Path
 
-    specs = sorted(Path(__file__).parents[1].glob("tune_configs/*.yaml"))
+    specs = sorted(Path(__file__).parents[2].glob("tune_configs/*.yaml"))
     assert len(specs) >= 3
     for path in specs:
         first = path.read_text().splitlines()[0]
@@ -317,9 +318,11 @@ def test_mlflow_server_serves_the_sweep_over_rest(four_trial_sweep):
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and the workers it forked
         server.wait(timeout=30)
-    time.sleep(1)
-    leftovers = subprocess.run(["pgrep", "-f", f"--port {port}|127.0.0.1:{port}"], capture_output=True, text=True)
-    assert leftovers.stdout.strip() == "", "mlflow server processes survived"
+    deadline = time.monotonic() + 30
+    while (leftovers := subprocess.run(["pgrep", "-f", f"--port {port}|127.0.0.1:{port}"], capture_output=True,
+                                       text=True).stdout.strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the forked workers exit on their own time after the TERM
+    assert leftovers == "", "mlflow server processes survived"
 
 
 @pytest.mark.ray
@@ -551,6 +554,7 @@ def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
     cmd, env, uri = _sweep_command(tmp_path, "hard", "h1", [0.05], rounds=40)
     sweep = tmp_path / "sweeps" / "h1"
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started: dict[psutil.Process, str] = {}  # the driver's children (the local Ray it starts) by name
     try:
         for _ in range(960):  # until the saved state names a trial checkpoint (Tune saves it every few seconds)
             time.sleep(0.25)
@@ -559,10 +563,20 @@ def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
                 break
         else:
             pytest.fail("the sweep's saved state never named a checkpoint")
+        started = {p: p.name() for p in psutil.Process(proc.pid).children(recursive=True)}
     finally:
         proc.kill()  # SIGKILL: no handler runs, nothing is saved on the way out
         proc.wait(timeout=60)
-    time.sleep(2)  # the local Ray it started goes down with it
+    # the local Ray it started goes down with it, but for Ray's dashboard and runtime-env agents, which linger
+    # (stopped here, not to leak them)
+    agents = [p for p, name in started.items() if name.endswith("Agent")]
+    _, alive = psutil.wait_procs([p for p in started if p not in agents], timeout=60)
+    assert not alive, f"the killed sweep's Ray outlived it: {alive}"
+    for p in agents:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     for ckpt in sweep.glob("_trial_*/checkpoint_*"):
         subprocess.run(["rm", "-rf", str(ckpt)], check=True)
     # resumed from another folder: the sweep goes on in the default store of the folder it started from
