@@ -69,11 +69,11 @@ SERVER_DATA = {"data__server_data__kind": "holdout", "data__server_data__per_cla
 UNLABELLED_SERVER_DATA = {**SERVER_DATA, "data__server_data__labelled": False}
 # DaFKD with a small generator and a short server distillation (well under a second a round on one core).
 DAFKD_TINY = {"algorithm__generator": "dcgan", "algorithm__gen_width": 8, "algorithm__gen_hidden": 32,
-              "algorithm__distill_samples": 32, "algorithm__distill_steps": 2, "algorithm__distill_batch_size": 16,
-              "algorithm__distill_lr": 0.05, "federation__momentum": 0.9}
+              "algorithm__distill_samples": 32, "algorithm__distill_steps": 2, "federation__momentum": 0.9}
 
 # THE place for what each built-in method needs to run on tiny_config's synthetic data (server data, a small
-# generator, per-client architectures), read by every test that runs every method (tests/test_every_method.py).
+# generator, per-client architectures), read by every test that runs every method (tests/test_every_method.py) and
+# by tests/vectorized/test_vectorized.py for the per-method settings it builds on.
 # Keys: a method's algorithm.name, or "<name>-<variant>" for a further setting of it worth every check (an optimizer
 # state or a schedule carried across rounds). A new method gets a line here: {} if tiny_config suits it.
 METHOD_CASES: dict[str, dict] = {

@@ -25,12 +25,9 @@ from fedray.vectorized.round_batches import RoundBatches
 from fedray.vectorized.engine import as_stepwise, train_vectorized
 from fedray.seeding import sample_clients
 from fedray.simulation import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import method_overrides, tiny_config
 
-SERVER = {"data__server_data__kind": "holdout", "data__server_data__per_class": 10}
-DAFKD = {"algorithm__name": "dafkd", "algorithm__generator": "dcgan", "algorithm__gen_width": 8,
-         "algorithm__gen_hidden": 32, "algorithm__distill_samples": 32, "algorithm__distill_steps": 2,
-         "federation__momentum": 0.9}
+DAFKD = method_overrides("dafkd")
 
 
 def _fed(**kw):
@@ -131,7 +128,7 @@ def _assert_same_weights(a: dict, b: dict, adam: bool = False) -> None:
 
 
 COVERED = {
-    "fedavg_sgd_momentum": dict(federation__momentum=0.9, federation__weight_decay=1e-3),
+    "fedavg_sgd_momentum": method_overrides("fedavg-momentum"),
     "fedavg_adam": dict(federation__optimizer="adam", federation__lr=1e-3, federation__weight_decay=1e-3),
     # BatchNorm models in batches of 12 (client 3's 35 samples end a pass on 11): a pass ending on a 3-sample batch
     # (batches of 16) amplifies rounding ~100x within two steps, so far that the batched and the sequential rounding
@@ -144,22 +141,18 @@ COVERED = {
     # 12, 32 and 20 steps: three phases, Adam's state and the step counts carried from one to the next
     "fedavg_unequal_epochs_adam": dict(federation__local_epochs=4, federation__optimizer="adam", federation__lr=1e-3,
                                        federation__weight_decay=1e-3),
-    "fedprox": dict(algorithm__name="fedprox", algorithm__mu=0.5),
-    "qffl": dict(algorithm__name="qffl", algorithm__q=1.0),
-    "fedgkd": dict(algorithm__name="fedgkd"),
-    "local_heterogeneous": dict(algorithm__name="local", model__client_models=["lenet5", "resnet8_bn"]),
-    "fedcd": dict(algorithm__name="fedcd", model__client_models=["lenet5", "resnet8"], **SERVER, federation__batch_size=17),
-    "feddistill": dict(algorithm__name="feddistill", model__client_models=["lenet5", "mlp"]),
-    "fedd3a": dict(algorithm__name="fedd3a", **SERVER, data__server_data__labelled=False),
-    "fedd3a_heterogeneous": dict(algorithm__name="fedd3a", model__client_models=["lenet5", "resnet8"], **SERVER,
-                                 data__server_data__labelled=False),
+    # every method's own settings (METHOD_CASES in tests/conftest.py); their one round batched vs sequential is checked
+    # for every method by tests/test_every_method.py, the other entries' here
+    **{name: method_overrides(name) for name in ("fedprox", "qffl", "fedgkd", "fedcd", "feddistill", "fedd3a")},
+    "local_heterogeneous": method_overrides("local"),  # lenet5 and resnet8_bn
+    "fedd3a_heterogeneous": method_overrides("fedd3a-heterogeneous"),
     "fedkf_warmup": dict(algorithm__name="fedkf", algorithm__warmup_rounds=1),
     # LeNet-5 student: the DAFL generator's convolution biases sit before BatchNorm, so their true gradient is 0
     # and what they get is rounding noise (~1e-13), which Adam's first step turns into +-lr moves whose sign
     # depends on the rounding; with a BatchNorm student this grows ~6x per local step (1e-4 after 4 steps),
     # between any two ways of rounding, batched or not.
-    "fedkf": dict(algorithm__name="fedkf"),
-    "dafkd": dict(**DAFKD),
+    "fedkf": method_overrides("fedkf"),
+    "dafkd": DAFKD,
     "dafkd_conditional_bn_adam": dict(DAFKD, algorithm__generator="conditional", model__name="resnet8_bn",
                                       federation__optimizer="adam", federation__lr=1e-3, federation__weight_decay=1e-4,
                                       federation__batch_size=12),
@@ -175,7 +168,12 @@ COVERED = {
 }
 
 
-@pytest.mark.parametrize("name", list(COVERED))
+# the entries that are a method's own case (fedavg-momentum, fedprox, ...): tests/test_every_method.py's
+EVERY_METHOD = {"fedavg_sgd_momentum", "fedprox", "qffl", "fedgkd", "local_heterogeneous", "fedcd", "feddistill",
+                "fedd3a", "fedd3a_heterogeneous", "fedkf", "dafkd"}
+
+
+@pytest.mark.parametrize("name", [name for name in COVERED if name not in EVERY_METHOD])
 def test_one_vectorised_round_equals_the_sequential_one(name):
     seq_w, seq_info = _one_round(False, **COVERED[name])
     vec_w, vec_info = _one_round(True, **COVERED[name])
