@@ -174,6 +174,7 @@ FEDCD = ["algorithm.name=fedcd", "model.client_models=[lenet5,resnet8]", "data.s
     pytest.param("during", [*PER_CLIENT, "runtime.backend=ray"], marks=pytest.mark.ray),
     ("during", FEDCD),  # per-client models (FedCD's), on the local runtime
 ], ids=["between", "during", "per-client-ray", "fedcd-local"])
+@pytest.mark.timeout(600)  # its resume may take 300 s
 def test_sigkilled_run_resumes_to_identical_figures(when, extra, tmp_path):
     reference = run_experiment(_cfg_of_args(**dict(e.replace(".", "__", 1).split("=", 1) for e in extra
                                                     if not e.startswith("runtime."))), progress=False).summary

@@ -225,6 +225,7 @@ def four_trial_sweep(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its subprocesses may wait 600 s
 def test_sweep_prints_one_line_per_trial_event_and_keeps_ray_logs_in_a_file(four_trial_sweep):
     root = four_trial_sweep
     out, err = (root / "stdout.txt").read_text(), (root / "stderr.txt").read_text()
@@ -250,6 +251,7 @@ def test_sweep_prints_one_line_per_trial_event_and_keeps_ray_logs_in_a_file(four
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its subprocesses may wait 600 s
 def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
     root = four_trial_sweep
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
@@ -288,6 +290,7 @@ def _free_port():
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its subprocesses may wait 600 s
 def test_mlflow_server_serves_the_sweep_over_rest(four_trial_sweep):
     """`mlflow server` on 127.0.0.1 against the sweep's store finds its runs; then it and its workers stop."""
     root = four_trial_sweep
@@ -511,6 +514,7 @@ def _sweep_command(tmp_path, experiment: str, name: str, lrs: list[float], round
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its subprocesses may wait 600 s
 def test_interrupted_sweep_resumes(tmp_path):
     """Ctrl-C mid-sweep: runs end KILLED, exit 130; `--resume` finishes the sweep with new child runs."""
     cmd, env, uri = _sweep_command(tmp_path, "long", "r1", [0.05, 0.1], rounds=60)
@@ -547,6 +551,7 @@ def test_interrupted_sweep_resumes(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its subprocesses may wait 600 s
 def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
     """SIGKILL of the driver: the saved sweep state may name a trial checkpoint that newer ones have since
     replaced (deleted here, all of them, to make that certain). `--resume` must not fail that trial: it goes on
