@@ -83,7 +83,9 @@ class Algorithm(ABC, Generic[Params, Modules]):
         """``params``: this run's parsed ``algorithm.*`` (the resolved experiment's); parsed from ``cfg`` when None."""
         self.cfg = cfg
         self.spec = spec
-        self.params: Params = params if params is not None else self.parse_params(cfg.algorithm.params())  # type: ignore[assignment]
+        if params is None:
+            params = self.parse_params(cfg.algorithm.params())
+        self.params: Params = params  # type: ignore[assignment]
         #: The server's data (``data.server_data``) on the server's instance; always None on clients.
         self.server_data: ServerSideData | None = None
 
@@ -201,7 +203,8 @@ class PersonalisedAlgorithm(Algorithm):
         model.load_state_dict(state.weights)
         return model
 
-    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish, paddable: bool = False) -> LocalTraining:
+    def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish,
+                     paddable: bool = False) -> LocalTraining:
         """A :class:`~fedray.learning.training.LocalTraining` of the client's own model from its state;
         ``finish(model, metrics, new_state)`` builds the result."""
         def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
@@ -218,5 +221,5 @@ class PersonalisedAlgorithm(Algorithm):
 
 
 __all__ = ["Algorithm", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "DataSpec", "DiagnosticProbe",
-           "LocalTraining", "ModelBank", "NoParams", "Payload", "PersonalModel", "PersonalisedAlgorithm", "ServerContext",
-           "ServerSideData", "ServerState", "Upload", "Weights", "local_step_count"]
+           "LocalTraining", "ModelBank", "NoParams", "Payload", "PersonalModel", "PersonalisedAlgorithm",
+           "ServerContext", "ServerSideData", "ServerState", "Upload", "Weights", "local_step_count"]

@@ -65,7 +65,8 @@ def _allowed_modules() -> set[str]:
 
 # Checkpoints written before the package took its present layout name the state classes of every method and helper
 # under fedray.algorithms; where each class lives now, so such a run still resumes.
-_FORMER_HOMES = {"fedray.algorithms.dafkd": "fedray.methods.dafkd.types", "fedray.algorithms.base": "fedray.learning.boundary"}
+_FORMER_HOMES = {"fedray.algorithms.dafkd": "fedray.methods.dafkd.types",
+                 "fedray.algorithms.base": "fedray.learning.boundary"}
 _FORMER_HELPERS = ("cached", "distill", "ensemble", "optim", "proxy_distill", "subspace", "training", "weights")
 
 
