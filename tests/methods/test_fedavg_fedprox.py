@@ -7,13 +7,13 @@ import torch
 
 from fedray.methods import ALGORITHMS, get_algorithm
 from fedray.methods.api import ServerContext
-from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
+from fedray.methods.fedavg import ModelState, ModelUpload
 from fedray.methods.fedprox import FedProx
 from fedray.learning.weights import nbytes, weighted_average
 from fedray.data import build_federated_data
 from fedray.runtime.core import ClientWorkerCore, ServerCore
 from fedray.simulation import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import UNLABELLED_SERVER_DATA, tiny_config
 
 
 def _ctx():
@@ -99,8 +99,7 @@ BUILTIN = sorted(name for name, cls in ALGORITHMS.items() if not name.startswith
 @pytest.mark.parametrize("name", BUILTIN)
 def test_two_round_run_learns_on_synthetic_data(name):
     # FedDF and FedD3A distil on the server's own data: unlabelled images held out of the training set
-    server = ({"data__server_data__kind": "holdout", "data__server_data__per_class": 10,
-               "data__server_data__labelled": False} if name in ("feddf", "fedd3a") else {})
+    server = UNLABELLED_SERVER_DATA if name in ("feddf", "fedd3a") else {}
     cfg = tiny_config(algorithm__name=name, federation__rounds=4, federation__local_steps=25,
                       federation__lr=0.1, federation__momentum=0.5, **server)
     result = run_experiment(cfg, progress=False)
