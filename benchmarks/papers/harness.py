@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from fedray.report.runs import RunRecord, fmt_mean_std
+from fedray.report.table import LAST_N  # the tables' "last 5": the mean of the last 5 evaluations
 
 __all__ = ["Finished", "LAST_N", "Run", "collect", "execute", "fmt_mean_std", "grid_args", "header", "not_run",
            "plan", "run_and_record", "write"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-LAST_N = 5  # the tables' "last 5": the mean of the last 5 evaluations (fedray.report.table.LAST_N)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""The method-comparison benchmarks (benchmarks/papers/): their committed tables are what ``--report-only``
+rebuilds from their committed run folders, and the harness plans, skips and resumes the grid it is given.
+No training: runs are faked where the harness would start one."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PAPERS = REPO / "benchmarks" / "papers"
+RESULTS = REPO / "benchmarks" / "results"
+sys.path.insert(0, str(PAPERS))
+
+harness = importlib.import_module("harness")
+
+# benchmark module -> the record its --report-only reads (OUT/<name>.json) and the table it writes
+COMPARISONS = ["dafkd_fmnist", "fedcd_fmnist", "fedd3a_fmnist_domains", "fedkf_fmnist", "subspace_fmnist"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the committed tables
+
+
+@pytest.mark.parametrize("name", COMPARISONS)
+def test_report_only_rebuilds_the_committed_table(name, tmp_path, capsys):
+    """``--report-only`` on the committed run folders (and the committed record of how they were made) writes
+    the committed ``<name>.md`` byte for byte, and the same ``<name>.json``."""
+    shutil.copy(RESULTS / f"{name}.json", tmp_path / f"{name}.json")
+    importlib.import_module(name).main(["--report-only", "--out", str(tmp_path)])
+    capsys.readouterr()
+    assert (tmp_path / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()
+    assert json.loads((tmp_path / f"{name}.json").read_text()) == json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def test_every_comparison_benchmark_is_tested():
+    scripts = {p.stem for p in PAPERS.glob("*.py")} - {"harness", "fedd3a_hetero_probe"}  # the probe prints only
+    assert scripts == set(COMPARISONS)
+
+
+def test_one_mean_std():
+    """The tables' one format: values scaled first, None and NaN left out, sample std, 0 for one value."""
+    from fedray.report.runs import fmt_mean_std
+
+    assert harness.fmt_mean_std is fmt_mean_std
+    assert fmt_mean_std([0.5, 0.6, None, float("nan")]) == "55.00 ± 7.07"
+    assert fmt_mean_std([0.004, 0.006], 1e3, 3) == "5.000 ± 1.414"
+    assert fmt_mean_std([0.25]) == "25.00 ± 0.00"
+    assert fmt_mean_std([]) == "—"
+
+
+# --------------------------------------------------------------------------------------------------
+# the harness, on fake run folders
+
+
+def _finished(out: Path, seed: int, accuracies=(0.5, 0.6)) -> None:
+    """A run folder as ``fedray run`` leaves it, small."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{"round": i + 1, "eval/accuracy": a} for i, a in enumerate(accuracies)]
+    pq.write_table(pa.Table.from_pylist(rows), out / "history.parquet")
+    (out / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": {"name": "fedavg"}}))
+    (out / "summary.json").write_text(json.dumps({"seed": seed, "eval/accuracy": accuracies[-1]}))
+
+
+def test_plan_is_the_grid(tmp_path):
+    runs = harness.plan(tmp_path, ["fedavg", "dafkd"], ["alpha0.1", "alpha1"], [0, 1, 2])
+    assert len(runs) == 12 and len(set(runs)) == 12
+    assert {(r.method, r.setting, r.seed) for r in runs} == {
+        (m, s, seed) for m in ("fedavg", "dafkd") for s in ("alpha0.1", "alpha1") for seed in (0, 1, 2)}
+    assert all(r.out == tmp_path / f"{r.method}_{r.setting}_seed{r.seed}" for r in runs)
+    # setting by setting, seed by seed: a stopped grid has every method of the seeds it reached
+    assert [(r.setting, r.seed) for r in runs[:2]] == [("alpha0.1", 0), ("alpha0.1", 0)]
+    assert runs[0].out.name == "fedavg_alpha0.1_seed0"
+
+
+def test_finished_runs_are_skipped_and_stopped_ones_resumed(tmp_path, monkeypatch):
+    runs = harness.plan(tmp_path, ["a", "b"], ["s"], [0, 1])
+    _finished(runs[0].out, 0)  # a_s_seed0: done
+    runs[1].out.mkdir()  # b_s_seed0: stopped, with its checkpoint
+    from fedray.report.checkpoint import FILENAME
+
+    (runs[1].out / FILENAME).write_bytes(b"")
+    assert harness.pending(runs) == runs[1:]
+
+    built, started = [], []
+
+    def fake_run(cfg, out, progress, data, resume_from):
+        started.append((Path(out).name, resume_from))
+        (Path(out) / "model.pt").parent.mkdir(parents=True, exist_ok=True)
+        (Path(out) / "model.pt").write_bytes(b"")
+        (Path(out) / "summary.json").write_text("{}")
+        return SimpleNamespace(summary={"eval/accuracy": 0.5, "time/round_s": 1.0})
+
+    monkeypatch.setattr("fedray.simulation.run_experiment", fake_run)
+    ran = harness.execute(lambda run, opts: built.append(run.out.name) or "cfg", runs, {}, jobs=1)
+    assert ran == 3
+    assert built == ["b_s_seed0", "a_s_seed1", "b_s_seed1"]  # never the finished one
+    assert started == [("b_s_seed0", runs[1].out), ("a_s_seed1", None), ("b_s_seed1", None)]
+    assert not any((r.out / "model.pt").exists() for r in runs)  # models deleted unless kept
+    assert harness.execute(lambda run, opts: pytest.fail("a finished run was built"), runs, {}, jobs=1) == 0
+
+
+def test_collect_groups_finished_runs_by_method_and_setting(tmp_path):
+    runs = harness.plan(tmp_path, ["a", "b"], ["s1", "s2"], [1, 0])
+    for r in runs:
+        if (r.method, r.setting) != ("b", "s2") or r.seed == 0:
+            _finished(r.out, r.seed, (0.1 * (r.seed + 1), 0.2 * (r.seed + 1)))
+    grid = harness.collect(runs)
+    assert set(grid) == {("a", "s1"), ("b", "s1"), ("a", "s2"), ("b", "s2")}
+    assert [f.seed for f in grid[("a", "s1")]] == [0, 1]  # seed order, whatever the plan's
+    assert [f.seed for f in grid[("b", "s2")]] == [0]  # the unfinished seed 1 is left out
+    f = grid[("a", "s1")][1]
+    assert f.summary["eval/accuracy"] == 0.4 and f.params["seed"] == 1
+    assert harness.last_n(f.history) == pytest.approx(0.3)
+
+
+def test_the_record_survives_report_only_and_runs_that_skip(tmp_path, monkeypatch):
+    recorded = {"date": "2026-01-01", "commit": "abc", "device": "CPU", "command": "old"}
+    (tmp_path / "x.json").write_text(json.dumps({"meta": recorded}))
+    args = SimpleNamespace(out=tmp_path, report_only=True, jobs=1, device="cpu")
+    runs = harness.plan(tmp_path / "runs", ["a"], ["s"], [0])
+    assert harness.run_and_record("x", [], args, None, runs, {}) == recorded
+    _finished(runs[0].out, 0)
+    args.report_only = False  # everything finished: nothing ran, the record stands
+    assert harness.run_and_record("x", [], args, None, runs, {}) == recorded
+    monkeypatch.setattr(harness, "execute", lambda *a, **k: 1)  # one run made now
+    meta = harness.run_and_record("x", ["--seeds", "0"], args, None, runs, {})
+    assert meta["command"] == ".venv/bin/python benchmarks/papers/x.py --seeds 0"
+    assert meta["earlier"] == [recorded]
+    lines = harness.header("X", meta, "x", runs[0].out.parent)
+    assert any(line.startswith("Earlier runs: 2026-01-01 at commit abc") for line in lines)
