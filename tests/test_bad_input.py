@@ -138,9 +138,9 @@ def test_output_paths_that_cannot_be_written_are_refused_before_work(tmp_path, m
         assert err.startswith(f"error: {option}: ") and ("directory" in err or "no image format" in err), err
 
 
-@pytest.mark.parametrize("bad", [
-    "runtime.num_cpus_per_worker=64",  # found once Ray is up (the cluster's resources)
-    "algorithm.name=nope",  # found while Ray starts (the registries load in a thread meanwhile)
+@pytest.mark.parametrize("bad", [  # the first two start a local Ray in the process (ray)
+    pytest.param("runtime.num_cpus_per_worker=64", marks=pytest.mark.ray),  # found once Ray is up (its resources)
+    pytest.param("algorithm.name=nope", marks=pytest.mark.ray),  # found while Ray starts (registries load meanwhile)
     "runtime.address=garbage",  # refused by ray.init
     "runtime.address=127.0.0.1:1",  # nothing listens: at once, where ray.init would wait minutes
 ])
