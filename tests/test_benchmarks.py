@@ -138,3 +138,24 @@ def test_the_record_survives_report_only_and_runs_that_skip(tmp_path, monkeypatc
     assert meta["earlier"] == [recorded]
     lines = harness.header("X", meta, "x", runs[0].out.parent)
     assert any(line.startswith("Earlier runs: 2026-01-01 at commit abc") for line in lines)
+
+
+def test_tables_cover_the_whole_grid_whatever_ran(tmp_path):
+    """``--methods x`` runs x alone, but the tables show every finished run of the grid and name the missing
+    cells; extra seeds asked for join the default ones."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    harness.grid_args(ap, "x", ["a", "b"], ["s1", "s2"], rounds=2, seeds=(0, 1))
+    args = ap.parse_args(["--methods", "b", "--seeds", "2", "--runs-dir", str(tmp_path)])
+    assert [(r.method, r.setting, r.seed) for r in harness.plan(args.runs_dir, args.methods, args.settings,
+                                                                 args.seeds)] == [("b", "s1", 2), ("b", "s2", 2)]
+    table = harness.tabled(ap, args)
+    assert {(r.method, r.setting, r.seed) for r in table} == {
+        (m, s, seed) for m in ("a", "b") for s in ("s1", "s2") for seed in (0, 1, 2)}
+    for r in table:
+        if r.method == "a" or r.seed < 2:
+            _finished(r.out, r.seed)
+    note = harness.not_run(table, "x")
+    assert note[1] == "- b: s1 (seed 2); s2 (seed 2)"
+    assert harness.not_run([r for r in table if r.method == "a"], "x") == []

@@ -342,13 +342,14 @@ def main(argv: list[str] | None = None) -> None:
             "keep_models": args.keep_models}
     grid_runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
     meta = harness.run_and_record(NAME, argv, args, build, grid_runs, opts)
-    grid = harness.collect(grid_runs)
+    table_runs = harness.tabled(ap, args)
+    grid = harness.collect(table_runs)
     if not grid:
         raise SystemExit(f"no finished run in {args.runs_dir}")
     runs = collect(grid)
-    alphas = [SETTINGS[s] for s in args.settings]
+    alphas = list(SETTINGS.values())
     setting, rounds = setting_of(grid)
-    md = markdown(runs, args.methods, alphas, rounds, meta, setting, args.runs_dir, grid_runs)
+    md = markdown(runs, list(METHODS), alphas, rounds, meta, setting, args.runs_dir, table_runs)
     by: dict = {}
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     plot = plot_mechanism(by, alphas, out / f"{NAME}_mechanism.png")
     if plot is not None:
         md += f"\n![the diagnostics over rounds]({plot.name})\n"
-    record = {"settings": {"methods": {m: METHODS[m] for m in args.methods}, "alphas": alphas},
+    record = {"settings": {"methods": METHODS, "alphas": alphas},
               "runs": [{k: v for k, v in r.items() if k != "per_round"} for r in runs],
               "paper": {"accuracy": {f"{m}@{a:g}": v for (m, a), v in PAPER_ACC.items()},
                         "rounds_to_60_65_alpha0.1": PAPER_ROUNDS}}

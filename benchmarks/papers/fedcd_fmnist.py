@@ -196,8 +196,9 @@ def main(argv: list[str] | None = None) -> None:
             "threads": args.threads, "keep_models": args.keep_models}
     runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
     meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
-    res = collect(harness.collect(runs))
-    md = tables(res, args.settings, meta, args.runs_dir, runs)
+    table_runs = harness.tabled(ap, args)
+    res = collect(harness.collect(table_runs))
+    md = tables(res, list(SETTINGS), meta, args.runs_dir, table_runs)
     harness.write(args.out, NAME, meta, {"runs": res}, md)
     print(md)
 

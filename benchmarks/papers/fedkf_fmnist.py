@@ -315,11 +315,12 @@ def main(argv: list[str] | None = None) -> None:
                                           "generator_batch", "eval_every", "threads", "device", "keep_models")}
     runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
     meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
-    grid = harness.collect(runs)
+    table_runs = harness.tabled(ap, args)
+    grid = harness.collect(table_runs)
     if not grid:
         raise SystemExit(f"no finished run in {args.runs_dir}")
-    res = tabulate(grid, args.settings)
-    md = markdown(res, meta, setting_of(grid), args.runs_dir, runs)
+    res = tabulate(grid, list(SETTINGS))
+    md = markdown(res, meta, setting_of(grid), args.runs_dir, table_runs)
     harness.write(args.out, NAME, meta, {"results": res, "paper": {
         "tables_V_VI_XII": {d: {str(a): v for a, v in t.items()} for d, t in PAPER.items()},
         "table_VIII": PAPER_ROUNDS}}, md)

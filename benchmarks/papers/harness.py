@@ -37,7 +37,7 @@ from fedray.report.runs import RunRecord, fmt_mean_std
 from fedray.report.table import LAST_N  # the tables' "last 5": the mean of the last 5 evaluations
 
 __all__ = ["Finished", "LAST_N", "Run", "collect", "execute", "fmt_mean_std", "grid_args", "header", "not_run",
-           "plan", "run_and_record", "write"]
+           "plan", "run_and_record", "tabled", "write"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -72,6 +72,15 @@ def plan(root: str | Path, methods: Iterable[str], settings: Iterable[str], seed
     every method of the seeds it reached)."""
     methods, settings, seeds = list(methods), list(settings), list(seeds)
     return [Run(m, s, seed, Path(root) / run_name(m, s, seed)) for s in settings for seed in seeds for m in methods]
+
+
+def tabled(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Run]:
+    """The grid the tables cover: every method and setting of the benchmark, its default seeds and any others
+    asked for. ``--methods``, ``--settings`` and ``--seeds`` choose what to run; the tables always show every
+    finished run of the grid (a run of one method alone does not drop the others' rows) and name the cells
+    that have not run."""
+    seeds = sorted({*ap.get_default("seeds"), *args.seeds})
+    return plan(args.runs_dir, ap.get_default("methods"), ap.get_default("settings"), seeds)
 
 
 def pending(runs: Iterable[Run]) -> list[Run]:
