@@ -241,7 +241,7 @@ def graphs_on_cpu(monkeypatch):
     """CUDA graphs (``fedray.learning.cuda_graphs``) on the CPU, where CI runs: a "replay" calls the captured step again, under
     the capture's rules (:class:`_CaptureRules`), so the bookkeeping (when to capture, the inputs copied in, outputs,
     the optimizers' host counts, when to drop a graph) and what the step may do are checked. ``replays`` counts the
-    replays. CUDA's own part, kernels recorded once and rerun on the same tensors, is benchmarks/gpu.py's check."""
+    replays. CUDA's own part, kernels recorded once and rerun on the same tensors, is benchmarks/speed/gpu.py's check."""
     from fedray.learning import cuda_graphs
     from fedray.vectorized.stacked_optimizer import StackedOptimizer
 

@@ -2,7 +2,7 @@
 over (a vectorised local step, a server's distillation step), recorded once and replayed.
 
 A step of a small model is a few hundred kernels of microseconds each, and issuing them from Python takes longer
-than the GPU takes to run them: measured on an H200 (``benchmarks/step_ceiling.py``), 8 LeNet-5 clients' vectorised
+than the GPU takes to run them: measured on an H200 (``benchmarks/speed/step_ceiling.py``), 8 LeNet-5 clients' vectorised
 step took 4.4 ms eager and 0.54 ms replayed. Kept apart from the runtime because both the runtime's vectorised
 clients (:class:`fedray.vectorized.step_graph.StepGraph`) and methods' server loops
 (:class:`fedray.learning.distill.KDSteps`: DaFKD's, FedDF's and FedD3A's distillation) use it; it picks nothing by

@@ -23,7 +23,7 @@ shared buffers; it is never needed here).
 On CUDA (:data:`LOOP_DEVICES`) the teachers of a model whose forward is not small (an estimated
 :data:`LOOP_FROM_ROW_BYTES` of activations per image or more, see Memory) run one by one instead, each on whole
 evaluation batches (a functional call with its weights, no module loaded). Measured on an H200
-(``benchmarks/server_ensemble.py``, 1,024 images, second run): ResNet-11 (~600 KiB a row), 8 teachers 0.080 s
+(``benchmarks/speed/server_ensemble.py``, 1,024 images, second run): ResNet-11 (~600 KiB a row), 8 teachers 0.080 s
 one by one against 0.117 s stacked (0.318 s with chunks grown to 4 GiB of activations), 32 teachers 0.33 s
 against 0.67 s (1.36 s): vmapped, a convolution over K weight sets is a grouped convolution, which cuDNN runs far
 below a plain one, and a thousand images make a teacher's own kernels large. LeNet-5 (~60 KiB a row) goes the
@@ -36,7 +36,7 @@ images. The chunk is sized so that G x n rows stay within ``batch_size`` (the ca
 GPU (:data:`BUDGET_DEVICES`) larger kernels are what pays, so there the bound is raised to what
 :data:`ACTIVATION_BUDGET_BYTES` allows for this model (an estimate from one single-image forward: 3x the
 largest layer output, for the input, the output and a residual branch held at once), at most K x
-``batch_size``. Not on a CPU: measured here (``benchmarks/server_ensemble.py``, LeNet-5, 1 thread),
+``batch_size``. Not on a CPU: measured here (``benchmarks/speed/server_ensemble.py``, LeNet-5, 1 thread),
 chunks beyond ~1,000 rows are slower, cache-bound (8 teachers on 1,000 images: 0.52 s in chunks of
 1,024 rows, 1.06 s grown to the budget; ``benchmarks/README.md``).
 Stacked weights are a copy of the uploads: groups hold at most :data:`STACKED_WEIGHTS_BYTES` of them
@@ -187,7 +187,7 @@ def stacked_outputs(teachers: Iterable[tuple[nn.Module, Weights]], x: Tensor, ba
 def loop_outputs(teachers: Iterable[tuple[nn.Module, Weights]], x: Tensor, batch_size: int,
                  prepare: Callable[[Tensor], Tensor] | None = None) -> list[Tensor]:
     """The reference :func:`stacked_outputs` replaces: load each teacher's weights, run it over ``x`` in
-    batches. Kept for the equivalence tests and ``benchmarks/server_ensemble.py``; it leaves the last
+    batches. Kept for the equivalence tests and ``benchmarks/speed/server_ensemble.py``; it leaves the last
     teacher's weights in its module."""
     prepare = prepare or (lambda t: t)
     per_teacher = []

@@ -25,7 +25,7 @@ def weighted_average(weights: list[Weights], coefs: list[float]) -> Weights:
 
     Each term is widened and scaled in one float64 buffer reused across the clients: the same operations, so
     the same bits, as ``acc += w.to(float64) * c``, without its two fresh temporaries per client and key
-    (``benchmarks/averaging.py``, one CPU thread, malloc tuned as in a run: 1.2-1.35x faster; more with glibc's
+    (``benchmarks/speed/averaging.py``, one CPU thread, malloc tuned as in a run: 1.2-1.35x faster; more with glibc's
     default thresholds, which adapt to what the process freed before).
     """
     total = float(sum(coefs))

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.errors import UserError
 from fedray.report.metrics import rounds_to_target as _first_round_reaching
-from fedray.report.runs import DASH, RunRecord, _canon, _fmt_value, _num, _sort_key, _warn, mean_std
+from fedray.report.runs import DASH, RunRecord, _canon, _fmt_value, _num, _sort_key, _warn, fmt_mean_std
 
 DEFAULT_BY_METHOD: tuple[str, ...] = ("algorithm.name",)
 DEFAULT_BY_SETTING: tuple[str, ...] = ("data.dataset", "data.alpha")
@@ -206,13 +206,6 @@ def last_n_mean(history: Sequence[dict], key: str = "eval/accuracy", n: int = LA
     return sum(vals) / len(vals) if vals else None
 
 
-def _fmt_mean_std(values: Sequence[float], scale: float, decimals: int) -> str:
-    if not values:
-        return DASH
-    mean, std = mean_std([v * scale for v in values])
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
-
-
 def _fmt_rounds(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
@@ -248,15 +241,15 @@ def build_table(
         stats: dict[str, Any] = {"seeds": [r.params.get("seed") for r in g.runs]}
         for key, header, scale, decimals in METRIC_COLUMNS:
             vals = [v for v in (_final(r, key) for r in g.runs) if v is not None]
-            row[header] = _fmt_mean_std(vals, scale, decimals)
+            row[header] = fmt_mean_std(vals, scale, decimals)
             stats[key] = vals
             if key == "eval/accuracy":
                 last = [v for v in (last_n_mean(r.history) for r in g.runs) if v is not None]
-                row[LAST_N_COLUMN] = _fmt_mean_std(last, scale, decimals)
+                row[LAST_N_COLUMN] = fmt_mean_std(last, scale, decimals)
                 stats["eval/accuracy_last_n"] = last
         val = [v for v in (_final(r, "val/accuracy") for r in g.runs) if v is not None]
         if val:  # runs with a validation set (data.val_per_class)
-            row[VAL_COLUMN] = _fmt_mean_std(val, 100.0, 2)
+            row[VAL_COLUMN] = fmt_mean_std(val, 100.0, 2)
             stats["val/accuracy"] = val
         if tgt is not None:
             reached = [rounds_to_target(r.history, tgt) for r in g.runs]

@@ -4,7 +4,7 @@ By default glibc returns freed memory to the OS at once: a block over its (dynam
 when freed, and the top of the heap is trimmed once more than twice that threshold is free. A forward pass
 frees its activations together at its end, so the heap's top is trimmed after every batch and the next
 batch's activations are page-faulted in again, page by page. On this project's 2-core CPU machine
-(``benchmarks/cpu_malloc.py``, one thread, its first run) that was ~160,000 minor faults per in-process round
+(``benchmarks/speed/cpu_malloc.py``, one thread, its first run) that was ~160,000 minor faults per in-process round
 of 8 ResNet-8 clients x 5 SGD steps of 32 (1.46 s a round; 1.17 s without them) and ~1.8 million per
 evaluation of ResNet-8 on 22,000 images (8.9 s; 6.1 s without them); ResNet-8-BN evaluated in 9.6 s, 6.0 s
 without.

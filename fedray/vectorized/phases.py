@@ -90,7 +90,7 @@ def reported(results: list[ClientResult], tallies: list[Tally]) -> list[ClientRe
     """``results`` with how well the lockstep batched, over the round's ``tallies`` ((vmapped calls, steps, steps
     replayed or None without a graph) of each lockstep): ``vec/groups_per_step``, 1 when every step was one vmapped
     call per update (each short batch or differing flag splits a step into one more call), and on a GPU
-    ``vec/graph_steps``, the share of steps replayed from a CUDA graph (benchmarks/gpu.py reports both)."""
+    ``vec/graph_steps``, the share of steps replayed from a CUDA graph (benchmarks/speed/gpu.py reports both)."""
     steps = max(sum(t[1] for t in tallies), 1)
     replays = [t[2] for t in tallies if t[2] is not None]
     for result in results:

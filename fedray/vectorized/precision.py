@@ -5,8 +5,8 @@ ones too) and linear layer of local training multiplies bfloat16 copies of its i
 on its result in float32. Everything else stays float32: the weights, their gradients, the optimizer state
 and the update, BatchNorm, activations between layers and the losses. Why it was built: where the
 vectorised step is bound by the GPU's arithmetic (ResNet-11, 8-32 clients), bfloat16 convolutions made the
-step 1.6-1.8x faster on an H100 (``benchmarks/step_ceiling.py``, whole-step bf16). What it gave in rounds
-(DaFKD, ResNet-11, 28x28, H200, ``benchmarks/gpu_precision.sh``): graphed rounds within -8..+8 % of float32's
+step 1.6-1.8x faster on an H100 (``benchmarks/speed/step_ceiling.py``, whole-step bf16). What it gave in rounds
+(DaFKD, ResNet-11, 28x28, H200, ``benchmarks/speed/gpu_precision.sh``): graphed rounds within -8..+8 % of float32's
 (8-64 clients), sequential ones 1.46-1.57x slower; the casts around each product cost about what bfloat16
 saves at this size. The figures change beyond float32 rounding, so it is opt-in; bfloat16 needs no loss
 scaling (float32's exponent range). Evaluation and the server's work stay float32.

@@ -83,7 +83,7 @@ def test_more_clients_than_samples_is_a_data_error(fn):
 
 
 def test_dirichlet_10000_clients():
-    # Its speed is benchmarks/scale.py's data_build_s; here only correctness at that size.
+    # Its speed is benchmarks/speed/scale.py's data_build_s; here only correctness at that size.
     y = _labels(600_000, 10)
     parts = partition_dirichlet(y, 10_000, 1.0, 10, _rng())
     _assert_exact_cover(parts, len(y))
