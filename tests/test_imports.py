@@ -109,10 +109,9 @@ def test_training_never_imports_torchs_compiler_stack():
     code = """
 import sys
 from fedray.simulation import run_experiment
-from tests.conftest import tiny_config
-from tests.vectorized.test_vectorized import DAFKD, SERVER
+from tests.conftest import method_overrides, tiny_config
 for vec in (False, True):
-    for kw in (dict(), DAFKD, dict(algorithm__name="fedkf"), dict(algorithm__name="feddf", **SERVER)):
+    for kw in map(method_overrides, ("fedavg", "dafkd", "fedkf", "feddf")):
         run_experiment(tiny_config(federation__rounds=1, runtime__vectorize=vec, **kw), progress=False)
 print("torch._dynamo" in sys.modules)
 """

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedray.methods import get_algorithm
+from fedray.methods import resolve_experiment
 from fedray.runtime.server_host import DriverServer, server_in_driver
 from tests.conftest import object_of_a_dead_owner, tiny_config
 
@@ -25,7 +25,7 @@ def test_a_server_in_the_driver_gets_a_tasks_uploads_and_drops_a_lost_one(ray_lo
     ray = ray_local
     lost = object_of_a_dead_owner({"w": 1}, settle=True)  # an upload lost with its node
     cfg = tiny_config(runtime__backend="ray")
-    server = DriverServer(cfg, get_algorithm(cfg.algorithm.name))
+    server = DriverServer(resolve_experiment(cfg))
     try:
         receipt = server.receive([3, 5], [ray.put({"w": 3}), ray.put({"w": 5})])
         assert server.confirm(receipt, 3, 1) and server.confirm(receipt, 5, 1)
