@@ -340,9 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     opts = {"rounds": args.rounds, "data_dir": args.data_dir, "eval_average": not args.no_eval_average,
             "preset": args.preset, "budget": budget, "device": args.device, "threads": args.threads,
             "keep_models": args.keep_models}
-    grid_runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
-    meta = harness.run_and_record(NAME, argv, args, build, grid_runs, opts)
-    table_runs = harness.tabled(ap, args)
+    meta, table_runs = harness.run_grid(NAME, argv, ap, args, build, opts)
     grid = harness.collect(table_runs)
     if not grid:
         raise SystemExit(f"no finished run in {args.runs_dir}")

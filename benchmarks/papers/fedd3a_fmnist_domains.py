@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models}
-    runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
-    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
-    table_runs = harness.tabled(ap, args)
+    meta, table_runs = harness.run_grid(NAME, argv, ap, args, build, opts)
     res = collect(harness.collect(table_runs))
     md = tables(res, list(SETTINGS), meta, args.runs_dir, table_runs)
     harness.write(args.out, NAME, meta, {"runs": res}, md)

@@ -313,9 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     opts = {k: getattr(args, k) for k in ("rounds", "local_epochs", "local_steps", "lr", "batch_size",
                                           "generator_batch", "eval_every", "threads", "device", "keep_models")}
-    runs = harness.plan(args.runs_dir, args.methods, args.settings, args.seeds)
-    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
-    table_runs = harness.tabled(ap, args)
+    meta, table_runs = harness.run_grid(NAME, argv, ap, args, build, opts)
     grid = harness.collect(table_runs)
     if not grid:
         raise SystemExit(f"no finished run in {args.runs_dir}")

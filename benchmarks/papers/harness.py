@@ -297,6 +297,14 @@ def header(title: str, meta: dict, name: str, runs_dir: Path, planned: Sequence[
                     f"`.venv/bin/python benchmarks/papers/{name}.py --report-only`.", "", *not_run(planned, name)]
 
 
+def run_grid(name: str, script_argv: Sequence[str], ap: argparse.ArgumentParser, args: argparse.Namespace,
+             build: Build, options: dict) -> tuple[dict, list[Run]]:
+    """A comparison benchmark's main steps: plan the grid it was asked for, run it (:func:`run_and_record`) and
+    return the record's meta and the runs its tables cover (:func:`tabled`)."""
+    runs = plan(args.runs_dir, args.methods, args.settings, args.seeds)
+    return run_and_record(name, script_argv, args, build, runs, options), tabled(ap, args)
+
+
 def run_and_record(name: str, script_argv: Sequence[str], args: argparse.Namespace, build: Build,
                    runs: Sequence[Run], options: dict) -> dict:
     """Run the grid unless ``--report-only``; return the record's meta: this invocation's when it ran
