@@ -20,7 +20,7 @@ from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, Mode
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
-from fedray.report.metrics import Evaluator, eval_layout, personal_metrics
+from fedray.report.metrics import Evaluator, eval_layout
 from fedray.models import build_model
 from fedray.models.base import channels_last_if_faster
 from fedray.learning.training import ClientUpdate, LocalTraining, StepwiseTraining, run_update
@@ -346,24 +346,6 @@ def setup_bytes(algo_cls: type[Algorithm], data: FederatedData) -> int:
     if not algo_cls.clients_hold_server_images or data.server is None:
         return 0
     return int(data.server.x.nbytes) * data.num_clients
-
-
-def personal_evaluation(rows: list[tuple[int, ...]]) -> dict[str, float]:
-    """``eval/*`` from every client's :meth:`ClientWorkerCore.evaluate_clients` row (client-id order)."""
-    return personal_metrics(np.array(rows, dtype=np.float64))
-
-
-def client_table(cfg: ExperimentConfig, rows: list[tuple[int, ...]]) -> list[dict]:
-    """Per-client figures of a personalised evaluation (``clients.json``), rows in client-id order."""
-    return [{"client": cid, "architecture": cfg.model.client_architecture(cid), "own_correct": own_c,
-             "own_samples": own_n, "own_accuracy": own_c / max(own_n, 1), "global_accuracy": glob_c / max(glob_n, 1),
-             **({"val_accuracy": val_c / val_n} if val_n else {})}
-            for cid, (own_c, own_n, glob_c, glob_n, val_c, val_n) in enumerate(rows)]
-
-
-def personal_models(algo: Algorithm, states: dict[int, ClientState]) -> dict[int, Weights]:
-    """{client id: own model weights} of the clients that have a state (what ``model.pt`` holds)."""
-    return {cid: algo.personal_model(st).weights for cid, st in sorted(states.items())}
 
 
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)

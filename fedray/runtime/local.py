@@ -11,8 +11,8 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
-from fedray.runtime.core import (ClientWorkerCore, ServerCore, claim_process, client_table, personal_evaluation,
-                                 personal_models, torch_threads)
+from fedray.runtime.core import ClientWorkerCore, ServerCore, claim_process, torch_threads
+from fedray.runtime.personal import client_table, personal_evaluation, personal_models
 from fedray.vectorized.policy import describe_vectorised
 
 

@@ -49,7 +49,8 @@ from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
-from fedray.runtime.core import client_table, data_spec, personal_evaluation, personal_models, report_eval
+from fedray.runtime.core import data_spec, report_eval
+from fedray.runtime.personal import client_table, personal_evaluation, personal_models
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.server_host import ActorServer, DriverServer, server_in_driver
 from fedray.vectorized.policy import describe_vectorised, vectorize_enabled, vectorize_min_clients
