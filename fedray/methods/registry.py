@@ -81,11 +81,6 @@ def get_algorithm(name: str) -> type[Algorithm]:
         ) from None
 
 
-def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:
-    """The validated ``Params`` of ``cfg``'s algorithm (raises ConfigError naming ``algorithm.<param>``)."""
-    return get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params())
-
-
 @dataclass(frozen=True)
 class Experiment:
     """An experiment resolved once, before any work: the checked config, its method's class and its parsed
@@ -124,6 +119,11 @@ def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
                               "model.client_models or use a method with per-client models "
                               f"({', '.join(n for n, c in sorted(ALGORITHMS.items()) if not c.shared_architecture)})")
     return Experiment(cfg, method, params)
+
+
+def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:
+    """The parsed ``algorithm.*`` of ``cfg``, checked as :func:`resolve_experiment` checks it."""
+    return resolve_experiment(cfg).params
 
 
 def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
