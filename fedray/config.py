@@ -50,6 +50,9 @@ class ServerDataConfig(_Strict):
         default="none", description="holdout: per_class labelled samples per class taken out of the training "
         "set before partitioning; domain: one domain of a multi-domain dataset")
     per_class: int = Field(default=50, ge=1, description="holdout: samples per class (FedCD: 50 on CIFAR-100)")
+    keep_in_training: bool = Field(default=False, description="holdout: copy the samples rather than take them out, "
+                                   "so the clients' data is unchanged (DaFKD's FedDF: unlabelled training samples "
+                                   "as the proxy data)")
     domain: str | None = Field(default=None, description="domain: which one (default: the last of data.domains)")
     labelled: bool | None = Field(default=None, description="whether methods see the labels; default: true for "
                                   "holdout, false for domain (labels are then used by diag/* metrics only)")

@@ -12,10 +12,11 @@ Validation set (``data.val_per_class``): that many samples of every class taken 
 before partitioning, in no client's indices and never shown to a method; the global model is scored on it as
 ``val/accuracy``, the figure a sweep selects hyperparameters by so that the test set stays for reporting.
 
-Server data (``data.server_data``), never in any client's indices:
+Server data (``data.server_data``), never in any client's indices unless ``keep_in_training`` says so:
 
 - ``holdout``: ``per_class`` samples of every class taken out of the training set before partitioning,
-  labelled by default (FedCD Sec. V-A: a 50-per-class validation set sampled from the training set).
+  labelled by default (FedCD Sec. V-A: a 50-per-class validation set sampled from the training set); with
+  ``keep_in_training`` copied instead, the partition unchanged (DaFKD's FedDF proxy: unlabelled training samples).
 - ``domain``: the training images of one domain of a multi-domain dataset, unlabelled by default
   (FedD3A Sec. 3-4: the server's public unlabelled data comes from its own domain, which has no clients).
 
@@ -228,7 +229,8 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
             got = np.unique(train_domain[held])
             domain = domains[int(got[0])] if len(got) == 1 else None
         server = ServerData(canonical(train_x[held], np.uint8), train_y[held], labelled, domain)
-        train_x, train_y, train_domain = _without(held, train_x, train_y, train_domain)
+        if not cfg.server_data.keep_in_training:
+            train_x, train_y, train_domain = _without(held, train_x, train_y, train_domain)
     val_x = val_y = None
     if cfg.val_per_class:
         # After the server's holdout, on its own stream: with data.val_per_class=0 nothing else moves.

@@ -56,6 +56,8 @@ ALGORITHMS: MutableMapping[str, type[Algorithm]] = _Registry({
     "feddistill": "fedray.methods.feddistill:FedDistill",
     "feddf": "fedray.methods.feddf:FedDF",
     "fedd3a": "fedray.methods.fedd3a:FedD3A",
+    "fedgen": "fedray.methods.fedgen:FedGen",
+    "fedftg": "fedray.methods.fedftg:FedFTG",
 })
 
 
