@@ -97,6 +97,9 @@ METHOD_CASES: dict[str, dict] = {
     "fedd3a-heterogeneous": {**UNLABELLED_SERVER_DATA, "model__client_models": ["lenet5", "resnet8"]},
     "feddf": UNLABELLED_SERVER_DATA,
     "feddistill": {"model__client_models": ["lenet5", "mlp"]},
+    # a short generator training; the generator's terms from round 2 of the 3 every-method rounds
+    "fedgen": {"algorithm__gen_steps": 3, "algorithm__hidden": 16, "algorithm__gen_batch_size": 8},
+    "fedftg": {"algorithm__gen_width": 4, "algorithm__iterations": 2, "algorithm__noise_dim": 8},
 }
 
 
