@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import ServerContext
@@ -67,4 +68,21 @@ class FedDF(FedAvg):
         targets = soft_targets(logits.mean(0), self.params.temperature)
         weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
                                   derive_seed(ctx.seed, "feddf/distill"), ctx.cuda_graphs)
+        self._round = (targets, average, weights)  # for server_diagnostics, this process only
         return dataclasses.replace(state, weights=weights), metrics
+
+    def server_diagnostics(self, ctx: ServerContext, labels: torch.Tensor) -> dict[str, float]:
+        """On the server's data, with the labels the method never sees: the accuracy of the clients' ensemble (the
+        teacher), of the plain average the student starts from and of the distilled student. Whether the ensemble
+        knows more than the average, and whether the distillation passes it on."""
+        state, self._round = getattr(self, "_round", None), None
+        if state is None:
+            return {}
+        targets, average, distilled = state
+        y = labels.to(targets.device)
+        out = {"diag/teacher_acc": float((targets.argmax(1) == y).float().mean())}
+        for key, weights in (("diag/student_acc_start", average), ("diag/student_acc", distilled)):
+            logits = teacher_logits([(ctx.modules.model, weights)], self.server_data.x, self.spec,
+                                    self.cfg.federation.eval_batch_size)[0]
+            out[key] = float((logits.argmax(1).to(y.device) == y).float().mean())
+        return out

@@ -97,6 +97,9 @@ def test_feddf_distils_the_mean_logits_with_early_stopping():
     assert 0 <= row["server/val_agreement"] <= 1
     uploads = 2 * cfg.federation.clients_per_round  # FedAvg's traffic only: the model, + the sample count up
     assert result.summary["comm/bytes_up"] == result.summary["comm/bytes_down"] + 8 * uploads
+    # simulation-only: the ensemble's, the average's and the student's accuracy on the server's data
+    assert {"diag/teacher_acc", "diag/student_acc_start", "diag/student_acc"} <= row.keys()
+    assert all(0 <= row[k] <= 1 for k in ("diag/teacher_acc", "diag/student_acc_start", "diag/student_acc"))
 
 
 # --- server steps by hand --------------------------------------------------------------------------------
