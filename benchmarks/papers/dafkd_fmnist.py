@@ -1,18 +1,23 @@
-"""DaFKD against FedAvg and FedProx on real Fashion-MNIST, with its two ablations (DaFKD Tables 1-3).
+"""DaFKD's Table 1 on real Fashion-MNIST: FedAvg, FedProx, FedDF, FedGen, FedFTG and DaFKD, with DaFKD's two
+ablations (Tables 1-3).
 
 Setting (``--preset``, default ``dafkd_fmnist``: the paper's Sec. 4.1 at a reduced budget a CPU allows): K=20
 clients, 8 per round, Dirichlet alpha in {0.1, 1.0} (``--settings alpha0.1 alpha1``), 20 local steps of
 batch 32, 60 rounds, LeNet-5, Adam lr 1e-3 and weight decay 1e-3 for every method's local training; DaFKD with
 a width-16 DCGAN generator. ``--local-epochs N`` / ``--local-steps N`` set every method's local budget (the
 paper: 20 epochs); ``--preset dafkd_resnet11 --device cuda --runs-dir runs/dafkd_resnet11`` is the paper's
-setting on a GPU. Methods: ``fedavg``, ``fedprox`` (mu = 0.01), ``dafkd``, ``dafkd_no_sharing`` (Table 3:
-separate discriminator), ``dafkd_no_correlation`` (Table 3: uniform weights). DaFKD runs also evaluate the
-plain average before distillation (``eval/accuracy_avg``), to show what the distillation itself adds.
+setting on a GPU. Methods: ``fedavg``, ``fedprox`` (mu = 0.01), ``feddf`` (the paper's FedDFusion: FedDF on
+unlabelled training samples as proxy data, 500 a class, copied so that the clients' data is FedAvg's),
+``fedgen`` and ``fedftg`` (their presets' algorithm sections: the authors' settings, FedFTG's generator at width
+16), ``dafkd``, ``dafkd_no_sharing`` (Table 3: separate discriminator), ``dafkd_no_correlation`` (Table 3:
+uniform weights). DaFKD and FedFTG runs also evaluate the plain average before their server step
+(``eval/accuracy_avg``), to show what the distillation / fine-tuning itself adds.
 
 The grid runs through harness.py (one folder per run in ``--runs-dir``, finished runs skipped, ``--jobs``);
 writes ``OUT/dafkd_fmnist.md`` (top-1 % as mean ± std over seeds beside the paper's Table 1 / 3, rounds to
-60% and 65% beside Table 2 / 3b, seconds per round, diagnostics, and whether the mechanism works: each
-discriminator's domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembles; plotted
+60% and 65% beside Table 2 / 3b, seconds per round, which of Table 1's orderings hold (each method minus FedAvg,
+paired by seed), each baseline's mechanism diagnostics, DaFKD's diagnostics, and whether its mechanism works:
+each discriminator's domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uniform / oracle ensembles; plotted
 over rounds in ``OUT/dafkd_fmnist_mechanism.png``) and ``OUT/dafkd_fmnist.json`` (the record and every run's
 figures).
 
@@ -22,8 +27,9 @@ figures).
         --out /tmp/smoke --runs-dir /tmp/smoke/runs                                  # smoke
 
 Cost on the 2-core development machine (shared), seconds per round including evaluation: FedAvg ~3.6,
-FedProx ~4.1, DaFKD ~9.2 (with the extra evaluation of the average), no-sharing ~11.6, no-correlation ~10.9;
-the recorded grid (25 runs of 60 rounds) takes about 3 h in one process.
+FedProx ~4.1, FedGen ~2, FedDF ~7 (500 x 10 proxy images), FedFTG ~8, DaFKD ~9.2 (with the extra evaluation of
+the average), no-sharing ~11.6, no-correlation ~10.9; the recorded grid (48 runs of 60 rounds) takes about 5 h in
+one process.
 """
 
 from __future__ import annotations
@@ -81,6 +87,22 @@ DIAGNOSTICS = ("eval/accuracy", "eval/accuracy_avg", "server/alpha_max_mean", "s
 MECHANISM = ("diag/domain_auc", "diag/alpha_entropy_real", "diag/ens_acc_eq7", "diag/ens_acc_uniform",
              "diag/ens_acc_oracle")
 
+# The baselines' mechanisms, read over the last 5 rounds (key, what it says); docs/metrics.md has every key.
+BASELINE_DIAGNOSTICS: dict[str, list[tuple[str, str]]] = {
+    "feddf": [("diag/teacher_acc", "ensemble acc. on the proxy data"),
+              ("diag/student_acc_start", "average's acc. there"), ("diag/student_acc", "distilled student's acc."),
+              ("server/val_agreement", "student-ensemble agreement")],
+    "fedgen": [("server/gen_acc_global", "global model reads G(y) as y"),
+               ("server/gen_acc_teachers", "clients' ensemble reads G(y) as y"),
+               ("server/gen_diversity", "diversity term"), ("train/gen_ce", "clients' CE on G(y)"),
+               ("train/gen_kl", "clients' latent KL")],
+    "fedftg": [("eval/accuracy_avg", "test acc. of the average before fine-tuning"),
+               ("eval/accuracy", "test acc. after"), ("server/gen_acc_teachers", "clients' ensemble reads G(y) as y"),
+               ("server/gen_acc_global", "fine-tuned model reads G(y) as y"), ("server/ft_kd", "student's loss")],
+}
+# DaFKD Table 1, Fashion-MNIST, alpha = 0.1: the paper's ordering of the six methods.
+TABLE1_METHODS = ("fedavg", "fedprox", "feddf", "fedgen", "fedftg", "dafkd")
+
 
 def make_config(method: str, alpha: float, seed: int, rounds: int, data_dir: str | None, eval_average: bool,
                 preset: str = "dafkd_fmnist", budget: dict | None = None, device: str = "cpu"):
@@ -134,10 +156,13 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
                    "rounds_to": {f"{t:.2f}": rounds_to_target([row["round"] for row in hist],
                                                               [_num(row.get("eval/accuracy")) for row in hist], t)
                                  for t in TARGETS}}
-            if m.startswith("dafkd"):
+            if m.startswith("dafkd") or m == "fedftg":
                 rec["accuracy_avg"] = _num(summary.get("eval/accuracy_avg"))
                 rec["accuracy_avg_last5"] = harness.last_n(hist, "eval/accuracy_avg")
+            if m.startswith("dafkd"):
                 rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in (*DIAGNOSTICS, *MECHANISM)}
+            if m in BASELINE_DIAGNOSTICS:
+                rec["diagnostics_last5"] = {k: harness.last_n(hist, k) for k, _ in BASELINE_DIAGNOSTICS[m]}
             runs.append(rec)
     return runs
 
@@ -200,6 +225,73 @@ def mechanism(by: dict, alphas) -> list[str]:
     lines += ["", "AUC 0.5: a client's discriminator cannot tell its own images from the others'. Entropy 1: "
               "uniform weights. Oracle: each client weighted by its share of the training images of the image's "
               "true class (Theorem 1's ideal under label skew)."]
+    return lines
+
+
+def _paper_value(m: str, a: float) -> float | None:
+    text = PAPER_ACC.get((m, a))
+    return float(text.split("±")[0]) if text else None
+
+
+def orderings(by: dict, alphas) -> list[str]:
+    """Table 1's comparisons read as a researcher would: each method against FedAvg, ours (mean of the last 5 rounds
+    over seeds, with the standard error of the difference) beside the paper's sign, and the ranking."""
+    lines = ["", "## Table 1's orderings: which hold here", "",
+             "Each method minus FedAvg, in points of the mean of the last 5 rounds, paired by seed (a seed fixes the "
+             "partition and the initial model) and averaged over the seeds both have; ±: the standard error of that "
+             "mean difference. Reading: *holds* when our difference has the paper's sign and "
+             "exceeds twice its standard error, *reversed* when it has the other sign and does, *within noise* "
+             "otherwise.", "",
+             "| α | method | ours − FedAvg | paper − FedAvg | reading |", "|---|---|---|---|---|"]
+    for a in alphas:
+        base = {r["seed"]: 100 * r["accuracy_last5"] for r in by.get(("fedavg", a), [])}
+        for m in TABLE1_METHODS[1:]:
+            # paired by seed: a seed fixes the partition and the initial model for every method
+            diffs = [100 * r["accuracy_last5"] - base[r["seed"]] for r in by.get((m, a), []) if r["seed"] in base]
+            if len(diffs) < 2:
+                continue
+            diff, se = float(np.mean(diffs)), float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
+            pm, pf = _paper_value(m, a), _paper_value("fedavg", a)
+            paper = None if pm is None or pf is None else pm - pf
+            if len(diffs) < 3:
+                reading = f"{len(diffs)} seeds: no reading"
+            elif abs(diff) <= 2 * se:
+                reading = "within noise"
+            elif paper is None:
+                reading = "above" if diff > 0 else "below"
+            else:
+                reading = "holds" if (diff > 0) == (paper > 0) else "reversed"
+            lines.append(f"| {a:g} | {m} | {diff:+.2f} ± {se:.2f} | "
+                         f"{'—' if paper is None else f'{paper:+.2f}'} | {reading} |")
+    for a in alphas:
+        ranked = sorted(((float(np.mean([r["accuracy_last5"] for r in by[(m, a)]])), m) for m in TABLE1_METHODS
+                         if by.get((m, a))), reverse=True)
+        if ranked:
+            text = f"Ranking at α={a:g} (last 5): " + " > ".join(f"{m} {100 * v:.2f}" for v, m in ranked)
+            paper = sorted(((_paper_value(m, a), m) for m in TABLE1_METHODS if _paper_value(m, a) is not None),
+                           reverse=True)
+            if paper:
+                text += "; the paper's: " + " > ".join(f"{m} {v:.2f}" for v, m in paper)
+            lines += ["", text + "."]
+    return lines
+
+
+def baseline_mechanisms(by: dict, alphas) -> list[str]:
+    """What each baseline's own mechanism does here: its diagnostics over the last 5 rounds, mean over seeds."""
+    lines = ["", "## What the baselines' mechanisms do (last 5 rounds, mean over seeds)", ""]
+    for m, keys in BASELINE_DIAGNOSTICS.items():
+        rows = []
+        for a in alphas:
+            recs = [r for r in by.get((m, a), []) if r.get("diagnostics_last5")]
+            if recs:
+                vals = [[r["diagnostics_last5"][k] for r in recs if r["diagnostics_last5"][k] is not None]
+                        for k, _ in keys]
+                rows.append(f"| {a:g} | " + " | ".join(
+                    "—" if not v else (f"{100 * np.mean(v):.2f}" if ("acc" in k or k.startswith("eval/")) else
+                                       f"{np.mean(v):.4f}") for (k, _), v in zip(keys, vals)) + " |")
+        if rows:
+            lines += [f"**{m}** (accuracies in %)", "", "| α | " + " | ".join(d for _, d in keys) + " |",
+                      "|---|" + "---|" * len(keys), *rows, ""]
     return lines
 
 
@@ -318,6 +410,8 @@ def markdown(runs: list[dict], methods, alphas, rounds: int, meta: dict, setting
                     v = curves[k][i] if i < len(curves[k]) else None
                     cells.append("—" if v is None else (f"{100 * v:.2f}" if k.startswith("eval/") else f"{v:.4f}"))
                 lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    lines += orderings(by, alphas)
+    lines += baseline_mechanisms(by, alphas)
     lines += mechanism(by, alphas)
     return "\n".join(lines) + "\n"
 

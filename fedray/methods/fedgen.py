@@ -5,14 +5,14 @@ of DaFKD's Table 1 and FedKF's Tables V-VIII.
 conditional generator G(eps, y) of **latent features** (the input of the classifier's last layer,
 :class:`~fedray.models.conditional.FeatureGenerator`) is trained against the round's uploaded models by
 
-    L_G = sum_k E_y [ w_{k,y} CE(head_k(G(eps, y)), y) ] + eta * L_div        (FedGen Eq. 4 with the label weights)
+    L_G = sum_k E_y [ w_{k,y} CE(head_k(G(eps, y)), y) ] + eta * L_div      (FedGen's knowledge extraction)
 
 y drawn uniformly from the labels the round's clients hold, w_{k,y} = n_k^y / sum_j n_j^y their label shares
 (:func:`~fedray.learning.data_free.label_shares`), head_k client k's last layer, L_div the diversity term.
 ``gen_steps`` Adam steps (lr ``gen_lr`` x ``gen_lr_decay`` ^ (t - 1), weight decay ``gen_weight_decay``), the
 moments kept across rounds as the authors' one optimizer keeps them. The generator is broadcast with the model.
 
-**Client** (FedGen Eq. 5 plus the authors' latent KL): from round ``start_round`` on,
+**Client** (FedGen's regularised local objective, plus the authors' code's latent KL): from ``start_round`` on,
 
     L = CE(f(x), y) + alpha_t * (B_g / B) * CE(head(G(eps, y_hat)), y_hat)
           + beta_t * KL(softmax(head(G(eps', y))) || softmax(f(x)))
@@ -27,9 +27,11 @@ FedAvg's, so alpha = beta = 0 trains FedAvg's weights exactly. Earlier rounds tr
 participant's label distribution (FedKF's Def. 4).
 
 Where the paper and the authors' code (``zhuangdizhu/FedGen``) differ, the paper is the default and the code an
-option: noise N(0, I) (code: uniform [0, 1), ``noise=uniform``); the teacher loss weights each sample by its own
-label's share (the code's broadcasting multiplies the batch-mean CE by the mean weight instead); label counts from the
-client's data (code: the labels of the round's batches, plus one). From the code, where the paper is silent: the
+option: noise N(0, I), as the paper describes it and the code's comment names it (the code itself draws uniform
+[0, 1): ``noise=uniform``); label counts of the client's data (code: of the round's batches, the shares smoothed
+by one: ``label_counts=batches``). The teacher loss weights each sample by its own label's share, as the paper's
+objective does; the code's broadcasting multiplies the batch-mean CE by the mean weight instead, a slip not offered
+as an option. From the code, where the paper is silent: the
 KL term and its direction, the decays, the sizes (MNIST: eps 32, hidden 256, Adam 3e-4, weight decay 1e-2, 50
 generator steps of the client batch size, alpha = beta = 10, from the second round).
 """
@@ -75,6 +77,9 @@ class FedGenParams(BaseModel):
     gen_weight_decay: float = Field(default=1e-2, ge=0)
     gen_lr_decay: float = Field(default=0.98, gt=0, le=1, description="the generator's lr x this per round")
     diversity_weight: float = Field(default=1.0, ge=0, description="eta")
+    label_counts: Literal["data", "batches"] = Field(
+        default="data", description="data: the client's label counts (the paper); batches: the labels of the round's "
+        "batches, the shares smoothed by one (the authors' code)")
 
 
 @dataclass
@@ -101,8 +106,10 @@ class LabelCountUpload(ModelUpload):
     label_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
 
 
-def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int) -> LabelCountUpload:
-    return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(ctx.y, num_classes))
+def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int, of_batches: bool = False) -> LabelCountUpload:
+    """The upload with the client's label counts: of its data, or (``of_batches``) of the round's batches."""
+    y = ctx.y.cpu()[torch.cat(ctx.batch_plan().index)] if of_batches else ctx.y
+    return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(y, num_classes))
 
 
 @dataclass
@@ -222,7 +229,7 @@ class FedGen(FedAvg):
         return plan
 
     def make_upload(self, ctx: ClientContext, weights: Weights) -> LabelCountUpload:
-        return counted_upload(ctx, weights, self.spec.num_classes)
+        return counted_upload(ctx, weights, self.spec.num_classes, self.params.label_counts == "batches")
 
     # --- server -----------------------------------------------------------------------------------------------
     def server_update(self, state: FedGenState, uploads: list[LabelCountUpload],
@@ -249,7 +256,9 @@ class FedGen(FedAvg):
         gen = ctx.modules.generator
         gen.load_state_dict(state.generator)
         gen.train()
-        shares, held = label_shares(counts)
+        held = counts.sum(0) > 0
+        # the authors' code counts from one, so every client has a share of every label some client drew
+        shares = label_shares(counts + 1 if p.label_counts == "batches" else counts)[0]
         shares, labels = shares.to(dev), held.nonzero().flatten()
         w, b = self.head_stack(uploads, dev)
         params = dict(gen.named_parameters())

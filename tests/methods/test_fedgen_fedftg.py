@@ -141,3 +141,18 @@ def test_fedftg_refuses_bad_parameters_naming_the_key(key, value):
         load_experiment("fedftg_fmnist", {key: value})
     assert key in str(err.value) and "\n" not in str(err.value)
 
+
+
+def test_fedgen_counts_the_round_batches_labels_when_asked():
+    from fedray.learning.boundary import ClientContext, DataSpec
+    from fedray.methods.fedgen import counted_upload
+
+    fed = tiny_config(federation__local_steps=3, federation__batch_size=4).federation
+    y = torch.tensor([0] * 10 + [1] * 30)
+    ctx = ClientContext(client_id=0, round=1, seed=0, x=torch.zeros(40, 1, 16, 16, dtype=torch.uint8), y=y,
+                        spec=DataSpec((1, 16, 16), 3, 1, (0.5,), (0.25,)), fed=fed, device=torch.device("cpu"),
+                        modules=None)
+    assert counted_upload(ctx, {}, 3).label_counts.tolist() == [10, 30, 0]  # the paper: the client's data
+    drawn = y[torch.cat(ctx.batch_plan().index)]
+    by_batches = counted_upload(ctx, {}, 3, of_batches=True).label_counts
+    assert by_batches.sum() == 12 and by_batches.tolist() == torch.bincount(drawn, minlength=3).tolist()
