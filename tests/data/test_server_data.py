@@ -73,6 +73,16 @@ def test_holdout_is_deterministic_and_on_its_own_stream(fd):
     assert not np.array_equal(other.server.x, fd.server.x)
 
 
+def test_holdout_kept_in_training_copies_the_samples_and_leaves_the_partition(fd):
+    """DaFKD's FedDF proxy: unlabelled training samples that the clients keep training on."""
+    kept = build_federated_data(data_cfg(server_data__keep_in_training=True, server_data__labelled=False), seed=1)
+    whole = build_federated_data(data_cfg(server_data__kind="none"), seed=1)
+    np.testing.assert_array_equal(kept.server.x, fd.server.x)  # the same samples as the holdout's
+    np.testing.assert_array_equal(kept.train_x, whole.train_x)  # nothing taken out
+    assert all(np.array_equal(a, b) for a, b in zip(kept.client_train, whole.client_train))
+    assert rows(kept.server.x) <= rows(np.concatenate([kept.train_x[i] for i in kept.client_train + kept.client_test]))
+
+
 def test_holdout_labels_can_be_hidden():
     fd = build_federated_data(data_cfg(server_data__labelled=False), seed=0)
     assert not fd.server.labelled and fd.server.visible_y() is None
