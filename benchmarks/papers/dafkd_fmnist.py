@@ -53,6 +53,9 @@ METHODS: dict[str, dict[str, Any]] = {
     # that the clients' data is FedAvg's
     "feddf": {"name": "feddf"},
     "fedgen": {"preset": "fedgen_fmnist"},  # the preset's algorithm section
+    # which of FedGen's two client terms carries it: without the CE on generated features, without the latent KL
+    "fedgen_no_feature_ce": {"preset": "fedgen_fmnist", "alpha": 0.0},
+    "fedgen_no_latent_kl": {"preset": "fedgen_fmnist", "beta": 0.0},
     "fedftg": {"preset": "fedftg_fmnist", "eval_average": True},
     "dafkd": {},  # the preset's algorithm section
     "dafkd_no_sharing": {"sharing": False},
@@ -161,8 +164,8 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
                 rec["accuracy_avg_last5"] = harness.last_n(hist, "eval/accuracy_avg")
             if m.startswith("dafkd"):
                 rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in (*DIAGNOSTICS, *MECHANISM)}
-            if m in BASELINE_DIAGNOSTICS:
-                rec["diagnostics_last5"] = {k: harness.last_n(hist, k) for k, _ in BASELINE_DIAGNOSTICS[m]}
+            if m.split("_")[0] in BASELINE_DIAGNOSTICS:
+                rec["diagnostics_last5"] = {k: harness.last_n(hist, k) for k, _ in BASELINE_DIAGNOSTICS[m.split("_")[0]]}
             runs.append(rec)
     return runs
 
@@ -279,7 +282,8 @@ def orderings(by: dict, alphas) -> list[str]:
 def baseline_mechanisms(by: dict, alphas) -> list[str]:
     """What each baseline's own mechanism does here: its diagnostics over the last 5 rounds, mean over seeds."""
     lines = ["", "## What the baselines' mechanisms do (last 5 rounds, mean over seeds)", ""]
-    for m, keys in BASELINE_DIAGNOSTICS.items():
+    for m, keys in [(m, BASELINE_DIAGNOSTICS[m.split("_")[0]]) for m in METHODS
+                    if m.split("_")[0] in BASELINE_DIAGNOSTICS]:
         rows = []
         for a in alphas:
             recs = [r for r in by.get((m, a), []) if r.get("diagnostics_last5")]
@@ -292,6 +296,23 @@ def baseline_mechanisms(by: dict, alphas) -> list[str]:
         if rows:
             lines += [f"**{m}** (accuracies in %)", "", "| α | " + " | ".join(d for _, d in keys) + " |",
                       "|---|" + "---|" * len(keys), *rows, ""]
+    def paired(what: str, gains: list[float]) -> None:
+        if len(gains) >= 2:
+            lines.append(f"- {what}, last 5 rounds: {np.mean(gains):+.2f} ± "
+                         f"{np.std(gains, ddof=1) / np.sqrt(len(gains)):.2f} points (mean ± standard error over "
+                         f"{len(gains)} seeds; per seed " + ", ".join(f"{g:+.2f}" for g in gains) + ").")
+
+    for a in alphas:
+        # what FedFTG's fine-tuning adds to the average it starts from, within each run
+        paired(f"fedftg, α={a:g}: fine-tuning minus the average it starts from",
+               [100 * (r["accuracy_last5"] - r["accuracy_avg_last5"]) for r in by.get(("fedftg", a), [])
+                if r.get("accuracy_avg_last5") is not None])
+        # what each of FedGen's client terms adds, paired by seed with the run without it
+        full = {r["seed"]: r["accuracy_last5"] for r in by.get(("fedgen", a), [])}
+        for ablation, term in (("fedgen_no_feature_ce", "the CE on generated features"),
+                               ("fedgen_no_latent_kl", "the latent KL")):
+            paired(f"fedgen, α={a:g}: with minus without {term}",
+                   [100 * (full[r["seed"]] - r["accuracy_last5"]) for r in by.get((ablation, a), []) if r["seed"] in full])
     return lines
 
 
