@@ -45,6 +45,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call
 
+from fedray.config import ExperimentConfig
+from fedray.errors import ConfigError
 from fedray.learning import optim
 from fedray.learning.data_free import diversity_loss, label_shares
 from fedray.learning.weights import clone_weights, weighted_average
@@ -107,6 +109,12 @@ def proportional_labels(totals: torch.Tensor, n: int, rng: torch.Generator) -> t
 class FedFTG(FedAvg):
     name = "fedftg"
     Params = FedFTGParams
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
+        if params.batch_size is None and cfg.federation.batch_size < 2:
+            raise ConfigError("algorithm.batch_size", "the generator's BatchNorm needs at least 2 samples an iteration "
+                              f"and federation.batch_size is {cfg.federation.batch_size}: set it to 2 or more")
 
     def build_modules(self) -> FedFTGModules:
         shape, classes = self.spec.input_shape, self.spec.num_classes

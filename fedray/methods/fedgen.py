@@ -46,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedray.config import ExperimentConfig
+from fedray.errors import ConfigError
 from fedray.learning import optim
 from fedray.learning.data_free import diversity_loss, label_counts, label_shares
 from fedray.learning.distill import kl_rows
@@ -121,6 +123,12 @@ class FedGenModules:
 class FedGen(FedAvg):
     name = "fedgen"
     Params = FedGenParams
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
+        if params.gen_server_batch_size is None and cfg.federation.batch_size < 2:
+            raise ConfigError("algorithm.gen_server_batch_size", "the generator's BatchNorm needs at least 2 labels a "
+                              f"step and federation.batch_size is {cfg.federation.batch_size}: set it to 2 or more")
 
     def make_generator(self, feature_dim: int) -> FeatureGenerator:
         p = self.params

@@ -156,3 +156,11 @@ def test_fedgen_counts_the_round_batches_labels_when_asked():
     drawn = y[torch.cat(ctx.batch_plan().index)]
     by_batches = counted_upload(ctx, {}, 3, of_batches=True).label_counts
     assert by_batches.sum() == 12 and by_batches.tolist() == torch.bincount(drawn, minlength=3).tolist()
+
+
+@pytest.mark.parametrize("name,key", [("fedgen", "algorithm.gen_server_batch_size"), ("fedftg", "algorithm.batch_size")])
+def test_a_one_sample_generator_batch_is_refused_naming_the_key(name, key):
+    with pytest.raises(ConfigError) as err:
+        load_experiment(f"{name}_fmnist", {"federation.batch_size": 1})
+    assert err.value.key == key
+    load_experiment(f"{name}_fmnist", {"federation.batch_size": 1, key: 16})  # its own batch: fine
