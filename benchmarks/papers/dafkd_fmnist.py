@@ -164,8 +164,9 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
                 rec["accuracy_avg_last5"] = harness.last_n(hist, "eval/accuracy_avg")
             if m.startswith("dafkd"):
                 rec["per_round"] = {k: [_num(row.get(k)) for row in hist] for k in (*DIAGNOSTICS, *MECHANISM)}
-            if m.split("_")[0] in BASELINE_DIAGNOSTICS:
-                rec["diagnostics_last5"] = {k: harness.last_n(hist, k) for k, _ in BASELINE_DIAGNOSTICS[m.split("_")[0]]}
+            family = m.split("_")[0]  # fedgen_no_latent_kl: fedgen's diagnostics
+            if family in BASELINE_DIAGNOSTICS:
+                rec["diagnostics_last5"] = {k: harness.last_n(hist, k) for k, _ in BASELINE_DIAGNOSTICS[family]}
             runs.append(rec)
     return runs
 
@@ -312,7 +313,8 @@ def baseline_mechanisms(by: dict, alphas) -> list[str]:
         for ablation, term in (("fedgen_no_feature_ce", "the CE on generated features"),
                                ("fedgen_no_latent_kl", "the latent KL")):
             paired(f"fedgen, α={a:g}: with minus without {term}",
-                   [100 * (full[r["seed"]] - r["accuracy_last5"]) for r in by.get((ablation, a), []) if r["seed"] in full])
+                   [100 * (full[r["seed"]] - r["accuracy_last5"]) for r in by.get((ablation, a), [])
+                    if r["seed"] in full])
     return lines
 
 

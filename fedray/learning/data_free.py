@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedray.errors import ConfigError
+
 
 def label_counts(y: Tensor, num_classes: int) -> Tensor:
     """(C,) int64: how many of ``y``'s labels are each class (on the CPU: what a client uploads)."""
@@ -41,3 +43,11 @@ def diversity_loss(noise: Tensor, out: Tensor) -> Tensor:
     d_noise = (noise.unsqueeze(1) - noise.unsqueeze(0)).square().mean(2)
     d_out = (out.unsqueeze(1) - out.unsqueeze(0)).abs().mean(2)
     return torch.exp(-(d_noise * d_out).mean())
+
+
+def check_generator_batch(own: int | None, key: str, federation_batch: int) -> None:
+    """Refuse a generator batch of one (``own``, else the clients' ``federation_batch``): its BatchNorm needs two
+    rows."""
+    if own is None and federation_batch < 2:
+        raise ConfigError(key, f"the generator's BatchNorm needs at least 2 samples a step and federation.batch_size "
+                          f"is {federation_batch}: set {key} to 2 or more")

@@ -46,9 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call
 
 from fedray.config import ExperimentConfig
-from fedray.errors import ConfigError
 from fedray.learning import optim
-from fedray.learning.data_free import diversity_loss, label_shares
+from fedray.learning.data_free import check_generator_batch, diversity_loss, label_shares
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.methods.api import ClientContext, ServerContext, Weights
 from fedray.methods.fedavg import FedAvg, ModelState
@@ -112,9 +111,7 @@ class FedFTG(FedAvg):
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
-        if params.batch_size is None and cfg.federation.batch_size < 2:
-            raise ConfigError("algorithm.batch_size", "the generator's BatchNorm needs at least 2 samples an iteration "
-                              f"and federation.batch_size is {cfg.federation.batch_size}: set it to 2 or more")
+        check_generator_batch(params.batch_size, "algorithm.batch_size", cfg.federation.batch_size)
 
     def build_modules(self) -> FedFTGModules:
         shape, classes = self.spec.input_shape, self.spec.num_classes

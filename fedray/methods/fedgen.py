@@ -47,9 +47,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.config import ExperimentConfig
-from fedray.errors import ConfigError
 from fedray.learning import optim
-from fedray.learning.data_free import diversity_loss, label_counts, label_shares
+from fedray.learning.data_free import check_generator_batch, diversity_loss, label_counts, label_shares
 from fedray.learning.distill import kl_rows
 from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, make_optimizer,
                                       module_dict, row_mean, split_loss, weights_only)
@@ -108,7 +107,8 @@ class LabelCountUpload(ModelUpload):
     label_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
 
 
-def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int, of_batches: bool = False) -> LabelCountUpload:
+def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int,
+                   of_batches: bool = False) -> LabelCountUpload:
     """The upload with the client's label counts: of its data, or (``of_batches``) of the round's batches."""
     y = ctx.y.cpu()[torch.cat(ctx.batch_plan().index)] if of_batches else ctx.y
     return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(y, num_classes))
@@ -126,9 +126,8 @@ class FedGen(FedAvg):
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
-        if params.gen_server_batch_size is None and cfg.federation.batch_size < 2:
-            raise ConfigError("algorithm.gen_server_batch_size", "the generator's BatchNorm needs at least 2 labels a "
-                              f"step and federation.batch_size is {cfg.federation.batch_size}: set it to 2 or more")
+        check_generator_batch(params.gen_server_batch_size, "algorithm.gen_server_batch_size",
+                              cfg.federation.batch_size)
 
     def make_generator(self, feature_dim: int) -> FeatureGenerator:
         p = self.params
@@ -305,7 +304,8 @@ class FedGen(FedAvg):
                             shares: torch.Tensor, labels: torch.Tensor, n: int, rng: torch.Generator,
                             dev: torch.device) -> dict[str, float]:
         """How often the trained generator's features (eval mode) are classified as their conditioning label by the
-        new global model's head and by the label-share-weighted ensemble of the clients' heads (``server/gen_acc_*``)."""
+        new global model's head and by the label-share-weighted ensemble of the clients' heads
+        (``server/gen_acc_*``)."""
         gen.eval()
         y = labels[torch.randint(len(labels), (n,), generator=rng)].to(dev)
         out = gen(self.draw_noise(n, rng).to(dev), y)

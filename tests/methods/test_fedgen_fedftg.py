@@ -158,7 +158,8 @@ def test_fedgen_counts_the_round_batches_labels_when_asked():
     assert by_batches.sum() == 12 and by_batches.tolist() == torch.bincount(drawn, minlength=3).tolist()
 
 
-@pytest.mark.parametrize("name,key", [("fedgen", "algorithm.gen_server_batch_size"), ("fedftg", "algorithm.batch_size")])
+@pytest.mark.parametrize("name,key", [("fedgen", "algorithm.gen_server_batch_size"),
+                                      ("fedftg", "algorithm.batch_size")])
 def test_a_one_sample_generator_batch_is_refused_naming_the_key(name, key):
     with pytest.raises(ConfigError) as err:
         load_experiment(f"{name}_fmnist", {"federation.batch_size": 1})
