@@ -46,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one experiment and print its result table")
     _add_config_args(run, optional=True)
     run.add_argument("--output-dir", help="where summary.json and history.parquet go (default runs/NAME-TIME)")
-    run.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR (only runtime.*, "
-                     "tracking.* and --data-dir / data.cache_dir overrides allowed)")
+    run.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR: alone, or after "
+                     "the command that started it (CONFIG and overrides must give its experiment; runtime.*, "
+                     "tracking.* and where the data is read from may differ)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     part = sub.add_parser("partition", help="print per-client sample counts; optionally plot them")
     _add_config_args(part)
@@ -205,17 +206,25 @@ def _resume_target(args: argparse.Namespace):
     from fedray.config import validate_config
     from fedray.overrides import apply_overrides
     from fedray.report.results import SUMMARY_FILE, is_finished
+    from fedray.simulation import check_resumable
 
     out = Path(args.resume)
     if args.output_dir and Path(args.output_dir) != out:
         raise ConfigError("--output-dir", "a resumed run continues in its own directory; drop --output-dir")
     if is_finished(out):
         raise CheckpointError("--resume", f"{out} holds a finished run ({SUMMARY_FILE}); nothing to resume")
-    overrides = ([args.config] if args.config else []) + list(args.overrides)
-    if args.data_dir:
-        overrides.append(f"data.data_dir={args.data_dir}")
-    raw = load_checkpoint(out)["config"]
-    return validate_config(apply_overrides(raw, overrides)), out  # the registries' checks: once, in cmd_run
+    ckpt = load_checkpoint(out)
+    if args.config and "=" not in args.config:
+        # The command as first typed, with --resume added: CONFIG and its overrides must resolve to the checkpoint's
+        # experiment (runtime.*, tracking.* and where the data is read from may differ), refused now, before Ray starts.
+        cfg = _load(args, registries=False)
+    else:  # --resume DIR [key=value ...]: the checkpoint's config with these overrides
+        overrides = ([args.config] if args.config else []) + list(args.overrides)
+        if args.data_dir:
+            overrides.append(f"data.data_dir={args.data_dir}")
+        cfg = validate_config(apply_overrides(ckpt["config"], overrides))  # the registries' checks: in cmd_run
+    check_resumable(cfg, ckpt)
+    return cfg, out
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

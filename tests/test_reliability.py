@@ -137,6 +137,28 @@ def test_resume_refuses_another_experiment_and_finished_runs(tmp_path, capsys):
     assert "data.alpha" in capsys.readouterr().err
 
 
+def test_resume_after_the_command_as_first_typed(tmp_path, capsys):
+    """``fedray run CONFIG [overrides] --resume DIR``: the command that started the run, --resume appended."""
+    import yaml
+
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(yaml.safe_dump(tiny_config(federation__rounds=3).model_dump(mode="json")))
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(load_config(str(spec), ["federation.lr=0.02"]), tmp_path / "run", progress=False,
+                       hooks=[_StopAfterRound2()])
+    run = str(tmp_path / "run")
+    # another experiment: refused in one line naming what differs, before any work (the checkpoint is untouched)
+    assert main(["run", str(spec), "federation.lr=0.03", "tracking.enabled=false", "--resume", run]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "federation.lr" in err[0] and load_checkpoint(run)["round"] == 2
+    assert main(["run", str(spec), "--resume", run, "tracking.enabled=false", "--no-progress"]) == 2  # lr 0.05
+    assert "federation.lr" in capsys.readouterr().err
+    # the same experiment, where it runs and how it is tracked free to differ: it continues to the end
+    assert main(["run", str(spec), "federation.lr=0.02", "tracking.enabled=false", "runtime.checkpoint_every=1",
+                 "--resume", run, "--no-progress"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["rounds"] == 3
+
+
 class _CtrlCInFinaliser(RunHooks):
     """A Ctrl-C that lands while a finaliser runs: Python prints "Exception ignored" and drops it."""
 
