@@ -35,7 +35,7 @@ run: install data bytecode
 	$(BIN)/fedray run quickstart federation.optimizer=adam federation.lr=0.001 federation.weight_decay=0.001 \
 	  data.min_samples=100 federation.rounds=30 --output-dir runs/make_run/fedavg
 	$(BIN)/fedray run dafkd_fmnist federation.rounds=30 --output-dir runs/make_run/dafkd
-	$(BIN)/fedray report runs/make_run/fedavg runs/make_run/dafkd --target 0.6
+	$(BIN)/fedray report runs/make_run/fedavg runs/make_run/dafkd --target 0.6 --plot runs/make_run/curves.png
 
 # Two test processes (pytest-xdist): much of the suite waits on Ray, subprocesses and sweeps rather than computing,
 # so two share this 2-core machine well (the suite: 10.6 min in one process, 7.8 in two). TEST_WORKERS=0: one.

@@ -347,6 +347,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                       by_setting=tuple(k for k in args.by_setting.split(",") if k),
                       target=args.target, out=args.out, plot=args.plot)
     print(markdown)
+    if args.plot:
+        print(f"learning curves written to {args.plot}")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Learning curves of ``fedray report --plot``: one panel per setting, one line per method, the mean over seeds
-of a per-round metric with a band of one sample std."""
+"""Learning curves of ``fedray report --plot``: per setting, one panel against the round and one against the MB
+communicated so far (up and down), one line per method, the mean over seeds of a per-round metric with a band of
+one sample std."""
 
 from __future__ import annotations
 
@@ -34,6 +35,18 @@ def mean_curve(runs: Sequence[RunRecord], metric: str) -> tuple[list[int], list[
     return rounds, [m for m, _ in stats], [s for _, s in stats]
 
 
+def mean_megabytes(runs: Sequence[RunRecord], rounds: Sequence[int]) -> list[float]:
+    """For each of ``rounds``: the MB sent up and down until the end of that round, mean over the runs."""
+    per_round: dict[int, list[float]] = defaultdict(list)
+    for run in runs:
+        total = 0.0
+        for row in sorted(run.history, key=lambda r: r.get("round") or 0):
+            total += (_num(row.get("comm/bytes_up")) or 0.0) + (_num(row.get("comm/bytes_down")) or 0.0)
+            if row.get("round") is not None:
+                per_round[int(row["round"])].append(total / 1e6)
+    return [sum(per_round[r]) / len(per_round[r]) if per_round[r] else math.nan for r in rounds]
+
+
 def plot_curves(
     runs: Sequence[RunRecord],
     path: str | Path,
@@ -63,11 +76,12 @@ def plot_curves(
 
     n = len(settings)
     ncols = min(n, 3)
-    nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(5.0 * ncols, 3.6 * nrows), dpi=100)
+    nrows = 2 * math.ceil(n / ncols)  # per setting: against the round, and below it against the MB communicated
+    fig = Figure(figsize=(5.0 * ncols, 3.4 * nrows), dpi=100)
     FigureCanvasAgg(fig)
     for i, (setting, sgroups) in enumerate(settings.items()):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
+        by_round = fig.add_subplot(nrows, ncols, 2 * (i // ncols) * ncols + i % ncols + 1)
+        by_mb = fig.add_subplot(nrows, ncols, (2 * (i // ncols) + 1) * ncols + i % ncols + 1)
         for g in sgroups:
             rounds, mean, std = mean_curve(g.runs, metric)
             if not rounds:
@@ -76,15 +90,18 @@ def plot_curves(
             lo = [(x - s) * scale for x, s in zip(mean, std)]
             hi = [(x + s) * scale for x, s in zip(mean, std)]
             color = colors[g.method_label]
-            ax.plot(rounds, m, color=color, marker="o" if len(rounds) < 30 else None, markersize=3,
-                    label=f"{g.method_label} (n={len(g.runs)})")
-            ax.fill_between(rounds, lo, hi, color=color, alpha=0.2, linewidth=0)
-        ax.set_title(setting, fontsize=10)
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(f"{metric} {unit}".strip())
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+            for ax, xs in ((by_round, rounds), (by_mb, mean_megabytes(g.runs, rounds))):
+                ax.plot(xs, m, color=color, marker="o" if len(rounds) < 30 else None, markersize=3,
+                        label=f"{g.method_label} (n={len(g.runs)})")
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
+        by_round.set_title(setting, fontsize=10)
+        by_round.set_xlabel("round")
+        by_round.xaxis.set_major_locator(MaxNLocator(integer=True))
+        by_mb.set_xlabel("MB communicated (up + down)")
+        for ax in (by_round, by_mb):
+            ax.set_ylabel(f"{metric} {unit}".strip())
+            ax.grid(alpha=0.3)
+        by_round.legend(fontsize=8, loc="best")
     fig.suptitle(f"{metric}: mean ± std over seeds", fontsize=11)
     fig.tight_layout()
     out = Path(path)

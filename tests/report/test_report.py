@@ -290,6 +290,25 @@ def test_plot_curves_writes_png(run_root, tmp_path):
         plot_curves(runs, tmp_path / "none.png", metric="eval/nothing")
 
 
+def test_learning_curves_against_the_megabytes_communicated():
+    from fedray.report.curves import mean_megabytes
+    from fedray.report.runs import RunRecord
+
+    def run(up):  # rounds 1-3, each sending ``up`` bytes up and 1e6 down; round 2 evaluated only
+        return RunRecord("r", {}, [{"round": r, "comm/bytes_up": up, "comm/bytes_down": 1e6} for r in (1, 2, 3)])
+
+    # until the end of round 2: 2 x (up + 1 MB), mean over the runs
+    assert mean_megabytes([run(1e6), run(3e6)], [2, 3]) == [pytest.approx(6.0), pytest.approx(9.0)]
+
+
+def test_report_command_says_where_the_curves_went(run_root, tmp_path, capsys):
+    from fedray.cli import main
+
+    png = tmp_path / "curves.png"
+    assert main(["report", str(run_root), "--plot", str(png)]) == 0
+    assert f"learning curves written to {png}" in capsys.readouterr().out and png.stat().st_size > 5000
+
+
 def test_report_writes_markdown_and_plot(run_root, tmp_path):
     text = report([str(run_root)], None, None, ("algorithm.name",), ("data.dataset", "data.alpha"), 0.3,
                   str(tmp_path / "out" / "table.md"), str(tmp_path / "curves.png"))
