@@ -1,7 +1,7 @@
 """What the generator-based data-free baselines (FedGen, FedFTG) share: the clients' label counts, the class-level
 weights built from them, the labels the server draws, and the generators' diversity term.
 
-- **Label counts** (FedGen Sec. 3.2's p(y) per client; FedFTG's n_k^y): each client uploads how many of its
+- **Label counts** (FedGen's per-client label distribution; FedFTG's n_k^y): each client uploads how many of its
   samples carry each label, a (C,) int64 tensor counted in ``comm/bytes_up``. The server thus learns every
   participating client's label distribution, the leak FedKF's Def. 4 counts against these methods.
 - **Label shares** w_{k,y} = n_k^y / sum_j n_j^y over the round's clients: FedGen's per-label teacher weights and

@@ -1,6 +1,6 @@
 """The label-conditional generators of the data-free baselines: FedGen's of latent features, FedFTG's of images.
 
-**FeatureGenerator** (FedGen, Zhu et al., ICML 2021, Sec. 3.2; the authors' ``Generator``): G(eps, y) = the input
+**FeatureGenerator** (FedGen, Zhu et al., ICML 2021; the authors' ``Generator``): G(eps, y) = the input
 of a classifier's last layer, so that ``model.head(G(eps, y))`` are logits. [eps, one-hot y] -> Linear(hidden) ->
 BatchNorm1d -> ReLU -> Linear(feature_dim). The authors' MNIST/EMNIST sizes: eps 32-d, hidden 256.
 

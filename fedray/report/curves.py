@@ -11,7 +11,8 @@ from typing import Sequence
 
 from fedray.errors import UserError
 from fedray.report.runs import RunRecord, _num, mean_std
-from fedray.report.table import DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, METRIC_COLUMNS, _Group, group_runs
+from fedray.report.table import (DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, METRIC_COLUMNS, _Group, bytes_to_round,
+                                 group_runs)
 from fedray.report.results import HISTORY_FILE
 
 
@@ -36,15 +37,13 @@ def mean_curve(runs: Sequence[RunRecord], metric: str) -> tuple[list[int], list[
 
 
 def mean_megabytes(runs: Sequence[RunRecord], rounds: Sequence[int]) -> list[float]:
-    """For each of ``rounds``: the MB sent up and down until the end of that round, mean over the runs."""
-    per_round: dict[int, list[float]] = defaultdict(list)
-    for run in runs:
-        total = 0.0
-        for row in sorted(run.history, key=lambda r: r.get("round") or 0):
-            total += (_num(row.get("comm/bytes_up")) or 0.0) + (_num(row.get("comm/bytes_down")) or 0.0)
-            if row.get("round") is not None:
-                per_round[int(row["round"])].append(total / 1e6)
-    return [sum(per_round[r]) / len(per_round[r]) if per_round[r] else math.nan for r in rounds]
+    """For each of ``rounds``: the MB sent up and down until the end of that round (the report's
+    :func:`~fedray.report.table.bytes_to_round`), mean over the runs that got that far."""
+    out = []
+    for r in rounds:
+        mb = [bytes_to_round(run.history, r) / 1e6 for run in runs if any(row.get("round") == r for row in run.history)]
+        out.append(sum(mb) / len(mb) if mb else math.nan)
+    return out
 
 
 def plot_curves(
