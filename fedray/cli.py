@@ -279,7 +279,8 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from fedray.report.console import comparison_table, make_console
-    from fedray.sweep.spec import check_repeats, format_bundles, load_spec, planned_trials, selects_on_test_data
+    from fedray.sweep.spec import (check_repeats, format_bundles, load_spec, planned_trials, search_plan,
+                                   selects_on_test_data)
 
     for flag in ("num_samples", "max_concurrent"):
         value = getattr(args, flag)
@@ -298,13 +299,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         console.print("note: ASHA stops each seed's trial on its own, so a setting's mean over its seeds may mix "
                       "stopped and finished trials; compare settings over seeds without a scheduler", highlight=False)
     if args.dry_run:
-        rows = [{"trial": t["trial"], **{k: str(v) for k, v in t["values"].items()},
+        setting = ["setting"] if spec.search_method == "optuna" else []  # each proposed setting runs every seed
+        rows = [{"trial": t["trial"], "setting": t["sample"], **{k: str(v) for k, v in t["values"].items()},
                  "bundles": format_bundles(t["bundles"])} for t in trials]
         cpus = sum(b.get("CPU", 0.0) for b in trials[0]["bundles"])
         fits = int((os.cpu_count() or 1) // cpus) if cpus else None
         at_once = [n for n in (fits, args.max_concurrent or spec.max_concurrent) if n]
-        console.print(comparison_table(rows, ["trial", *spec.search, "bundles"],
+        console.print(comparison_table(rows, ["trial", *setting, *spec.search, "bundles"],
                                        title=f"{spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})"))
+        console.print(search_plan(spec, args.num_samples, min(at_once) if at_once else None), highlight=False)
         where = ("none fits" if fits == 0 else f"{min(at_once) if at_once else '?'} at once") + " on this machine"
         console.print(f"each trial reserves {cpus:g} CPU: {where} ({os.cpu_count()} CPUs); nothing was started",
                       highlight=False)

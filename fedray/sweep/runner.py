@@ -35,10 +35,11 @@ from fedray.report.checkpoint import CheckpointError, load_checkpoint
 from fedray.errors import ConfigError, RunFailure, check_interrupted, record_interrupt
 from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
+from fedray.sweep.searcher import VALUE_KEY, search_algorithm
 from fedray.sweep.report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.report.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
-from fedray.sweep.spec import (SweepSpec, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
+from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
 
 SWEEP_STATE = "fedray_sweep.json"
@@ -49,22 +50,38 @@ RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
 
 class _TuneReport:
     """Run hook inside a trial: one ``tune.report`` per round (the round is Tune's training iteration),
-    carrying the run's checkpoint when one was written that round, so a resumed sweep resumes its trials."""
+    carrying the run's checkpoint when one was written that round, so a resumed sweep resumes its trials,
+    and :data:`~fedray.sweep.searcher.VALUE_KEY`: the trial's value so far (:func:`trial_value`), which a
+    model-based searcher is told."""
 
-    def __init__(self, restarted_from: int | None = None):
+    def __init__(self, spec: SweepSpec, restarted_from: int | None = None):
+        self.spec = spec
         self.pending: Path | None = None
         self.restarted_from = restarted_from
+        self.metric_history: dict[int, Any] = {}  # round -> the spec's metric, rounds that reported it
 
     def on_start(self, cfg, data) -> None: ...
 
+    def on_resume(self, history: list[dict[str, Any]]) -> None:
+        for row in history:  # a resumed trial's value also counts the rounds before its checkpoint
+            self._record(row)
+
     def on_checkpoint(self, folder: Path) -> None:
         self.pending = folder
+
+    def _record(self, row: dict[str, Any]) -> None:
+        if row.get(self.spec.metric) is not None:
+            self.metric_history[int(row["round"])] = row[self.spec.metric]
 
     def on_round(self, row: dict[str, Any]) -> None:
         ckpt = tune.Checkpoint.from_directory(str(self.pending)) if self.pending is not None else None
         self.pending = None
         extra = {RESTARTED_KEY: self.restarted_from} if self.restarted_from is not None else {}
         self.restarted_from = None
+        self._record(row)
+        value = trial_value([self.metric_history[r] for r in sorted(self.metric_history)], self.spec)
+        if value is not None:
+            extra[VALUE_KEY] = value
         tune.report({**_numeric(row), "round": int(row["round"]), **extra}, checkpoint=ckpt)
 
     def on_end(self, result) -> None: ...
@@ -85,11 +102,11 @@ def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
     out = Path(tune.get_context().get_trial_dir()) / "run"
     checkpoint = tune.get_checkpoint()  # set when Tune restarts this trial in a resumed sweep
     if checkpoint is None:
-        run_experiment(cfg, out, progress=False, hooks=[_TuneReport()])
+        run_experiment(cfg, out, progress=False, hooks=[_TuneReport(spec)])
         return
     with checkpoint.as_directory() as folder:
         if _checkpoint_round(folder) is not None:
-            run_experiment(cfg, out, progress=False, hooks=[_TuneReport()], resume_from=folder)
+            run_experiment(cfg, out, progress=False, hooks=[_TuneReport(spec)], resume_from=folder)
             return
     # The sweep's saved state names a checkpoint that is gone: the driver was killed (SIGKILL, a second
     # Ctrl-C) after newer checkpoints had replaced it. The trial's own run directory holds its newest
@@ -97,7 +114,7 @@ def _trial(config: dict[str, Any], spec: SweepSpec) -> None:
     done = _checkpoint_round(out)
     if done is None:
         shutil.rmtree(out, ignore_errors=True)
-    run_experiment(cfg, out, progress=False, hooks=[_TuneReport(restarted_from=done or 0)],
+    run_experiment(cfg, out, progress=False, hooks=[_TuneReport(spec, restarted_from=done or 0)],
                    resume_from=out if done is not None else None)
 
 
@@ -241,8 +258,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         # that cannot begin (an unreachable address) or whose trial could never be placed (Tune would wait on it)
         owns_ray = start_ray(base.model_copy(update={"runtime": base.runtime.model_copy(update={"address": address})}),
                              address_key="--address")
-        check_trials_fit([t["bundles"] for t in planned_trials(spec, 1)], ray.cluster_resources(),
-                         [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        bundles = [t["bundles"] for t in planned_trials(spec, 1)]
+        check_trials_fit(bundles, ray.cluster_resources(), [n["Resources"] for n in ray.nodes() if n.get("Alive")])
+        at_once = concurrency(spec, bundles, ray.cluster_resources(), max_concurrent)
         if resume:
             state = recorded
         else:
@@ -282,12 +300,15 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                 scheduler = ASHAScheduler(time_attr="round", max_t=base.federation.rounds,
                                           grace_period=spec.scheduler.grace_period,
                                           reduction_factor=spec.scheduler.reduction_factor)
+            space = {k: _domain(d) for k, d in spec.search.items()}
+            settings = num_samples or spec.num_samples
+            optuna = spec.search_method == "optuna"
             tuner = tune.Tuner(
                 trainable,
-                param_space={k: _domain(d) for k, d in spec.search.items()},
+                param_space={} if optuna else space,  # TPE holds its own space, the seeds come with each setting
                 tune_config=tune.TuneConfig(metric=spec.metric, mode=spec.mode, scheduler=scheduler,
-                                            num_samples=num_samples or spec.num_samples,
-                                            max_concurrent_trials=max_concurrent or spec.max_concurrent),
+                                            search_alg=search_algorithm(spec, space, at_once or 0, settings),
+                                            num_samples=settings * len(spec.seeds or [None]) if optuna else settings),
                 run_config=tune.RunConfig(name=spec.name, storage_path=str(sweep_dir.parent), callbacks=callbacks,
                                           failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                                           # 2, not 1: a driver killed between saving its state and

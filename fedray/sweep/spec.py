@@ -19,6 +19,16 @@ A spec (``tune_configs/*.yaml``)::
                                           # with a seed dimension, a setting's: the mean over its seeds
     num_samples: 1                        # repeats of the grid, random domains redrawn (grids alone: refused)
     scheduler: {type: asha, grace_period: 5, reduction_factor: 3}
+
+``searcher`` says how settings are chosen:
+
+- ``grid``: every combination of the grids (every dimension a grid); the default when every one is.
+- ``random``: the grids' combinations, the other dimensions drawn at random, ``num_samples`` times; the
+  default otherwise. Draws come from ``searcher_seed``: the same spec draws the same settings.
+- ``optuna``: Optuna's TPE sampler through Ray Tune's integration (``OptunaSearch``) proposes
+  ``num_samples`` settings of the sampled dimensions, each from the results of those before it; the first
+  ``startup_trials`` are random draws. A ``seed: {grid: [...]}`` dimension is not searched: every proposed
+  setting runs with each seed and TPE is told the mean of their values (:mod:`fedray.sweep.searcher`).
 """
 
 from __future__ import annotations
@@ -92,11 +102,31 @@ class SweepSpec(BaseModel):
     last_rounds: int = Field(default=5, ge=1, description="a trial's figure for choosing the best: its metric "
                              "averaged over its last N evaluated rounds (5, as fedray report's 'last 5': at alpha=0.1 "
                              "one round swings 10-20 points); 1: the last round alone")
-    num_samples: int = Field(default=1, ge=1)
+    num_samples: int = Field(default=1, ge=1, description="repeats of the search (grid, random); the number of "
+                             "settings TPE proposes (optuna), each run with every seed")
+    searcher: Literal["grid", "random", "optuna"] | None = Field(
+        default=None, description="grid | random | optuna (TPE); default: grid when every dimension is a grid, "
+        "else random")
+    searcher_seed: int = Field(default=0, description="seeds the random draws and TPE: same spec, same settings")
+    startup_trials: int = Field(default=10, ge=1, description="optuna: settings drawn at random before TPE models "
+                                "the results (Optuna's n_startup_trials)")
     max_concurrent: int | None = Field(default=None, ge=1)
     scheduler: SchedulerSpec | None = None
     trial_cpus: float = Field(default=0.25, gt=0, description="CPU reserved for each trial's round loop")
     storage: str = Field(default="runs/tune", description="where Tune keeps sweep state (for --resume)")
+
+    @property
+    def search_method(self) -> str:
+        """``searcher``, or its default: grid when every dimension is a grid, else random."""
+        if self.searcher is not None:
+            return self.searcher
+        return "grid" if all(d.grid is not None for d in self.search.values()) else "random"
+
+    @property
+    def seeds(self) -> list[Any] | None:
+        """The values of a ``seed`` dimension, which optuna runs every setting with; None without one."""
+        domain = self.search.get("seed")
+        return None if domain is None else list(getattr(domain, domain.kind))
 
     def base_config(self) -> ExperimentConfig:
         return load_experiment(self.base, self.overrides)
@@ -150,6 +180,7 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
                 spec.trial_config({key: value})
             except ConfigError as e:
                 raise ConfigError(f"search.{key}", f"value {value!r} is invalid: {e}") from None
+    check_searcher(spec)
     known = set(base.flat()) | {"round", "train/loss", "time/round_s", "comm/bytes_up", "comm/bytes_down"}
     if not (spec.metric.startswith(("eval/", "val/", "server/", "train/", "comm/", "time/", "diag/"))
             or spec.metric in known):
@@ -158,6 +189,28 @@ def load_spec(path: str | Path, name: str | None = None) -> SweepSpec:
         raise ConfigError("metric", f"'{spec.metric}' is scored on a validation set, and the base config has none; "
                           "add one to the spec: overrides: {data.val_per_class: 500}")
     return spec
+
+
+def check_searcher(spec: SweepSpec) -> None:
+    """Refuse a search space the chosen searcher cannot run, naming the dimension and the fix."""
+    method = spec.search_method
+    if method == "grid":
+        for key, domain in spec.search.items():
+            if domain.grid is None:
+                raise ConfigError(f"search.{key}", f"searcher grid runs grids only, and this is {domain.kind}; "
+                                  f"give it as {{grid: [...]}} or use searcher: random")
+    if method != "optuna":
+        return
+    sampled = [k for k in spec.search if k != "seed"]
+    if not sampled:
+        raise ConfigError("searcher", "optuna needs a dimension to search besides seed; add one under search:")
+    for key in sampled:
+        if spec.search[key].grid is not None:
+            raise ConfigError(f"search.{key}", "searcher optuna proposes every value itself and runs no grid; "
+                              f"give it as {{choice: {spec.search[key].grid}}} (or uniform / loguniform)")
+    if "seed" in spec.search and spec.search["seed"].grid is None:
+        raise ConfigError("search.seed", "with searcher optuna every setting runs with each seed: give the seeds as "
+                          "{grid: [0, 1, 2]}")
 
 
 def _anchor_paths(spec: SweepSpec, base: ExperimentConfig) -> None:
@@ -293,6 +346,49 @@ def check_trials_fit(trials: list[list[dict[str, float]]], resources: dict[str, 
         if largest > biggest + 1e-9:
             raise ResourceError("trial_cpus", f"a trial's bundle of {largest:g} CPU ({format_bundles(bundles)}) "
                                 f"fits on no node (the largest has {biggest:g}); {fix}")
+
+
+def search_plan(spec: SweepSpec, num_samples: int | None = None, at_once: int | None = None) -> str:
+    """What the sweep will do, in words (``fedray tune --dry-run``): how settings are chosen, how many trials,
+    what each is judged by, and the scheduler."""
+    n = num_samples or spec.num_samples
+    judged = (f"{spec.metric} ({spec.mode}) over its last {spec.last_rounds} evaluated rounds" if spec.last_rounds > 1
+              else f"{spec.metric} ({spec.mode}) at its last round")
+    seeds = spec.seeds
+    if spec.search_method == "optuna":
+        runs = f" x {len(seeds)} seeds = {n * len(seeds)} trials" if seeds else " (one trial each)"
+        lines = [f"searcher optuna: TPE (sampler seed {spec.searcher_seed}) proposes {n} settings{runs}; the first "
+                 f"{min(spec.startup_trials, n)} drawn at random, each later one from the results told before it",
+                 f"at most {at_once or '(as many as the cluster holds)'} trials at once, and the proposals depend on "
+                 "that number: same spec, seed and number, same settings"]
+    else:
+        how = ("every combination of the grids" if spec.search_method == "grid" else
+               f"the grids' combinations with the other dimensions drawn at random (seed {spec.searcher_seed})")
+        lines = [f"searcher {spec.search_method}: {how}, {n} time{'s' if n > 1 else ''}"]
+    if seeds:
+        lines.append(f"each setting judged by the mean over its seeds {seeds} of each trial's {judged}")
+    else:
+        lines.append(f"each trial judged by its {judged}")
+    if spec.scheduler is not None:
+        lines.append(f"ASHA stops trials early at rounds {spec.scheduler.grace_period} x "
+                     f"{spec.scheduler.reduction_factor:g}^k")
+    return "\n".join(lines)
+
+
+def concurrency(spec: SweepSpec, trials: list[list[dict[str, float]]], resources: dict[str, float],
+                max_concurrent: int | None = None) -> int | None:
+    """How many trials run at once: ``max_concurrent`` (the command line's), else the spec's, else as many as
+    the cluster's CPUs and GPUs hold (None: no limit, Tune's default, for grid and random searches). An
+    optuna search always gets a number: its proposals depend on it (:class:`fedray.sweep.searcher.SeedAveragedSearch`)."""
+    given = max_concurrent or spec.max_concurrent
+    if given or spec.search_method != "optuna":
+        return given
+    fits = []
+    for res in ("CPU", "GPU"):
+        need = max(sum(b.get(res, 0.0) for b in bundles) for bundles in trials)
+        if need > 0:
+            fits.append(int(resources.get(res, 0.0) / need + 1e-9))
+    return max(1, min(fits)) if fits else 1
 
 
 def format_bundles(bundles: list[dict[str, float]]) -> str:

@@ -467,6 +467,38 @@ def test_the_best_of_a_sweep_over_seeds_is_the_setting_with_the_best_mean(tmp_pa
 
 
 @pytest.mark.ray
+def test_an_optuna_sweep_of_two_settings_over_two_seeds_names_the_best_mean(tmp_path, monkeypatch, capsys):
+    """searcher: optuna through Ray Tune, with ASHA: 2 proposed settings x 2 seeds = 4 trials; best.json names
+    the setting whose mean over its seeds of its trials' values (train/loss over their last rounds) is best,
+    and each trial reported that value to the searcher as sweep/value."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    monkeypatch.chdir(tmp_path)
+    spec = write_spec(tmp_path / "opt.yaml", search={"federation.lr": {"loguniform": [0.0001, 0.3]},
+                                                      "seed": {"grid": [0, 1]}},
+                      searcher="optuna", num_samples=2, startup_trials=2, metric="train/loss", mode="min",
+                      trial_cpus=1, scheduler={"type": "asha", "grace_period": 3},
+                      overrides={"tracking.experiment": "opt"})
+    assert main(["tune", str(spec), "--name", "o1"]) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, kids = children(client, "opt")
+    assert len(kids) == 4 and all(k.info.status == "FINISHED" for k in kids)
+    values: dict[str, list[float]] = {}
+    for kid in kids:
+        losses = [m.value for m in client.get_metric_history(kid.info.run_id, "train/loss")]
+        assert kid.data.metrics["sweep/value"] == pytest.approx(np.mean(losses[-5:]))
+        values.setdefault(kid.data.params["federation.lr"], []).append(np.mean(losses[-5:]))
+    assert sorted(len(v) for v in values.values()) == [2, 2]  # two settings, each run with both seeds
+    best = json.loads((tmp_path / "sweeps" / "o1" / "best.json").read_text())
+    lr, seed_values = min(values.items(), key=lambda kv: np.mean(kv[1]))
+    assert str(best["config"]["federation.lr"]) == lr and best["seeds"] == [0, 1]
+    assert best["metric_value"] == pytest.approx(np.mean(seed_values))
+    assert "best setting (mean over seeds 0, 1)" in capsys.readouterr().out
+
+
+@pytest.mark.ray
 def test_a_sweep_whose_every_trial_fails_exits_1_and_ends_failed(tmp_path, monkeypatch, capsys):
     """Every trial failing (here: a partition no draw can satisfy, found only once a trial loads the data) used to
     end with exit 0, an empty best trial in best.json and the sweep's MLflow run FINISHED."""
