@@ -165,14 +165,15 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
             from fedray.report.results import MLFLOW_RUN_FILE
             from fedray.runtime import make_runtime
             from fedray.simulation import run_experiment
-            from fedray.report.tracking import RunTracking
+            from fedray.report.tracking import RunTracking, command_line
 
             if cfg.tracking.enabled:  # MLflow's ~1 s of imports here, frozen with the rest, not in RunTracking
                 importlib.import_module("mlflow.tracking")
 
         experiment = resolve_experiment(cfg)  # the one resolution of this run: config, method, parameters
         # Built before any work: it checks tracking.uri.
-        tracking = ([RunTracking(experiment.cfg, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume))]
+        tracking = ([RunTracking(experiment.cfg, run_file=out / MLFLOW_RUN_FILE, resume=bool(args.resume),
+                                 source=command_line(getattr(args, "argv", [])))]
                     if experiment.cfg.tracking.enabled else [])
         return experiment, make_runtime, run_experiment, tracking
 
@@ -322,8 +323,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         spec.name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"sweep {spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})", highlight=False)
+    from fedray.report.tracking import command_line
+
     best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
-                     address=args.address, verbose=args.verbose, console=console)
+                     address=args.address, verbose=args.verbose, console=console,
+                     source=command_line(getattr(args, "argv", [])))
     rows = [{"key": k, "value": v} for k, v in best["config"].items()]
     what = "trial"
     if best["metric_value"] is not None:  # what the choice was made by, then the last round's figures
@@ -365,6 +369,7 @@ def main(argv: list[str] | None = None, hooks=()) -> int:
         args.command = argv[0]
     else:
         args = parser.parse_args(argv)
+    args.argv = argv  # the command as typed: MLflow's Source of the runs it starts
     clear_interrupted()
     from fedray.paths import anchor_path_env
 

@@ -244,6 +244,10 @@ class TrackingConfig(_Strict):
                             "else sqlite:///<cwd>/mlflow.db with artifacts in <cwd>/mlartifacts (a resumed run "
                             "keeps the store it started in); a relative sqlite:/// path is from the cwd")
     experiment: str = Field(default="fedray", min_length=1)
+    system_metrics_s: float = Field(default=10.0, ge=0, description="seconds between samples of MLflow's system "
+                                    "metrics (CPU, memory, disk, network; GPU when present); 0: none")
+    log_model: bool = Field(default=True, description="log the final model as an MLflow PyTorch model (personalised "
+                            "methods: every client's model, as one)")
 
 
 class AlgorithmConfig(BaseModel):

@@ -29,6 +29,7 @@ domains' images.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -141,6 +142,17 @@ class FederatedData:
         idx = np.concatenate([part for pair in zip(self.client_train, self.client_test) for part in pair])
         flat = owner * self.num_classes + self.train_y[idx]
         return np.bincount(flat, minlength=k * self.num_classes).reshape(k, self.num_classes)
+
+    def partition_digest(self) -> str:
+        """A digest (16 hex digits of SHA-256) of every client's train and test index lists, in client order:
+        two runs on the same split have the same digest, whatever their method; another seed or partition
+        gives another. It names the run's data in MLflow (:func:`fedray.report.tracking.dataset_entity`)."""
+        digest = hashlib.sha256()
+        for part in (*self.client_train, *self.client_test):
+            idx = np.ascontiguousarray(part, dtype=np.int64)
+            digest.update(np.int64(len(idx)).tobytes())  # lengths too: [1, 2][3] and [1][2, 3] differ
+            digest.update(idx.tobytes())
+        return digest.hexdigest()[:16]
 
     def client_domain_name(self, k: int) -> str | None:
         """Client ``k``'s domain name, "mixed" if its samples span domains, None for single-domain data."""

@@ -89,6 +89,73 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def run_label(cfg, searched: dict[str, Any] | None = None) -> str:
+    """A run's name in MLflow's runs list: method, dataset, split, seed (``fedavg fashion_mnist alpha=0.1 seed=0``),
+    then a trial's searched values not already in it (``lr=0.01 mu=0.1``, the last part of each key)."""
+    d = cfg.data
+    split = {"dirichlet": f"alpha={d.alpha:g}", "iid": "iid", "shards": f"shards={d.shards_per_client}",
+             "domain": "domains", "domain_dirichlet": f"domains alpha={d.alpha:g}"}.get(d.partition, d.partition)
+    parts = [cfg.algorithm.name, d.dataset, split, f"seed={cfg.seed}"]
+    for key, value in (searched or {}).items():
+        if key not in ("seed", "algorithm.name", "data.dataset", "data.alpha", "data.partition"):
+            parts.append(f"{key.rsplit('.', 1)[-1]}={value:.3g}" if isinstance(value, float)
+                         else f"{key.rsplit('.', 1)[-1]}={value}")
+    return " ".join(parts)
+
+
+def command_line(argv: list[str]) -> str:
+    """The command that started a run, as MLflow's Source: ``fedray run quickstart seed=1``."""
+    import shlex
+
+    return shlex.join(["fedray", *argv])
+
+
+def data_facts(cfg, data) -> dict[str, Any]:
+    """What MLflow records of a run's data (plain values: a Tune trial sends them to the sweep's driver):
+    ``name`` (the dataset and its domains), ``digest`` of its client split
+    (:meth:`~fedray.data.federated.FederatedData.partition_digest`), ``source`` (where it was read from),
+    ``profile`` (partition, clients, samples), and what its model needs (input shape, classes, normalisation)."""
+    profile = {"partition": cfg.data.partition, "num_clients": data.num_clients,
+               **({"alpha": cfg.data.alpha} if "dirichlet" in cfg.data.partition else {}),
+               "client_train_samples": int(data.client_sizes().sum()),
+               "client_test_samples": int(data.client_test_sizes().sum()), "test_samples": int(len(data.test_y)),
+               "val_samples": data.num_val, "server_samples": 0 if data.server is None else len(data.server),
+               "classes": data.num_classes, "input_shape": list(data.input_shape), "seed": cfg.seed}
+    return {"name": data.dataset + (f" ({', '.join(data.domains)})" if data.domains else ""),
+            "digest": data.partition_digest(),
+            "source": {"dataset": cfg.data.dataset, "data_dir": cfg.data.data_dir or "fedray's default"},
+            "profile": profile, "input_shape": list(data.input_shape), "num_classes": int(data.num_classes),
+            "mean": [float(v) for v in data.mean], "std": [float(v) for v in data.std]}
+
+
+def dataset_input(facts: dict[str, Any]):
+    """:func:`data_facts` as an MLflow dataset input of the training context (the UI's Dataset column)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    dataset = Dataset(name=facts["name"], digest=facts["digest"], source_type="local",
+                      source=json.dumps(facts["source"]), profile=json.dumps(facts["profile"]))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "train")])
+
+
+def final_model(cfg, facts: dict[str, Any], weights):
+    """The final model as a ``torch.nn.Module`` for MLflow: the global model with ``model.pt``'s weights, or for
+    a personalised method (``weights`` maps client ids to weights) a ``ModuleDict`` of every client's own model
+    keyed by client id (``model["3"]``: client 3's)."""
+    import torch
+
+    from fedray.models import build_model
+
+    def module(architecture: str, state) -> torch.nn.Module:
+        m = build_model(architecture, tuple(facts["input_shape"]), facts["num_classes"])
+        m.load_state_dict(state)
+        return m.eval()
+
+    if weights and all(isinstance(k, int) for k in weights):
+        return torch.nn.ModuleDict({str(cid): module(cfg.model.client_architecture(cid), w)
+                                    for cid, w in sorted(weights.items())})
+    return module(cfg.model.name, weights)
+
+
 def _numeric(row: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items()
             if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)}
@@ -139,17 +206,21 @@ class MlflowTracker:
 
     @_uninterrupted
     def start(self, cfg, kind: str = "run", parent_run_id: str | None = None, run_name: str | None = None,
-              extra_tags: dict[str, str] | None = None) -> str:
+              extra_tags: dict[str, str] | None = None, source: str | None = None) -> str:
+        """Create the run: named ``run_name`` (default :func:`run_label`), ``source`` (the command line) as
+        MLflow's Source, the config as params."""
         from fedray import __version__
 
         tags = {"fedray.kind": kind, "fedray.algorithm": cfg.algorithm.name, "fedray.dataset": cfg.data.dataset,
-                "fedray.version": __version__, **(extra_tags or {})}
+                "fedray.config": cfg.name, "fedray.version": __version__, **(extra_tags or {})}
+        if source:
+            tags.update({"mlflow.source.name": source, "mlflow.source.type": "LOCAL"})
         commit = git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name or cfg.name)
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=run_name or run_label(cfg))
         self.run_id = run.info.run_id
         self.log_params(cfg.flat())
         return self.run_id
@@ -187,6 +258,71 @@ class MlflowTracker:
                 self.client.log_artifact(self.run_id, str(Path(folder) / name))
 
     @_uninterrupted
+    def log_data(self, facts: dict[str, Any]) -> None:
+        """The run's data (:func:`data_facts`) as its MLflow input."""
+        self.client.log_inputs(self.run_id, datasets=[dataset_input(facts)])
+
+    @_uninterrupted
+    def log_model(self, cfg, facts: dict[str, Any], weights, step: int) -> str:
+        """The final model (:func:`final_model`) as an MLflow PyTorch model of this run at ``step`` (the last
+        round); returns its ``models:/`` URI. It takes images normalised as fedray's evaluation does
+        (``(x / 255 - mean) / std``, recorded in its metadata). Pickled, not exported (``pt2``): an export
+        fixes the batch size it was traced with and a personalised ``ModuleDict`` has no forward; so loading it
+        needs fedray importable, and runs pickle's code (load models you trust)."""
+        import mlflow
+        import mlflow.pytorch
+        import numpy as np
+        import torch
+
+        model = final_model(cfg, facts, weights)
+        example = None if isinstance(model, torch.nn.ModuleDict) else np.zeros((2, *facts["input_shape"]), np.float32)
+        version = torch.__version__.split("+")[0]
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.uri)  # log_model writes through the fluent client's store
+        # Its warning that pickled models run code when loaded, on every run's console: said once, in the docs
+        quiet = logging.getLogger("mlflow.pytorch")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            info = mlflow.pytorch.log_model(
+                model, name="model", run_id=self.run_id, step=step, input_example=example,
+                serialization_format="pickle", pip_requirements=[f"torch=={version}", "fedray"],
+                metadata={"normalise_mean": facts["mean"], "normalise_std": facts["std"],
+                          "input": "float32 NCHW, (uint8 / 255 - mean) / std", "algorithm": cfg.algorithm.name,
+                          "personalised": isinstance(model, torch.nn.ModuleDict)})
+        finally:
+            mlflow.set_tracking_uri(previous)
+            quiet.setLevel(level)
+        return info.model_uri
+
+    def watch_system(self, interval_s: float, resumed: bool = False) -> "Any":
+        """Start MLflow's system-metrics monitor on this run (CPU, memory, disk, network; GPU with
+        nvidia-ml-py and a GPU), sampling every ``interval_s``; the caller finishes it. None for 0."""
+        if not interval_s:
+            return None
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+        monitor = SystemMetricsMonitor(self.run_id, sampling_interval=interval_s, resume_logging=resumed,
+                                       tracking_uri=self.uri)
+        monitor.start()
+        return monitor
+
+    @staticmethod
+    def stop_watching(monitor) -> None:
+        """Finish a :meth:`watch_system` monitor (None: none), with one last sample taken now: MLflow's loop
+        publishes a sample only after each full interval, so a run shorter than one would show none."""
+        if monitor is None:
+            return
+        monitor.finish()
+        try:
+            monitor.collect_metrics()
+            monitor.publish_metrics(monitor.aggregate_metrics())
+            monitor.mlflow_logger.flush()
+        except Exception as e:  # a missing sample is no reason to fail a finished run
+            logging.getLogger("fedray").warning("the last system-metrics sample was not logged: %s", e)
+
+    @_uninterrupted
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)
@@ -194,15 +330,16 @@ class MlflowTracker:
 
 
 class RunTracking:
-    """The hooks ``run_experiment`` calls, recording one ``fedray run`` in MLflow.
+    """The hooks ``run_experiment`` calls, recording one ``fedray run`` in MLflow: its config, its data as the
+    run's input, its rounds, MLflow's system metrics while it runs, its files and its final model.
 
     The run is created only once data and workers are ready (bad input never leaves a run behind) and
     always ends: FINISHED, FAILED on an error, KILLED on Ctrl-C / SIGTERM.
     """
 
     def __init__(self, cfg, kind: str = "run", parent_run_id: str | None = None, run_file: Path | None = None,
-                 resume: bool = False):
-        self.cfg, self.kind, self.parent = cfg, kind, parent_run_id
+                 resume: bool = False, source: str | None = None):
+        self.cfg, self.kind, self.parent, self.source = cfg, kind, parent_run_id, source
         self.run_file = run_file
         self.started_run_id: str | None = None  # kept after the run ends, for the UI hint
         # The MLflow run a resumed run continues: {"tracking_uri", "run_id"}; None for a new run.
@@ -210,18 +347,23 @@ class RunTracking:
         self.fresh_on_resume = False  # resumed, but its MLflow run is not in this store: a new one holds it all
         uri = resumed_store(cfg.tracking.uri, (self.resumed or {}).get("tracking_uri"))
         self.tracker = MlflowTracker(uri, cfg.tracking.experiment)  # fails early on a bad URI
+        self.facts: dict[str, Any] | None = None  # data_facts of the run's data
+        self.monitor = None
+        self.model_uri: str | None = None
 
     @property
     def run_id(self) -> str | None:
         return self.tracker.run_id
 
     def on_start(self, cfg, data) -> None:
+        self.facts = data_facts(cfg, data)
         if self.resumed:
             run_id = self.resumed.get("run_id")
             if self.tracker.holds(run_id):
                 # A resumed run continues its MLflow run: same id, RUNNING again, later rounds appended.
                 self.tracker.run_id = self.started_run_id = run_id
                 self.tracker.client.update_run(run_id, status="RUNNING")
+                self.monitor = self.tracker.watch_system(cfg.tracking.system_metrics_s, resumed=True)
                 return
             # tracking.uri now names another store (or the run was deleted): a new run there, with every round
             self.fresh_on_resume = True
@@ -230,10 +372,12 @@ class RunTracking:
                 "it already has", run_id, self.tracker.uri)
         if self.run_file is not None:  # first: a folder that cannot be made leaves no MLflow run behind
             self.run_file.parent.mkdir(parents=True, exist_ok=True)
-        run_id = self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent)
+        run_id = self.tracker.start(cfg, kind=self.kind, parent_run_id=self.parent, source=self.source)
         self.started_run_id = run_id
         if self.run_file is not None:
             write_json(self.run_file, {"tracking_uri": self.tracker.uri, "run_id": run_id})
+        self.tracker.log_data(self.facts)
+        self.monitor = self.tracker.watch_system(cfg.tracking.system_metrics_s)
 
     def on_round(self, row: dict[str, Any]) -> None:
         self.tracker.log_round(row)
@@ -244,14 +388,35 @@ class RunTracking:
         for row in history if self.fresh_on_resume else history[-1:]:
             self.tracker.log_round(row)
 
+    def _stop_monitor(self) -> None:
+        self.tracker.stop_watching(self.monitor)  # its last samples written while the run is still RUNNING
+        self.monitor = None
+
     def on_end(self, result) -> None:
         try:
+            self._stop_monitor()
             if result.output_dir is not None:
                 self.tracker.log_artifacts(result.output_dir)
+                last = int(result.history[-1]["round"]) if result.history else 0
+                self.model_uri = log_final_model(self.tracker, self.cfg, self.facts, result.output_dir, last)
         except BaseException:  # the run's files are written, but the MLflow run must not stay RUNNING
             self.tracker.end("FAILED")
             raise
         self.tracker.end("FINISHED")
 
     def on_error(self, exc: BaseException) -> None:
+        self._stop_monitor()
         self.tracker.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+
+
+def log_final_model(tracker: MlflowTracker, cfg, facts: dict[str, Any], run_dir: Path, step: int) -> str | None:
+    """Log the finished run's ``model.pt`` in ``run_dir`` as the MLflow model of ``tracker``'s run, unless
+    ``tracking.log_model`` is off; its ``models:/`` URI, or None."""
+    import torch
+
+    from fedray.report.results import MODEL_FILE
+
+    path = Path(run_dir) / MODEL_FILE
+    if not cfg.tracking.log_model or not path.is_file():
+        return None
+    return tracker.log_model(cfg, facts, torch.load(path, weights_only=True), step=step)

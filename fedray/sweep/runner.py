@@ -38,7 +38,8 @@ from fedray.runtime.ray_start import start_ray
 from fedray.sweep.searcher import VALUE_KEY, search_algorithm
 from fedray.sweep.report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
-from fedray.report.tracking import MlflowTracker, _numeric, resolve_tracking_uri, resumed_store, ui_hint
+from fedray.report.tracking import (MlflowTracker, _numeric, data_facts, log_final_model, resolve_tracking_uri,
+                                   resumed_store, run_label, ui_hint)
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
 
@@ -46,6 +47,7 @@ SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
 SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
 RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
+DATA_KEY = "fedray_data"  # a trial's first report: its data_facts (JSON), for its MLflow run's input and model
 
 
 class _TuneReport:
@@ -59,8 +61,11 @@ class _TuneReport:
         self.pending: Path | None = None
         self.restarted_from = restarted_from
         self.metric_history: dict[int, Any] = {}  # round -> the spec's metric, rounds that reported it
+        self.data_facts: str | None = None
 
-    def on_start(self, cfg, data) -> None: ...
+    def on_start(self, cfg, data) -> None:
+        # What MLflow records of the trial's data, sent once to the driver, which writes the child run
+        self.data_facts = json.dumps(data_facts(cfg, data))
 
     def on_resume(self, history: list[dict[str, Any]]) -> None:
         for row in history:  # a resumed trial's value also counts the rounds before its checkpoint
@@ -82,6 +87,8 @@ class _TuneReport:
         value = trial_value([self.metric_history[r] for r in sorted(self.metric_history)], self.spec)
         if value is not None:
             extra[VALUE_KEY] = value
+        if self.data_facts is not None:
+            extra[DATA_KEY], self.data_facts = self.data_facts, None
         tune.report({**_numeric(row), "round": int(row["round"]), **extra}, checkpoint=ckpt)
 
     def on_end(self, result) -> None: ...
@@ -136,19 +143,22 @@ def _stop_tune_gracefully(signum, frame) -> None:
 class MlflowSweepCallback(tune.Callback):
     """Records every trial as a child run of the sweep's parent run, from the Tune driver."""
 
-    def __init__(self, spec: SweepSpec, uri: str, experiment: str, parent_run_id: str):
-        self.spec, self.uri, self.experiment, self.parent = spec, uri, experiment, parent_run_id
+    def __init__(self, spec: SweepSpec, uri: str, experiment: str, parent_run_id: str, source: str | None = None):
+        self.spec, self.uri, self.experiment, self.parent, self.source = spec, uri, experiment, parent_run_id, source
         self._runs: dict[str, MlflowTracker] = {}
         self._last_round: dict[str, int] = {}
+        self._facts: dict[str, dict] = {}
 
     def __getstate__(self):  # Tune pickles callbacks into its experiment state; clients stay behind
-        return {**self.__dict__, "_runs": {}, "_last_round": {}}
+        return {**self.__dict__, "_runs": {}, "_last_round": {}, "_facts": {}}
 
     def _tracker(self, trial) -> MlflowTracker:
         if trial.trial_id not in self._runs:
             t = MlflowTracker(self.uri, self.experiment)
             cfg = self.spec.trial_config(trial.config)
-            t.start(cfg, kind="trial", parent_run_id=self.parent, run_name=f"{self.spec.name}-{trial.trial_id}",
+            # named by what it ran: method, data, seed and the searched values (the trial id is a tag)
+            t.start(cfg, kind="trial", parent_run_id=self.parent, run_name=run_label(cfg, trial.config),
+                    source=self.source,
                     extra_tags={"fedray.trial_id": trial.trial_id, "fedray.sweep": self.spec.name,
                                 "fedray.resumed": str(bool(getattr(trial, "checkpoint", None))).lower()})
             self._runs[trial.trial_id] = t
@@ -158,6 +168,9 @@ class MlflowSweepCallback(tune.Callback):
         self._tracker(trial)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if DATA_KEY in result:
+            self._facts[trial.trial_id] = json.loads(result[DATA_KEY])
+            self._tracker(trial).log_data(self._facts[trial.trial_id])
         if "round" in result:
             self._tracker(trial).log_round({k: v for k, v in result.items() if "/" in k or k == "round"})
             self._last_round[trial.trial_id] = int(result["round"])
@@ -169,6 +182,10 @@ class MlflowSweepCallback(tune.Callback):
         run_dir = Path(trial.local_path or "") / "run"
         if run_dir.is_dir():
             t.log_artifacts(run_dir)
+            facts = self._facts.pop(trial.trial_id, None)
+            if status == "FINISHED" and facts is not None:
+                log_final_model(t, self.spec.trial_config(trial.config), facts, run_dir,
+                                self._last_round.get(trial.trial_id, 0))
         t.end(status)
         self._runs.pop(trial.trial_id, None)
 
@@ -227,7 +244,7 @@ def latest_sweep(spec_stem: str, storage: str) -> str | None:
 
 def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None = None,
               num_samples: int | None = None, address: str | None = None, verbose: bool = False,
-              console=None) -> dict[str, Any]:
+              console=None, source: str | None = None) -> dict[str, Any]:
     """Run (or resume) a sweep; return the best trial's config and figures (also saved as best.json).
 
     ``console`` gets one line per trial event (:class:`ConsoleTrialReporter`), where Ray's and Tune's own
@@ -252,7 +269,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     uri = resolve_tracking_uri(resumed_store(base.tracking.uri, recorded.get("tracking_uri")))
     parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
     say = console.print if console is not None else (lambda *a, **k: None)
-    owns_ray, ray_log = False, None
+    owns_ray, ray_log, monitor = False, None, None
     try:
         # Ray first, and the trials' size against it: nothing is written and no MLflow run started for a sweep
         # that cannot begin (an unreachable address) or whose trial could never be placed (Tune would wait on it)
@@ -268,7 +285,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             state = {"name": spec.name, "spec": spec.model_dump(mode="json"), "parent_run_id": None,
                      "tracking_uri": uri, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
             if parent is not None:
-                state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name,
+                state["parent_run_id"] = parent.start(base, kind="sweep", run_name=spec.name, source=source,
                                                       extra_tags={"fedray.sweep": spec.name})
                 parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
                 (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
@@ -289,7 +306,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         )
         callbacks: list[tune.Callback] = [MetricCheck(spec), *([] if verbose else [ConsoleTrialReporter(spec, console)])]
         if parent is not None:
-            callbacks.append(MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"]))
+            callbacks.append(MlflowSweepCallback(spec, uri, base.tracking.experiment, state["parent_run_id"], source))
+            # the driver's machine while the trials run, on the parent run (trials share it; theirs would repeat it)
+            monitor = parent.watch_system(base.tracking.system_metrics_s, resumed=resume)
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
             _stand_in_for_lost_checkpoints(sweep_dir)
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
@@ -350,11 +369,13 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             parent.client.log_artifact(parent.run_id, str(sweep_dir / "best.json"))
             if plot is not None:
                 parent.client.log_artifact(parent.run_id, str(plot))
+            parent.stop_watching(monitor)
             parent.end("FINISHED")
         return best
     except BaseException as exc:
         if parent is not None and parent.run_id is not None:
             _kill_running_children(parent)
+            parent.stop_watching(monitor)
             parent.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
     finally:

@@ -264,7 +264,9 @@ def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
     assert client.get_experiment_by_name("grid").tags["mlflow.experimentKind"] == "custom_model_development"
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"spec.yaml", "best.json", "sweep.png"}
     best_params = {k: v for k, v in parent.data.params.items() if k.startswith("best.")}
-    seen = set()
+    # the driver's machine over the sweep, on the parent (MLflow's system metrics)
+    assert "system/cpu_utilization_percentage" in parent.data.metrics
+    seen, digests = set(), {}
     for kid in kids:
         assert kid.info.status == "FINISHED"
         assert kid.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -273,7 +275,15 @@ def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
             "config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt"}
         seen.add((kid.data.params["data.alpha"], kid.data.params["algorithm.name"]))
         assert kid.data.params["runtime.num_workers"] == "1"
+        # named by what it ran; the command as its Source; its data as input; its final model logged
+        alpha, name = kid.data.params["data.alpha"], kid.data.params["algorithm.name"]
+        assert kid.info.run_name == f"{name} synthetic alpha={float(alpha):g} seed=0"
+        assert kid.data.tags["mlflow.source.name"] == f"fedray tune {root / 'grid.yaml'} --name g1"
+        (data,) = kid.inputs.dataset_inputs
+        digests.setdefault(alpha, set()).add(data.dataset.digest)
+        assert [m.step for m in kid.outputs.model_outputs] == [3]
     assert seen == {("0.5", "fedavg"), ("0.5", "fedprox"), ("1.0", "fedavg"), ("1.0", "fedprox")}
+    assert [len(d) for d in digests.values()] == [1, 1] and digests["0.5"] != digests["1.0"]  # split, not method
     best = json.loads((root / "sweeps" / "g1" / "best.json").read_text())
     assert best["trials"] == 4 and best["errored"] == 0
     # each trial judged by its metric over its last 5 evaluated rounds (all 3 here)
