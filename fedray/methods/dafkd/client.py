@@ -22,6 +22,7 @@ from torch import nn
 
 from fedray.learning import optim
 from fedray.learning.boundary import ClientContext, ClientResult
+from fedray.learning.data_free import label_counts
 from fedray.learning.training import IGNORE_LABEL, OptimSpec, StepwiseTraining, Update, module_dict, weights_only
 from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_device
@@ -93,7 +94,7 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
     gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
     return StepwiseTraining(
         modules=module_dict(algo, model=m.model, generator=m.generator, disc=m.disc),
-        start={"model": payload.weights, "generator": payload.generator, "disc": state.disc},
+        start={"model": payload.weights, "generator": payload.generator, "disc": _disc_start(payload, state)},
         updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
                         trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
                  Update(generator_loss, {"generator": gen_spec})],
@@ -108,7 +109,7 @@ def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload"
     p, m, fed, dev = algo.params, ctx.modules, ctx.fed, ctx.device
     m.model.load_state_dict(payload.weights)  # line 17: w_t^k = w_t, theta^g_k = theta^g_t
     m.generator.load_state_dict(payload.generator)
-    m.disc.load_state_dict(state.disc)  # line 18: theta^d_k from this client's previous round
+    m.disc.load_state_dict(_disc_start(payload, state))  # line 18: theta^d_k from this client's previous round
     for module in (m.model, m.generator, m.disc):
         module.train()
     opt = algo._local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
@@ -156,6 +157,12 @@ def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload"
     return client_result(algo, ctx, m, payload, state, client_metrics(tot, round_d, round_g, adv_steps))
 
 
+def _disc_start(payload: "DaFKDPayload", state: "DaFKDClientState"):
+    """The discriminator a client starts its round from: its own from its previous round (Alg. 1 line 18), or
+    the server's averaged head (``disc_head=averaged``, the authors' code)."""
+    return payload.disc if payload.disc is not None else state.disc
+
+
 def client_metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_steps: int) -> dict[str, float]:
     """``train/*`` from the local steps' sums (ce, adv, gen, real_ok, fake_ok, n; steps)."""
     steps = max(int(tot["steps"]), 1)
@@ -182,7 +189,9 @@ def client_result(algo: "DaFKD", ctx: ClientContext, m: "DaFKDModules", payload:
         w = None if f is None else (f + p.alpha_eps)
         upload.weighted_outputs = (s if w is None else w.unsqueeze(1) * s).cpu()
         upload.output_weights = None if w is None else w.cpu()
-    elif p.correlation:
+    elif algo.weighting == "discriminator" or p.disc_head == "averaged":
         upload.disc = disc_w
+    if algo.weighting == "oracle":  # Theorem 1's oracle weighs by them (sent, so counted in comm/bytes_up)
+        upload.label_counts = label_counts(ctx.y, algo.spec.num_classes)
     new_state = DaFKDClientState(client_id=ctx.client_id, disc=disc_w, rounds=state.rounds + 1)
     return ClientResult(upload=upload, state=new_state, metrics=metrics)

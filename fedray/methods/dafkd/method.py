@@ -42,7 +42,11 @@ f_k, which is uniform when all are 0; no gradient penalty (code: 0.3, ``gp_weigh
 training in every round (code: only early rounds, ``disc_train_rounds`` / ``gen_train_rounds``);
 distillation from round 1 (code: from round 2, ``distill_start_round``), temperature 1 = Eq. 8's plain KL
 (code: T=10, Adam lr 1e-5, KLDivLoss averaged over classes too: ``temperature``, ``distill_optimizer``,
-``distill_lr``).
+``distill_lr``); each client's own discriminator head across rounds, Alg. 1 line 18 (code: one head averaged
+by the server, ``disc_head=averaged``).
+
+To take the method apart: ``alpha_source`` (Eq. 7 from the discriminators, from Theorem 1's label-count oracle,
+or uniform) and ``distill_data`` (the generator's samples, or real unlabelled images of ``data.server_data``).
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ from fedray.learning.distill import soft_targets
 from fedray.methods.dafkd.client import batched_local_step, sequential_update
 from fedray.learning.training import StepwiseTraining, row_mean
 from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_device
+from fedray.data.federated import to_device, to_float
+from fedray.errors import ConfigError
+from fedray.methods.feddf import require_server_data
 from fedray.models import build_model
 from fedray.models.base import batch_rows, frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
@@ -72,6 +78,37 @@ from fedray.seeding import derive_seed
 class DaFKD(Algorithm):
     name = "dafkd"
     Params = DaFKDParams
+
+    @classmethod
+    def check_config(cls, cfg, params: DaFKDParams) -> None:
+        """The decomposition options (``alpha_source``, ``distill_data``, ``disc_head``) against the rest."""
+        if params.private_discriminator and (params.alpha_source != "discriminator"
+                                             or params.distill_data != "generated" or params.disc_head != "own"):
+            raise ConfigError("algorithm.private_discriminator", "Appendix B's variant weighs by its clients' "
+                              "discriminators on generated samples with their own heads; set it false to change "
+                              "alpha_source, distill_data or disc_head")
+        if not params.correlation and params.alpha_source == "oracle":
+            raise ConfigError("algorithm.alpha_source", "correlation=false already means uniform weights; drop it "
+                              "to weigh by the oracle")
+        if params.disc_head == "averaged" and not params.sharing:
+            raise ConfigError("algorithm.disc_head", "an averaged head needs sharing=true (the head on the "
+                              "classifier's extractor); without sharing the discriminator is a whole network")
+        if params.distill_data == "proxy":
+            require_server_data(cls.name, cfg)
+        if params.alpha_source == "oracle":
+            if params.distill_data == "generated" and params.generator != "conditional":
+                raise ConfigError("algorithm.alpha_source", "the oracle weighs a sample by its class, which a "
+                                  "dcgan sample does not have; set algorithm.generator=conditional or "
+                                  "algorithm.distill_data=proxy")
+            if params.distill_data == "proxy" and not cfg.data.server_data.labelled:
+                raise ConfigError("algorithm.alpha_source", "the oracle weighs a proxy image by its class, so the "
+                                  "server's data must be labelled (data.server_data.labelled=true); the "
+                                  "distillation itself never reads the labels")
+
+    @property
+    def weighting(self) -> str:
+        """Where Eq. 7's weights come from: ``alpha_source``, or uniform without correlation (Table 3)."""
+        return self.params.alpha_source if self.params.correlation else "uniform"
 
     # --- modules ------------------------------------------------------------------------------------
     def _build_disc(self, feature_dim: int) -> nn.Module:
@@ -90,7 +127,9 @@ class DaFKD(Algorithm):
         return DaFKDModules(model=model, generator=gen, disc=self._build_disc(model.feature_dim))
 
     def init_server_state(self, modules: DaFKDModules) -> DaFKDServerState:
-        return DaFKDServerState(weights=clone_weights(modules.model), generator=clone_weights(modules.generator))
+        head = clone_weights(modules.disc) if self.params.disc_head == "averaged" else None
+        return DaFKDServerState(weights=clone_weights(modules.model), generator=clone_weights(modules.generator),
+                                disc=head)
 
     def init_client_state(self, client_id: int) -> DaFKDClientState:
         # A fresh discriminator drawn from (run seed, client); fork_rng leaves the global RNG untouched.
@@ -106,7 +145,7 @@ class DaFKD(Algorithm):
 
     def broadcast(self, state: DaFKDServerState, round_: int) -> DaFKDPayload:
         seed = self.distill_seed(round_) if self.params.private_discriminator else None
-        return DaFKDPayload(weights=state.weights, generator=state.generator, distill_seed=seed)
+        return DaFKDPayload(weights=state.weights, generator=state.generator, distill_seed=seed, disc=state.disc)
 
     def global_weights(self, state: DaFKDServerState) -> Weights:
         return state.weights
@@ -137,6 +176,29 @@ class DaFKD(Algorithm):
         with torch.no_grad():
             return torch.cat([m.generator(z[i : i + bs], y[i : i + bs]) for i in range(0, len(z), bs)])
 
+    def distillation_labels(self) -> torch.Tensor | None:
+        """The class each sample of :meth:`distillation_set` was generated for (conditional generator); None
+        for the DCGAN's, which have none."""
+        if self.params.generator != "conditional":
+            return None
+        return torch.arange(self.params.distill_samples) % self.spec.num_classes
+
+    def distillation_data(self, m: DaFKDModules, generator: Weights, round_: int,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Round ``round_``'s distillation images and, for the oracle, their classes: the generator's samples
+        (``distill_data=generated``) or ``distill_samples`` real images of the server's data drawn anew each round
+        (``proxy``: its labels only when it is labelled, which only the oracle reads)."""
+        if self.params.distill_data == "generated":
+            labels = self.distillation_labels()
+            return (self.distillation_set(m, generator, self.distill_seed(round_), device),
+                    None if labels is None else labels.to(device))
+        data = self.server_data
+        assert data is not None, "distill_data=proxy needs data.server_data (check_config)"
+        rng = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "dafkd/proxy", round_) % (1 << 63))
+        idx = torch.randperm(len(data), generator=rng)[: self.params.distill_samples].to(data.x.device)
+        x = to_float(data.x[idx], self.spec.mean, self.spec.std).to(device)
+        return x, (None if data.y is None else data.y[idx].to(device))
+
     def client_outputs(self, m: DaFKDModules, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Soft outputs s_k(x) (probabilities at temperature T, or logits) and f_k(x) (None without
         correlation) of the classifier and discriminator loaded in ``m``, in eval mode."""
@@ -147,7 +209,7 @@ class DaFKD(Algorithm):
             for i in range(0, len(x), bs):
                 feats = m.model.features(x[i : i + bs])
                 outs.append(m.model.head(feats))
-                if self.params.correlation:
+                if self.weighting == "discriminator":
                     fs.append(torch.sigmoid(self.disc_logits(m, x[i : i + bs], feats)))
         logits = torch.cat(outs)
         s = soft_targets(logits, self.params.temperature) if self.params.ensemble == "probs" else logits

@@ -16,6 +16,7 @@ from fedray.learning import optim
 from fedray.learning.boundary import ServerContext
 from fedray.learning.weights import Weights
 from fedray.learning.distill import KDSteps, normalised_entropy, soft_targets
+from fedray.learning.data_free import label_shares
 from fedray.learning.ensemble import stacked_outputs
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.seeding import derive_seed
@@ -38,6 +39,16 @@ def correlation_weights(f: torch.Tensor, eps: float) -> torch.Tensor:
     return w / w.sum(0, keepdim=True)
 
 
+def oracle_weights(counts: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Theorem 1's oracle of Eq. 7's weights: alpha_{k,i} = client k's share of the round's training images of
+    class y_i, from the clients' label counts (K, C) and the samples' classes y (N,); (K, N), uniform for a
+    class no client of the round holds. What a perfect domain discriminator could give at best."""
+    shares, held = label_shares(counts)
+    alpha = shares[:, y.to(shares.device)]
+    uniform = torch.full_like(alpha, 1.0 / counts.shape[0])
+    return torch.where(held[y.to(held.device)].unsqueeze(0), alpha, uniform)
+
+
 def alpha_metrics(alpha: torch.Tensor) -> dict[str, float]:
     """How peaked the weights (K, N) are: ``alpha_max_mean`` = mean_i max_k alpha (1/K uniform .. 1 one
     client), ``alpha_entropy`` = mean_i H(alpha_i) / log K (1 uniform .. 0 one client)."""
@@ -57,13 +68,14 @@ class _ClassifierAndDiscriminator(nn.Module):
         super().__init__()
         self.algo, self.mods = algo, modules
         self.model = modules.model
-        if algo.params.correlation:
+        self.with_disc = algo.weighting == "discriminator"
+        if self.with_disc:
             self.disc = modules.disc
 
     def forward(self, x: torch.Tensor):
         feats = self.model.features(x)
         logits = self.model.head(feats)
-        if not self.algo.params.correlation:
+        if not self.with_disc:
             return logits
         return logits, self.algo.disc_logits(self.mods, x, feats)
 
@@ -78,18 +90,20 @@ def stacked_client_outputs(algo: "DaFKD", modules: "DaFKDModules", uploads: list
     teachers = []
     for u in uploads:
         w = {f"model.{k}": v for k, v in u.weights.items()}
-        if p.correlation:
+        if pair.with_disc:
             w.update({f"disc.{k}": v for k, v in u.disc.items()})
         teachers.append((pair, w))
     outs = stacked_outputs(teachers, x, algo.cfg.federation.eval_batch_size)
     logits = outs[0]
     s = soft_targets(logits, p.temperature) if p.ensemble == "probs" else logits
-    return s, (torch.sigmoid(outs[1]) if p.correlation else None)
+    return s, (torch.sigmoid(outs[1]) if pair.with_disc else None)
 
 
-def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tensor,
-                     ctx: ServerContext) -> tuple[torch.Tensor, dict[str, float]]:
-    """Teacher targets (N, C): sum_k alpha_{k,i} s_k(x_i), with s = probabilities or logits (``ensemble``)."""
+def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tensor, ctx: ServerContext,
+                     y: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Teacher targets (N, C): sum_k alpha_{k,i} s_k(x_i), with s = probabilities or logits (``ensemble``) and
+    alpha from the discriminators (Eq. 7), the label-count oracle (the samples' classes ``y``) or uniform
+    (:attr:`DaFKD.weighting`)."""
     p = algo.params
     if p.private_discriminator:  # Appendix B: sum_k (f_k + eps) s_k / sum_k (f_k + eps)
         num = torch.stack([u.weighted_outputs.to(ctx.device) for u in uploads]).sum(0)
@@ -102,9 +116,12 @@ def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tenso
             teacher, scores = num / len(uploads), None
     else:  # main variant: run every uploaded classifier and discriminator on the distillation set, stacked
         s, f = stacked_client_outputs(algo, ctx.modules, uploads, x)  # (K, N, C), (K, N)
-        if p.correlation:
+        if algo.weighting == "discriminator":
             scores = f
             alpha = correlation_weights(scores, p.alpha_eps)  # Eq. 7
+        elif algo.weighting == "oracle":
+            assert y is not None, "the oracle needs the distillation samples' classes (check_config)"
+            scores, alpha = None, oracle_weights(torch.stack([u.label_counts for u in uploads]), y).to(s.device)
         else:  # Table 3 no-correlation: plain ensemble
             scores, alpha = None, torch.full(s.shape[:2], 1.0 / len(uploads), device=ctx.device)
         teacher = (alpha.unsqueeze(2) * s).sum(0)
@@ -154,15 +171,18 @@ def server_round(algo: "DaFKD", state: "DaFKDServerState", uploads: list["DaFKDU
     coefs = [1.0] * len(uploads) if p.aggregation == "uniform" else [float(u.num_samples) for u in uploads]
     average = weighted_average([u.weights for u in uploads], coefs)  # Eq. 6
     generator = weighted_average([u.generator for u in uploads], coefs)  # Eq. 4
+    # the authors' code: one discriminator head, averaged as the classifier is
+    head = weighted_average([u.disc for u in uploads], coefs) if p.disc_head == "averaged" else None
     weights, metrics = average, {}
     if ctx.round >= p.distill_start_round:
         # the set comes from the generator broadcast this round (the clients' theta^g_t), not the new average
-        x = algo.distillation_set(ctx.modules, state.generator, algo.distill_seed(ctx.round), ctx.device)
-        teacher, metrics = ensemble_teacher(algo, uploads, x, ctx)
+        x, y = algo.distillation_data(ctx.modules, state.generator, ctx.round, ctx.device)
+        teacher, metrics = ensemble_teacher(algo, uploads, x, ctx, y)
         probs = teacher if p.ensemble == "probs" else soft_targets(teacher, p.temperature)
         weights, kd = distil(algo, average, x, probs, ctx)
         metrics.update(kd)
-    new = DaFKDServerState(weights=weights, generator=generator, average=average if p.eval_average else None)
+    new = DaFKDServerState(weights=weights, generator=generator, average=average if p.eval_average else None,
+                           disc=head)
     return new, metrics
 
 
@@ -184,7 +204,7 @@ def probe_diagnostics(algo: "DaFKD", uploads: list["DaFKDUpload"], probe: "Diagn
       images of the test image's true class: which client the image most likely comes from).
     """
     p = algo.params
-    if not p.correlation or p.private_discriminator or len(uploads) < 2:
+    if algo.weighting != "discriminator" or p.private_discriminator or len(uploads) < 2:
         return {}  # no discriminators at the server (Appendix B keeps them on the clients)
     own_x = [probe.client_x[c] for c in client_ids]
     s, f_test = stacked_client_outputs(algo, ctx.modules, uploads, probe.test_x)

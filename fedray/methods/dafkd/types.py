@@ -45,6 +45,16 @@ class DaFKDParams(BaseModel):
     temperature: float = Field(default=1.0, gt=0)
     distill_start_round: int = Field(default=1, ge=1, description="authors' code: 2 (no distillation in round 1)")
     alpha_eps: float = Field(default=1e-8, gt=0, description="added to every f_k in Eq. 7")
+    alpha_source: Literal["discriminator", "oracle", "uniform"] = Field(
+        default="discriminator", description="Eq. 7's weights from the clients' discriminators (the method), from "
+        "the label-count oracle of Theorem 1 (each client's share of the sample's class; the clients upload their "
+        "label counts), or uniform (no correlation)")
+    distill_data: Literal["generated", "proxy"] = Field(
+        default="generated", description="distil on the generator's samples (the method) or on distill_samples "
+        "real images a round from the server's unlabelled data.server_data (isolates the generator)")
+    disc_head: Literal["own", "averaged"] = Field(
+        default="own", description="sharing: each client's own head, kept across rounds (Alg. 1 line 18), or one "
+        "head averaged by the server like the classifier and broadcast (the authors' code)")
     eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
     diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
                               "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
@@ -65,6 +75,7 @@ class DaFKDServerState(ServerState):
     weights: Weights  # w_t, the global classifier
     generator: Weights  # theta^g_t, the global generator
     average: Weights | None = None  # w_hat_t before distillation (kept only with eval_average)
+    disc: Weights | None = None  # disc_head=averaged: the averaged discriminator head, broadcast
 
 
 @dataclass
@@ -72,6 +83,7 @@ class DaFKDPayload(Payload):
     weights: Weights
     generator: Weights
     distill_seed: int | None = None  # only the private variant needs (and is sent) the shared noise seed
+    disc: Weights | None = None  # disc_head=averaged: the head every client starts from
 
 
 @dataclass
@@ -82,6 +94,7 @@ class DaFKDUpload(Upload):
     disc: Weights | None = None  # main variant with correlation: theta^d_k (the head only with sharing)
     weighted_outputs: torch.Tensor | None = None  # private: (f_k + eps) * s_k on the distillation set (N, C)
     output_weights: torch.Tensor | None = None  # private with correlation: f_k + eps (N,)
+    label_counts: torch.Tensor | None = None  # alpha_source=oracle: the client's label counts (C,) int64
 
 
 @dataclass

@@ -1,0 +1,137 @@
+"""DaFKD decomposed: where Eq. 7's weights come from (alpha_source: discriminator | oracle | uniform), what is
+distilled on (distill_data: generated | proxy) and the authors' averaged discriminator head (disc_head)."""
+
+import pytest
+import torch
+
+from fedray.config import load_config
+from fedray.errors import ConfigError
+from fedray.methods import resolve_experiment
+from fedray.methods.dafkd.server import oracle_weights
+from fedray.simulation import run_experiment
+from tests.methods.test_dafkd import _bytes, _run_rounds, dafkd_config
+
+PROXY = {"data__server_data__kind": "holdout", "data__server_data__per_class": 10,
+         "data__server_data__labelled": False, "data__server_data__keep_in_training": True}
+
+
+def test_oracle_weights_are_the_clients_shares_of_each_samples_class():
+    counts = torch.tensor([[30, 0, 5],   # client 1's label counts
+                           [10, 0, 15],  # client 2
+                           [0, 0, 0]])   # client 3 holds none of these classes
+    y = torch.tensor([0, 2, 2, 1])
+    alpha = oracle_weights(counts, y)
+    expected = torch.tensor([[0.75, 0.25, 0.25, 1 / 3], [0.25, 0.75, 0.75, 1 / 3], [0.0, 0.0, 0.0, 1 / 3]])
+    assert torch.allclose(alpha, expected)  # class 1: held by no client of the round, so uniform
+    assert torch.allclose(alpha.sum(0), torch.ones(4))
+
+
+def test_an_oracle_run_weighs_the_generated_classes_by_the_uploaded_label_counts(monkeypatch):
+    """The server's teacher weights on round 2 are the label-count shares of the sampled clients at the
+    conditional generator's classes; the counts go up with the uploads and are counted in bytes."""
+    from fedray.methods.dafkd import server
+
+    seen = {}
+    original = server.oracle_weights
+
+    def spy(counts, y):
+        seen["counts"], seen["y"], seen["alpha"] = counts.clone(), y.clone(), original(counts, y)
+        return seen["alpha"]
+
+    monkeypatch.setattr(server, "oracle_weights", spy)
+    cfg = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="oracle")
+    base = dafkd_config(algorithm__generator="conditional")
+    result, reference = run_experiment(cfg, progress=False), run_experiment(base, progress=False)
+    assert seen["y"].tolist() == (torch.arange(48) % 10).tolist()  # distill_samples=48, every class in turn
+    data_counts = torch.stack([torch.bincount(torch.as_tensor(_client_labels(cfg, c)), minlength=10)
+                               for c in _round_clients(cfg, 2)])
+    assert torch.equal(seen["counts"], data_counts)
+    k = cfg.federation.clients_per_round
+    disc_head = (84 + 1) * 4  # the discriminator head, which the oracle does not need
+    assert result.history[0]["comm/bytes_up"] == reference.history[0]["comm/bytes_up"] - k * disc_head + k * 8 * 10
+    assert result.history[-1]["server/alpha_entropy"] < 0.99  # non-IID shares: far from uniform
+
+
+def _round_clients(cfg, round_):
+    from fedray.data import build_federated_data
+    from fedray.seeding import sample_clients
+
+    data = build_federated_data(cfg.data, cfg.seed)
+    return sample_clients(cfg.seed, round_, data.num_clients, cfg.federation.clients_per_round)
+
+
+def _client_labels(cfg, client):
+    from fedray.data import build_federated_data
+
+    data = build_federated_data(cfg.data, cfg.seed)
+    return data.train_y[data.client_train[client]]
+
+
+def test_uniform_source_is_the_no_correlation_ablation():
+    uniform = run_experiment(dafkd_config(algorithm__alpha_source="uniform"), progress=False).history
+    no_corr = run_experiment(dafkd_config(algorithm__correlation=False), progress=False).history
+    assert uniform[-1]["eval/accuracy"] == no_corr[-1]["eval/accuracy"]
+    assert uniform[-1]["comm/bytes_up"] == no_corr[-1]["comm/bytes_up"]
+    assert uniform[-1]["server/alpha_entropy"] == pytest.approx(1.0)
+
+
+def test_proxy_distillation_never_reads_the_servers_labels():
+    """The same run with the server's images labelled and unlabelled ends with the same weights: the labels,
+    visible to the method in the first, are never read (the discriminators weigh). Distilling on the proxy
+    images is not distilling on generated ones."""
+    unlabelled = dafkd_config(algorithm__distill_data="proxy", **PROXY)
+    labelled = dafkd_config(algorithm__distill_data="proxy", **{**PROXY, "data__server_data__labelled": True})
+    a, b = _run_rounds(unlabelled, 2)[0], _run_rounds(labelled, 2)[0]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    generated = _run_rounds(dafkd_config(**PROXY), 2)[0]
+    assert not all(torch.equal(a[k], generated[k]) for k in a)
+
+
+def test_proxy_images_are_drawn_from_the_servers_data_anew_each_round():
+    cfg = dafkd_config(algorithm__distill_data="proxy", **PROXY)
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import data_spec, server_side_data
+
+    data = build_federated_data(cfg.data, cfg.seed)
+    algo = resolve_experiment(cfg).build(data_spec(data))
+    algo.server_data = server_side_data(data, torch.device("cpu"))
+    assert algo.server_data.y is None  # unlabelled: the runtime never hands the method the labels
+    x1, y1 = algo.distillation_data(None, None, 1, torch.device("cpu"))
+    x2, _ = algo.distillation_data(None, None, 2, torch.device("cpu"))
+    assert x1.shape == (48, 1, 16, 16) and y1 is None and not torch.equal(x1, x2)
+    assert torch.equal(x1, algo.distillation_data(None, None, 1, torch.device("cpu"))[0])  # seeded per round
+
+
+def test_an_averaged_head_is_the_mean_of_the_uploaded_heads_and_every_client_starts_from_it():
+    cfg = dafkd_config(algorithm__disc_head="averaged", algorithm__aggregation="uniform")
+    _, outcomes, server_state, client_states = _run_rounds(cfg, 2)
+    assert server_state.disc is not None
+    own = _run_rounds(dafkd_config(), 2)[2]
+    assert own.disc is None  # the paper's: no head at the server
+    # every client the last round trained ended from the same start; their heads' mean is the server's
+    heads = [client_states[c].disc for c in _round_clients(cfg, 2)]
+    mean = {k: torch.stack([h[k] for h in heads]).mean(0) for k in heads[0]}
+    assert all(torch.allclose(mean[k], server_state.disc[k], atol=1e-6) for k in mean)
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"algorithm__alpha_source": "oracle"}, "algorithm.alpha_source"),  # dcgan samples have no class
+    ({"algorithm__alpha_source": "oracle", "algorithm__distill_data": "proxy", **PROXY}, "algorithm.alpha_source"),
+    ({"algorithm__distill_data": "proxy"}, "data.server_data.kind"),
+    ({"algorithm__private_discriminator": True, "algorithm__alpha_source": "uniform"},
+     "algorithm.private_discriminator"),
+    ({"algorithm__correlation": False, "algorithm__alpha_source": "oracle", "algorithm__generator": "conditional"},
+     "algorithm.alpha_source"),
+    ({"algorithm__disc_head": "averaged", "algorithm__sharing": False}, "algorithm.disc_head"),
+])
+def test_combinations_that_cannot_run_are_refused_naming_the_key(over, key):
+    with pytest.raises(ConfigError) as e:
+        resolve_experiment(dafkd_config(**over))
+    assert e.value.key == key
+
+
+def test_oracle_on_labelled_proxy_images_runs():
+    cfg = dafkd_config(algorithm__alpha_source="oracle", algorithm__distill_data="proxy",
+                       **{**PROXY, "data__server_data__labelled": True})
+    h = run_experiment(cfg, progress=False).history
+    assert h[-1]["server/alpha_entropy"] < 0.99 and "server/disc_score_mean" not in h[-1]
