@@ -132,6 +132,10 @@ class ModelConfig(_Strict):
     client_models: list[str] | None = Field(
         default=None, description="per-client architectures, assigned round-robin: client k gets entry "
         "k mod len; absent: every client uses model.name")
+    init: str | None = Field(
+        default=None, description="start the model (and clients' models of the same architecture) from these "
+        "weights: a state dict file (e.g. a run's model.pt) or torchvision:<weights name>; checked for shape "
+        "before the run")
 
     def client_architecture(self, client_id: int) -> str:
         """The architecture client ``client_id`` trains."""

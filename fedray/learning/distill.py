@@ -41,6 +41,14 @@ def kd_kl_probs(student_logits: Tensor, teacher_probs: Tensor, temperature: floa
     return row_mean(kl_rows(teacher_probs, F.log_softmax(student_logits / temperature, dim=-1)), rows) * temperature**2
 
 
+def kd_kl_reverse(student_logits: Tensor, teacher_probs: Tensor, temperature: float = 1.0) -> Tensor:
+    """KL(softmax(s / T) || teacher_probs) * T^2, batch-mean: the student's distribution first (the reverse, mode-
+    seeking direction: the student avoids classes the teacher gives ~0). Teacher probabilities are floored at
+    1e-12 so that a class the teacher rules out costs much, not infinitely."""
+    log_p = F.log_softmax(student_logits / temperature, dim=-1)
+    return (log_p.exp() * (log_p - teacher_probs.clamp_min(1e-12).log())).sum(-1).mean() * temperature**2
+
+
 def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float = 1.0,
           rows: Tensor | None = None) -> Tensor:
     """KL(softmax(t / T) || softmax(s / T)) * T^2, batch-mean: the convention's temperature KD (``rows``: as
@@ -59,22 +67,24 @@ def normalised_entropy(weights: Tensor, dim: int = 0) -> Tensor:
 
 class KDSteps:
     """A server's distillation steps on a fixed set: ``step(idx)`` takes one optimizer step of ``model`` on
-    ``kd_kl_probs(model(inputs(idx)), targets[idx], T) / divide_by`` for the host batch index ``idx`` and returns the
-    loss (a tensor of its own). With ``cuda_graphs`` on a GPU and fedray's SGD, the step - the same kernels on
+    ``kd_kl_probs(model(inputs(idx)), targets[idx], T) / divide_by`` (``reverse``: :func:`kd_kl_reverse`) for the
+    host batch index ``idx`` and returns the loss (a tensor of its own). With ``cuda_graphs`` on a GPU and fedray's SGD, the step - the same kernels on
     another batch index - is replayed as a CUDA graph after two eager ones (:class:`fedray.learning.cuda_graphs.GraphedStep`;
     fedray's Adam keeps its step counts on the host, which a replay would not advance): the same numbers, without
     the host issuing a few hundred kernels a step. Steps run inside :meth:`running`; other work between them
     (an early-stopping evaluation) is fine, it leaves the optimizer's state where it was."""
 
     def __init__(self, model: torch.nn.Module, opt, inputs: Callable[[Tensor], Tensor], targets: Tensor,
-                 temperature: float, device: torch.device, cuda_graphs: bool, what: str, divide_by: float = 1.0):
+                 temperature: float, device: torch.device, cuda_graphs: bool, what: str, divide_by: float = 1.0,
+                 reverse: bool = False):
         self.model, self.opt, self.inputs, self.targets = model, opt, inputs, targets
         self.temperature, self.divide_by, self.device = temperature, divide_by, device
+        self.loss = kd_kl_reverse if reverse else kd_kl_probs  # reverse: KL(student || teacher)
         self.graph = GraphedStep(device, self._step, what) if cuda_graphs and isinstance(opt, optim.SGD) else None
 
     def _step(self, key: None, inp: dict[str, Tensor]) -> Tensor:
         idx = inp["index"]
-        loss = kd_kl_probs(self.model(self.inputs(idx)), self.targets[idx], self.temperature)
+        loss = self.loss(self.model(self.inputs(idx)), self.targets[idx], self.temperature)
         if self.divide_by != 1.0:
             loss = loss / self.divide_by
         self.opt.zero_grad()

@@ -36,6 +36,7 @@ class DistillSettings:
     val_fraction: float = 0.0  # held out for early stopping; 0 = no early stopping
     patience: int = 0  # evaluations without a better agreement before stopping
     eval_every: int = 50  # steps between early-stopping evaluations
+    reverse_kl: bool = False  # KL(student || ensemble) instead of the usual KL(ensemble || student)
 
 
 def normalised(x: torch.Tensor, spec) -> torch.Tensor:
@@ -84,7 +85,7 @@ def distil(model: torch.nn.Module, start: Weights, x: torch.Tensor, targets: tor
     best, best_weights, since, losses, pos, perm = -1.0, None, 0, [], 0, train[torch.randperm(len(train), generator=g)]
     stopped_at = steps
     kd = KDSteps(model, opt, lambda idx: normalised(x[idx], spec), targets, s.temperature, x.device, cuda_graphs,
-                 "the server's distillation step")
+                 "the server's distillation step", reverse=s.reverse_kl)
     with kd.running():
         for step in range(1, steps + 1):
             if pos >= len(perm):

@@ -51,6 +51,7 @@ from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, 
 from fedray.learning.training import ClientUpdate, LocalTraining, is_weights_only, weights_only
 from fedray.learning.weights import Weights, clone_weights
 from fedray.models import build_model
+from fedray.models.init import apply_init
 from fedray.seeding import derive_seed
 from fedray.validation import config_error
 
@@ -175,6 +176,8 @@ class Algorithm(ABC, Generic[Params, Modules]):
         with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
             torch.manual_seed(derive_seed(self.cfg.seed, "client-model", client_id) % (1 << 63))
             model = build_model(arch, self.spec.input_shape, self.spec.num_classes)
+        if arch == self.cfg.model.name:  # model.init: every model of the global architecture starts from it
+            apply_init(model, self.cfg.model.init, arch, self.spec.input_shape, self.spec.num_classes)
         return PersonalModel(client_id=client_id, architecture=arch, weights=clone_weights(model))
 
 

@@ -15,7 +15,12 @@ The server holds unlabelled data of another domain (``data.server_data.kind=doma
   FedAvg) or from its global model (heterogeneous). For each server image x: r_k = cos(B(x), P_k B(x)) with
   the backbone the clients used (the broadcast model), alpha = softmax((r - mean r) / std r) over the
   clients (Eq. 6), the teacher y_hat = sum_k alpha_k softmax(h_k(x) / T) (Eq. 7), and the student is
-  trained on KL(y_hat || student) (Eq. 8) for ``distill_epochs`` passes (the paper: 1) with momentum SGD.
+  trained on KL(y_hat || student) (Eq. 8) for ``distill_epochs`` passes (the paper: 1) with momentum SGD, its
+  lr following the clients' ``federation.lr_schedule``. Eq. 8's text writes D_KL(h(x) || y_hat), the student
+  first; the default is the usual distillation direction, which the authors' code minimises and which keeps
+  the student covering every class the weighted teachers give mass to (the reverse is mode-seeking: with a
+  mixture of teachers it can settle on one teacher's classes). ``kl_direction=student_teacher`` is the
+  text's order.
 - ``weighting`` = ``soft`` (Eq. 6), ``onehot`` (only the highest-weighted teacher), ``avg`` (uniform) or
   ``random`` (softmax of seeded Gaussian noise): Table 1's rows.
 
@@ -72,6 +77,9 @@ class FedD3AParams(BaseModel):
     distill_batch_size: int = Field(default=256, ge=1, description="the paper: 256")
     distill_epochs: float = Field(default=1.0, gt=0, description="passes over the server data (the paper: 1)")
     temperature: float = Field(default=1.0, gt=0)
+    kl_direction: Literal["teacher_student", "student_teacher"] = Field(
+        default="teacher_student", description="Eq. 8's KL: KL(y_hat || h), the usual distillation direction and the "
+        "authors' code's, or KL(h || y_hat), the order Eq. 8's text writes (mode-seeking)")
     hetero_kd_weight: float = Field(default=1.0, ge=0, description="heterogeneous clients: weight of KL to "
                                     "the global teacher")
 
@@ -207,8 +215,11 @@ class FedD3A(Algorithm):
         targets = torch.einsum("nk,knc->nc", alpha, probs)  # Eq. 7
         start = (weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
                  if not self.heterogeneous else state.weights)
-        settings = DistillSettings(lr=p.distill_lr, optimizer=p.distill_optimizer, batch_size=p.distill_batch_size,
-                                   epochs=p.distill_epochs, temperature=p.temperature)
+        fed = self.cfg.federation
+        # the server's lr follows the clients' schedule (federation.lr_schedule): the same factor each round
+        settings = DistillSettings(lr=p.distill_lr * fed.lr_at(ctx.round) / fed.lr, optimizer=p.distill_optimizer,
+                                   batch_size=p.distill_batch_size, epochs=p.distill_epochs,
+                                   temperature=p.temperature, reverse_kl=p.kl_direction == "student_teacher")
         weights, metrics = distil(m.model, start, x, targets, self.spec, settings, derive_seed(ctx.seed, "fedd3a/distill"),
                                   ctx.cuda_graphs)
         metrics.update({"server/alpha_entropy": float(normalised_entropy(alpha, dim=1).mean()),

@@ -120,6 +120,11 @@ def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
                               f"train model.name={cfg.model.name}, not {', '.join(others)}; drop "
                               "model.client_models or use a method with per-client models "
                               f"({', '.join(n for n, c in sorted(ALGORITHMS.items()) if not c.shared_architecture)})")
+    if cfg.model.init:  # read and checked against the model for this data's shape, before any work
+        from fedray.data.datasets import input_spec
+        from fedray.models.init import initial_weights
+
+        initial_weights(cfg.model.init, cfg.model.name, *input_spec(cfg.data))
     return Experiment(cfg, method, params)
 
 

@@ -22,6 +22,7 @@ from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
 from fedray.report.metrics import Evaluator, eval_layout
 from fedray.models import build_model
+from fedray.models.init import apply_init
 from fedray.models.base import channels_last_if_faster
 from fedray.learning.training import ClientUpdate, LocalTraining, StepwiseTraining, run_update
 from fedray.learning.weights import leaves, nbytes
@@ -83,7 +84,10 @@ def _build(exp: Experiment, data: FederatedData, device: torch.device) -> tuple[
     algo = exp.build(data_spec(data))
     # Seeded so that the initial global model is a function of the run seed alone.
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
-    return algo, _to_device(algo.build_modules(), device, cpu_channels_last(cfg, device))
+    modules = algo.build_modules()
+    if cfg.model.init and hasattr(modules, "model"):  # model.init: the global model starts from given weights
+        apply_init(modules.model, cfg.model.init, cfg.model.name, algo.spec.input_shape, algo.spec.num_classes)
+    return algo, _to_device(modules, device, cpu_channels_last(cfg, device))
 
 
 class ClientWorkerCore:

@@ -158,15 +158,17 @@ def test_feddf_server_step_distils_the_softmax_of_the_mean_logits_into_the_avera
     assert "head.bias" in moved  # trained from the average for its one step
 
 
-def test_fedd3a_server_step_weights_each_teacher_by_eq6_and_mixes_their_softmaxes_by_eq7():
+@pytest.mark.parametrize("direction", ["teacher_student", "student_teacher"])
+def test_fedd3a_server_step_weights_each_teacher_by_eq6_and_mixes_their_softmaxes_by_eq7(direction):
     """Two clients: P_1 = I keeps every feature (r_1 = cos(u, u) = 1), P_2 = 0 none (r_2 = 0, by definition), so
     Eq. 6 gives alpha = softmax((r - mean r) / std r) = softmax(1/sqrt 2, -1/sqrt 2) on every image, and Eq. 7's
-    teacher is alpha_1 softmax(b_1 / T) + alpha_2 softmax(b_2 / T)."""
+    teacher is alpha_1 softmax(b_1 / T) + alpha_2 softmax(b_2 / T). Eq. 8's loss is KL(teacher || student), or
+    with kl_direction=student_teacher the order its text writes, KL(student || teacher)."""
     from fedray.methods.fedd3a import FedD3A, FedD3AUpload
 
     t = 2.0
     cfg = validate_experiment(tiny_config(algorithm__name="fedd3a", algorithm__temperature=t,
-                                          algorithm__distill_epochs=1, **SERVER))
+                                          algorithm__distill_epochs=1, algorithm__kl_direction=direction, **SERVER))
     algo = FedD3A(cfg, SPEC)
     algo.server_data = ServerSideData(x=torch.full((8, 1, 16, 16), 200, dtype=torch.uint8), y=None)
     modules = algo.build_modules()
@@ -190,7 +192,42 @@ def test_fedd3a_server_step_weights_each_teacher_by_eq6_and_mixes_their_softmaxe
     assert metrics["server/alpha_max_mean"] == pytest.approx(alpha[0])
     h = -sum(a * math.log(a) for a in alpha) / math.log(2)
     assert metrics["server/alpha_entropy"] == pytest.approx(h)
-    assert metrics["server/kd_loss_first"] == pytest.approx(t * t * _kl(teacher, student), rel=1e-5)
+    kl = _kl(teacher, student) if direction == "teacher_student" else _kl(student, teacher)
+    assert metrics["server/kd_loss_first"] == pytest.approx(t * t * kl, rel=1e-5)
+
+
+def test_the_servers_distillation_lr_follows_the_clients_schedule(monkeypatch):
+    """With federation.lr_schedule=cosine the server's distill_lr is scaled as the clients' lr is, each round."""
+    import fedray.methods.fedd3a as fedd3a
+
+    seen = []
+    original = fedd3a.distil
+    monkeypatch.setattr(fedd3a, "distil", lambda *a, **k: seen.append(a[5].lr) or original(*a, **k))
+    cfg = tiny_config(algorithm__name="fedd3a", algorithm__distill_lr=0.1, federation__lr=0.05,
+                      federation__lr_schedule="cosine", federation__lr_min=0.005, federation__rounds=3, **SERVER)
+    run_experiment(cfg, progress=False)
+    fed = cfg.federation
+    assert seen == pytest.approx([0.1 * fed.lr_at(r) / fed.lr for r in (1, 2, 3)])
+    assert seen[0] == pytest.approx(0.1) and seen[-1] == pytest.approx(0.01)
+
+
+def test_random_weighting_draws_fresh_noise_each_round(monkeypatch):
+    import fedray.methods.fedd3a as fedd3a
+
+    drawn = {}  # seed -> the random weights drawn with it (the diagnostics redraw the round's, with its seed)
+    original = fedd3a.weights_for
+
+    def spy(kind, r, seed):
+        out = original(kind, r, seed)
+        if kind == "random":
+            drawn[seed] = out
+        return out
+
+    monkeypatch.setattr(fedd3a, "weights_for", spy)
+    run_experiment(tiny_config(algorithm__name="fedd3a", algorithm__weighting="random", federation__rounds=2,
+                               **SERVER), progress=False)
+    first, second = drawn.values()  # one seed a round
+    assert first.shape == second.shape and not torch.allclose(first, second)
 
 
 @pytest.mark.parametrize("name", ["fedd3a", "feddf"])
