@@ -277,8 +277,13 @@ class MlflowTracker:
         model = final_model(cfg, facts, weights)
         example = None if isinstance(model, torch.nn.ModuleDict) else np.zeros((2, *facts["input_shape"]), np.float32)
         version = torch.__version__.split("+")[0]
-        previous = mlflow.get_tracking_uri()
-        mlflow.set_tracking_uri(self.uri)  # log_model writes through the fluent client's store
+        from mlflow.tracking import fluent
+
+        # log_model writes through the fluent client, to its store and its active experiment (not the run's: left
+        # unset, the model would land in the Default experiment and ./mlruns); both are put back after
+        previous, experiment = mlflow.get_tracking_uri(), getattr(fluent, "_active_experiment_id", None)
+        mlflow.set_tracking_uri(self.uri)
+        mlflow.set_experiment(experiment_id=self.experiment_id)
         # Its warning that pickled models run code when loaded, on every run's console: said once, in the docs
         quiet = logging.getLogger("mlflow.pytorch")
         level = quiet.level
@@ -292,6 +297,7 @@ class MlflowTracker:
                           "personalised": isinstance(model, torch.nn.ModuleDict)})
         finally:
             mlflow.set_tracking_uri(previous)
+            fluent._active_experiment_id = experiment
             quiet.setLevel(level)
         return info.model_uri
 

@@ -77,6 +77,10 @@ def test_the_logged_model_loads_back_and_scores_the_runs_accuracy(tracked, store
     run = client.get_run(runs["a"])
     (output,) = run.outputs.model_outputs
     assert output.step == 3  # the last round
+    # filed in the run's experiment, its files in the store's artifact folder (not MLflow's Default, ./mlruns)
+    logged = client.get_logged_model(output.model_id)
+    assert logged.experiment_id == run.info.experiment_id
+    assert logged.artifact_location.startswith((root / "mlartifacts").as_uri())
     model = mlflow.pytorch.load_model(f"models:/{output.model_id}")
     cfg = load_config(str(root / "a" / "config.yaml"))
     data = build_federated_data(cfg.data, cfg.seed)
@@ -108,16 +112,18 @@ def test_run_labels_name_method_data_split_seed_and_searched_values():
     assert run_label(load_config("quickstart", {"data.partition": "iid"})).endswith("iid seed=0")
 
 
-def test_a_personalised_runs_clients_models_are_one_mlflow_model(tmp_path, store):
+def test_a_personalised_runs_clients_models_are_one_mlflow_model(tmp_path, store, monkeypatch):
     """``local``: every client its own model, of two architectures; the logged model is a ModuleDict by
     client id, and each client's model scores its clients.json figure on the global test set."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
     assert main(["run", *ARGS, "algorithm.name=local", "model.client_models=[lenet5,resnet8_bn]",
                  f"tracking.uri={uri}", "tracking.system_metrics_s=0", "--output-dir", str(tmp_path / "r"),
                  "--no-progress"]) == 0
     run_id = json.loads((tmp_path / "r" / "mlflow_run.json").read_text())["run_id"]
     run = MlflowClient(uri).get_run(run_id)
     store(uri)
+    assert not (tmp_path / "mlruns").exists()  # nothing in MLflow's default folder of the working directory
     assert not any(k.startswith("system/") for k in run.data.metrics)  # system_metrics_s=0: none
     models = mlflow.pytorch.load_model(f"models:/{run.outputs.model_outputs[0].model_id}")
     trained = sorted(torch.load(tmp_path / "r" / "model.pt", weights_only=True))  # the clients with a model
