@@ -2,7 +2,8 @@
 
 - ``run``: one experiment (a preset or YAML file plus dotted overrides), or ``--resume`` one from its checkpoint;
 - ``tune``: a Ray Tune sweep from a spec (``tune_configs/``);
-- ``report``: finished runs compared as a Markdown table (mean ± std over seeds) and learning curves;
+- ``report``: finished runs compared as a Markdown table (mean ± std over seeds) and learning curves; with
+  ``--clients RUN`` one run's spread over its clients, round by round (``clients.parquet``);
 - ``partition``: the clients' sample counts per label, optionally plotted;
 - ``models``: the model zoo, with parameters and feature size for a dataset.
 
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--by-method", default="algorithm.name", help="comma-separated keys naming a method")
     rep.add_argument("--by-setting", default="data.dataset,data.alpha", help="comma-separated keys of a setting")
     rep.add_argument("--out", help="also write the table to this Markdown file")
-    rep.add_argument("--plot", help="write learning curves (mean ± std over seeds) to this PNG")
+    rep.add_argument("--plot", help="write learning curves (mean ± std over seeds) to this PNG; with --clients, the "
+                     "clients' spread (default RUN/clients.png)")
+    rep.add_argument("--clients", metavar="RUN", help="one run's clients instead: per evaluated round the worst, "
+                     "median and best client accuracy, FM and WLP, and which client is worst (its clients.parquet)")
     parser.commands = sub.choices  # for intermixed parsing in main()
     return parser
 
@@ -343,6 +347,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.clients is not None:
+        return _report_clients(args)
     from fedray.report import report
 
     if args.out:
@@ -356,6 +362,34 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(markdown)
     if args.plot:
         print(f"learning curves written to {args.plot}")
+    return 0
+
+
+def _report_clients(args: argparse.Namespace) -> int:
+    """``fedray report --clients RUN [--plot PNG]``: the table of the run's client spread, and its plot."""
+    from fedray.report.clients import (TABLE_COLUMNS, client_history_path, most_often_worst, plot_client_spread,
+                                       round_spreads, run_title, shown_rounds, table_rows)
+    from fedray.report.console import comparison_table, make_console
+    from fedray.report.results import CLIENTS_PLOT_FILE
+
+    given = [flag for flag, value in (("RUNS", args.runs), ("--experiment", args.experiment),
+                                      ("--target", args.target), ("--out", args.out)) if value]
+    if given:
+        raise ConfigError("--clients", f"reports one run's clients, so {', '.join(given)} cannot come with it; "
+                          "report the runs' table without --clients")
+    path = client_history_path(args.clients)
+    plot = args.plot or str(Path(args.clients) / CLIENTS_PLOT_FILE)
+    _check_plot("--plot", plot)
+    spreads = round_spreads(path)
+    shown = shown_rounds(spreads)
+    title = run_title(args.clients, spreads[-1].clients)
+    some = f" ({len(shown)} of {len(spreads)} evaluated rounds)" if len(shown) < len(spreads) else ""
+    console = make_console()
+    console.print(comparison_table(table_rows(shown), TABLE_COLUMNS, title=title + some))
+    client, times = most_often_worst(spreads)
+    console.print(f"client {client} was the worst at {times} of {len(spreads)} evaluated round(s)", highlight=False)
+    written = plot_client_spread(spreads, plot, title=title)
+    console.print(f"client spread plotted to {written}", highlight=False, soft_wrap=True)
     return 0
 
 

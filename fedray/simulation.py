@@ -23,7 +23,8 @@ from fedray.report.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
-from fedray.report.results import EVAL_KEYS, claim_run_dir, clear_previous_run, final_figures, write_run_outputs
+from fedray.report.results import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
+                                   write_run_outputs)
 from fedray.methods import Experiment, resolve_experiment
 from fedray.runtime import Runtime, make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
@@ -90,8 +91,8 @@ def run_experiment(
     resume_from: str | Path | None = None,
     runtime: Runtime | None = None,
 ) -> RunResult:
-    """Run an experiment to the end; write ``summary.json``, ``history.parquet``, the config, the final model
-    and two plots (learning curve, partition).
+    """Run an experiment to the end; write ``summary.json``, ``history.parquet``, ``clients.parquet`` (every
+    evaluated client at every evaluation), the config, the final model and two plots (learning curve, partition).
 
     ``experiment``: resolved once (:func:`fedray.methods.resolve_experiment`), or a config resolved here before any
     work. ``runtime``: where to run it, from :func:`fedray.runtime.make_runtime` and not yet given data (the CLI
@@ -129,6 +130,10 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             restore_rng(ckpt["rng"])
         if output_dir is not None and ckpt is None and (removed := clear_previous_run(output_dir)):
             log.warning("%s held an earlier run: replaced (removed %s)", output_dir, ", ".join(removed))
+        # Each evaluation's per-client rows go to disk as they come (clients.parquet at the end); a resume keeps
+        # those up to its checkpoint's round.
+        client_history = (ClientHistory(output_dir, len(history) if ckpt is not None else None, resume_from)
+                          if output_dir is not None else None)
         started: list[RunHooks] = []  # a hook whose on_start raised gets on_error too (it may have begun a run)
         try:
             for hook in hooks:
@@ -140,7 +145,7 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
             with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
                 for r in range(len(history) + 1, fed.rounds + 1):
-                    row = _round(cfg, runtime, data, r)
+                    row = _round(cfg, runtime, data, r, client_history)
                     history.append(row)
                     bar.update(row)
                     if every and r % every == 0:
@@ -156,9 +161,12 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
                                 setup_bytes(exp.method, data))
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
-                write_run_outputs(out, cfg, data, history, summary, final_weights, clients)
+                write_run_outputs(out, cfg, data, history, summary, final_weights, clients, client_history,
+                                  [row["round"] for row in history if should_evaluate(cfg, row["round"])])
             result = RunResult(summary, history, out)
         except BaseException as exc:
+            if client_history is not None:
+                client_history.stopped()
             for hook in started:
                 hook.on_error(exc)
             raise
@@ -188,7 +196,8 @@ def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[st
     return out
 
 
-def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int) -> dict[str, Any]:
+def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
+           client_history: ClientHistory | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     clients = sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round)
     outcome = runtime.run_round(r, clients)
@@ -198,6 +207,8 @@ def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int) -> dict[
     evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
     row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
     row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
+    if evaluated and client_history is not None:
+        client_history.add(r, runtime.client_scores().columns())
     row["time/server_s"] = outcome.server_s
     row["time/round_s"] = time.perf_counter() - t0
     return row

@@ -5,7 +5,7 @@
 - **interrupted** after round 2 and resumed from its checkpoint, the WHOLE history is the uninterrupted run's, in
   process and on Ray (the server in the driver): a state left out of a checkpoint (FedGKD's buffer of past models,
   FedKF's generators and cache, DaFKD's discriminators, FedCD's and the isolated baseline's per-client models, an
-  optimizer's moments, a schedule) would resume to other numbers;
+  optimizer's moments, a schedule) would resume to other numbers; so is its clients.parquet, row for row;
 - **vectorised** clients (``runtime.vectorize=true``) give one round's weights and losses of the sequential runner,
   to tests/vectorized's tolerance, for every method whose clients return a training plan.
 
@@ -15,12 +15,19 @@ but not change the experiment.
 
 from __future__ import annotations
 
+import atexit
 import math
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from fedray.data import build_federated_data
+from fedray.report.results import CLIENT_HISTORY_FILE
 from fedray.simulation import run_experiment
 from tests.conftest import METHOD_CASES, built_in_methods, method_config, method_overrides, tiny_config
 from tests.vectorized.test_vectorized import _assert_same_weights, _one_round
@@ -73,6 +80,8 @@ def _config(case: str, **overrides):
 
 _DATA: dict[str, object] = {}
 _REFERENCE: dict[str, "_Run"] = {}
+_REFERENCE_DIRS = Path(tempfile.mkdtemp(prefix="fedray-test-reference-"))  # the reference runs' clients.parquet
+atexit.register(shutil.rmtree, _REFERENCE_DIRS, True)
 
 
 def _data(case: str):
@@ -102,15 +111,20 @@ def _summary(result) -> dict:
 class _Run:
     history: list[dict]
     summary: dict
+    clients: pa.Table  # clients.parquet
+
+
+def _clients(folder: Path) -> pa.Table:
+    return pq.read_table(folder / CLIENT_HISTORY_FILE)
 
 
 def _reference(case: str) -> _Run:
     """The uninterrupted in-process run's figures, computed once per case."""
     if case not in _REFERENCE:
-        result = run_experiment(_config(case), progress=False, data=_data(case))
+        result = run_experiment(_config(case), _REFERENCE_DIRS / case, progress=False, data=_data(case))
         assert [row["round"] for row in result.history] == list(range(1, ROUNDS + 1))
         assert "val/accuracy" in result.history[-1] and "eval/accuracy" in result.history[-1]
-        _REFERENCE[case] = _Run(_figures(result.history), _summary(result))
+        _REFERENCE[case] = _Run(_figures(result.history), _summary(result), _clients(_REFERENCE_DIRS / case))
     return _REFERENCE[case]
 
 
@@ -131,6 +145,7 @@ def test_an_interrupted_run_resumes_to_the_whole_uninterrupted_history(case, tmp
     resumed = run_experiment(cfg, tmp_path / "run", progress=False, resume_from=tmp_path / "run", data=_data(case))
     assert _figures(resumed.history) == _reference(case).history
     assert _summary(resumed) == _reference(case).summary
+    assert _clients(tmp_path / "run").equals(_reference(case).clients)
 
 
 @pytest.mark.ray
@@ -141,7 +156,8 @@ def test_on_ray_every_round_and_a_resume_give_the_in_process_history(case, ray_l
     Ray, one fresh worker and the server in the driver (the default without server resources). Every figure of every
     round is the in-process uninterrupted run's: rounds 1-2 say Ray computes what the process does, round 3 that a
     checkpoint written on Ray holds all the state and loads back into Ray. (An actor's start costs ~1.5 s of CPU:
-    three actors a case, not the seven of an uninterrupted Ray run beside this one.)"""
+    three actors a case, not the seven of an uninterrupted Ray run beside this one.) Its clients.parquet is the
+    in-process one, row for row."""
     server_in_driver = "auto" if case in SERVER_ACTOR_BUGS else False
     first = _config(case, runtime__backend="ray", runtime__server_in_driver=server_in_driver,
                     runtime__checkpoint_every=1)
@@ -155,6 +171,7 @@ def test_on_ray_every_round_and_a_resume_give_the_in_process_history(case, ray_l
     assert got[:CRASH_AFTER] == want[:CRASH_AFTER], "on Ray the rounds differ from in-process"
     assert got[CRASH_AFTER:] == want[CRASH_AFTER:], "resumed on Ray from a Ray checkpoint, the rounds differ"
     assert _summary(resumed) == _reference(case).summary
+    assert _clients(tmp_path / "run").equals(_reference(case).clients), "clients.parquet differs from in-process"
 
 
 @pytest.mark.ray

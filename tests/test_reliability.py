@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import cloudpickle
+import pyarrow.parquet as pq
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -218,11 +219,15 @@ def test_sigkilled_run_resumes_to_identical_figures(when, extra, tmp_path):
         proc.kill()
     killed_at = _ckpt_round(out)
     assert 2 <= killed_at < 5 and not (out / "summary.json").exists()
+    assert not (out / "clients.parquet").exists()  # written only when the run has finished
     done = subprocess.run([sys.executable, "-m", "fedray.cli", "run", "--resume", str(out), "--no-progress"],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     resumed = json.loads((out / "summary.json").read_text())
     assert {k: resumed[k] for k in FIGURES} == {k: reference[k] for k in FIGURES}
+    clients = pq.read_table(out / "clients.parquet")  # each (round, client) once: none lost, none from the killed round
+    assert list(zip(clients["round"].to_pylist(), clients["client"].to_pylist())) == [
+        (r, c) for r in range(1, 6) for c in range(6)]
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("fedray").experiment_id])
     assert [r.info.status for r in runs] == ["FINISHED"]  # the same MLflow run, continued

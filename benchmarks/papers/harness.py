@@ -12,8 +12,9 @@ a ``fedray run`` output directory). The harness
 - keeps the record of how the runs were made (date, commit, device, command) in ``OUT/<name>.json``, so that
   ``--report-only`` rebuilds ``OUT/<name>.md`` from the run folders digit for digit, on any machine.
 
-The run folders are committed (``summary.json``, ``history.parquet``, ``config.yaml``, ``clients.json``;
-``.gitignore`` leaves out checkpoints and plots, and the harness deletes ``model.pt`` unless asked to keep it).
+The run folders are committed (``summary.json``, ``history.parquet``, ``clients.parquet``, ``config.yaml``,
+``clients.json``; ``.gitignore`` leaves out checkpoints, the per-client parts of runs in progress and plots, and
+the harness deletes ``model.pt`` unless asked to keep it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 :mod:`fedray.report.runs` loads finished runs (output directories or an MLflow experiment) as
 :class:`RunRecord`; :mod:`fedray.report.table` aggregates them over seeds into the papers' table form, and
-:mod:`fedray.report.curves` plots their learning curves.
+:mod:`fedray.report.curves` plots their learning curves. :mod:`fedray.report.clients` reports one run's clients
+round by round (``--clients``).
 """
 
 from __future__ import annotations

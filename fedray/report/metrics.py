@@ -10,6 +10,10 @@
 
 For personalised methods acc_k is client k's own model on its own test split.
 
+Each evaluation's per-client figures (acc_k, the mean cross-entropy on the split, its size) are also kept
+per client (:class:`ClientScores`, the run's ``clients.parquet``), so AMP, FM and WLP can be recomputed, and
+followed client by client, after the run.
+
 - ``val/accuracy`` (with ``data.val_per_class``): the same as ``eval/accuracy`` on the validation set held
   out of the training set, the figure to select hyperparameters by; the test set stays for reporting.
 
@@ -19,10 +23,12 @@ All are fractions in 0..1; FM is in fraction^2 units (FedKF's tables print it x 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedray.data.federated import FederatedData, to_float
 from fedray.models.base import channels_last_if_faster
@@ -39,6 +45,37 @@ def client_metrics(correct: np.ndarray, total: np.ndarray) -> dict[str, float]:
     }
 
 
+@dataclass
+class ClientScores:
+    """One evaluation's figures per evaluated client: every client with a nonempty local test split (one
+    without has no acc_k, and AMP / FM / WLP leave it out too), in client-id order. ``loss_sum`` is the
+    cross-entropy summed over the split, so that the mean is exact however the samples were batched.
+    Personalised methods also give each client's own model on the global test set (``global_correct`` of
+    ``global_samples``) and on the validation set when there is one."""
+
+    client: np.ndarray
+    correct: np.ndarray
+    samples: np.ndarray
+    loss_sum: np.ndarray
+    global_correct: np.ndarray | None = None
+    global_samples: np.ndarray | None = None
+    val_correct: np.ndarray | None = None
+    val_samples: np.ndarray | None = None
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The columns of ``clients.parquet`` (without ``round``): ``accuracy`` is acc_k exactly as
+        :func:`client_metrics` computes it, so FM and WLP recomputed from the column are the logged ones."""
+        samples = self.samples.astype(np.int64)
+        cols = {"client": self.client.astype(np.int64), "accuracy": self.correct / samples,
+                "loss": self.loss_sum / samples, "correct": np.rint(self.correct).astype(np.int64),
+                "samples": samples}
+        if self.global_correct is not None:
+            cols["global_accuracy"] = self.global_correct / np.maximum(self.global_samples, 1)
+        if self.val_correct is not None and self.val_samples.any():
+            cols["val_accuracy"] = self.val_correct / np.maximum(self.val_samples, 1)
+        return cols
+
+
 def personal_metrics(counts: np.ndarray) -> dict[str, float]:
     """``eval/*`` of personalised methods from per-client rows (correct on own test split, own test split
     size, correct on the global test set, its size, correct on the validation set, its size): AMP / FM / WLP
@@ -51,6 +88,17 @@ def personal_metrics(counts: np.ndarray) -> dict[str, float]:
     if len(counts) and counts[:, 5].any():
         metrics["val/accuracy"] = float(np.mean(counts[:, 4] / np.maximum(counts[:, 5], 1)))
     return metrics
+
+
+def personal_scores(counts: np.ndarray, loss_sums: np.ndarray) -> ClientScores:
+    """:class:`ClientScores` of a personalised evaluation from the rows of :func:`personal_metrics` (client-id
+    order, every registered client) and each client's summed cross-entropy on its own test split."""
+    counts = np.asarray(counts, dtype=np.float64).reshape(-1, 6)
+    has = counts[:, 1] > 0
+    own = counts[has]
+    return ClientScores(client=np.flatnonzero(has), correct=own[:, 0], samples=own[:, 1].astype(np.int64),
+                        loss_sum=np.asarray(loss_sums, dtype=np.float64)[has], global_correct=own[:, 2],
+                        global_samples=own[:, 3], val_correct=own[:, 4], val_samples=own[:, 5])
 
 
 #: On a CPU the evaluator forwards at most this many samples at once (``federation.eval_batch_size`` still
@@ -123,6 +171,19 @@ class EvalIndex:
         metrics.update(client_metrics(correct, total))
         return metrics
 
+    def client_scores(self, ok: np.ndarray, loss: np.ndarray) -> ClientScores:
+        """Per-client figures from every sample's correctness and cross-entropy (:meth:`Evaluator.score`):
+        the counts :meth:`metrics` computes AMP / FM / WLP from, and the summed loss (float64 sums of the
+        float32 per-sample losses, in sample order: the same wherever the batches were scored)."""
+        local = ok[self.val_stop :]
+        correct = np.bincount(self.client_of, weights=local, minlength=self.num_clients)
+        total = np.bincount(self.client_of, minlength=self.num_clients)
+        loss_sum = np.bincount(self.client_of, weights=np.asarray(loss[self.val_stop :], dtype=np.float64),
+                               minlength=self.num_clients)
+        has = total > 0
+        return ClientScores(client=np.flatnonzero(has), correct=correct[has], samples=total[has],
+                            loss_sum=loss_sum[has])
+
 
 def _ranges(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, hi)) for s in range(lo, hi, step)]
@@ -167,13 +228,25 @@ class Evaluator:
         return x
 
     @torch.inference_mode()
-    def correct(self, model: torch.nn.Module, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
-        """Whether ``model`` (in eval mode) predicts each sample of each (start, stop) range right."""
+    def score(self, model: torch.nn.Module, ranges: list[tuple[int, int]],
+              losses: bool = True) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """For each (start, stop) range: whether ``model`` (in eval mode) predicts each sample right, and with
+        ``losses`` each sample's cross-entropy (float32; one log-softmax over logits already computed, next
+        to nothing beside the forward pass). The predictions are those of :meth:`correct`."""
         out = []
         for start, stop in ranges:
-            pred = model(self._batch(start, stop)).argmax(1).cpu().numpy()
-            out.append(pred == self.y[start:stop])
+            logits = model(self._batch(start, stop))
+            ok = logits.argmax(1).cpu().numpy() == self.y[start:stop]
+            ce = None
+            if losses:
+                y = torch.from_numpy(np.asarray(self.y[start:stop], dtype=np.int64)).to(logits.device)
+                ce = F.cross_entropy(logits.float(), y, reduction="none").cpu().numpy()
+            out.append((ok, ce))
         return out
+
+    def correct(self, model: torch.nn.Module, ranges: list[tuple[int, int]]) -> list[np.ndarray]:
+        """Whether ``model`` (in eval mode) predicts each sample of each (start, stop) range right."""
+        return [ok for ok, _ in self.score(model, ranges, losses=False)]
 
     def chunks(self) -> list[tuple[int, int]]:
         return self.index.chunks(self.batch_size)
@@ -181,13 +254,20 @@ class Evaluator:
     def personal_counts(self, model: torch.nn.Module, client_id: int) -> tuple[int, ...]:
         """Client ``client_id``'s own ``model`` (weights loaded): (correct, samples) on its own test split,
         on the global test set, then on the validation set -- one row of :func:`personal_metrics`."""
+        return self.personal_scores(model, client_id)[0]
+
+    def personal_scores(self, model: torch.nn.Module, client_id: int) -> tuple[tuple[int, ...], float]:
+        """:meth:`personal_counts`' row, and the cross-entropy of ``model`` summed over the client's own test
+        split (scored in the same fixed batches on every runtime, so the same float)."""
         model.eval()
         lo, hi = int(self.index.local_start[client_id]), int(self.index.local_start[client_id + 1])
-        row: list[int] = []
-        for start, stop in ((lo, hi), (0, self.index.num_test), (self.index.num_test, self.index.val_stop)):
+        own = self.score(model, _ranges(lo, hi, self.batch_size))
+        row = [int(sum(ok.sum() for ok, _ in own)), hi - lo]
+        for start, stop in ((0, self.index.num_test), (self.index.num_test, self.index.val_stop)):
             row += [int(sum(o.sum() for o in self.correct(model, _ranges(start, stop, self.batch_size)))),
                     stop - start]
-        return tuple(row)
+        loss_sum = float(np.concatenate([ce for _, ce in own]).astype(np.float64).sum()) if own else 0.0
+        return tuple(row), loss_sum
 
     def load(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
         assert self.model is not None, "scoring a global model: build the Evaluator with one"
@@ -198,6 +278,13 @@ class Evaluator:
         """``eval/*`` of the global model ``weights`` on the whole evaluation set."""
         ok = self.correct(self.load(weights), self.chunks())
         return self.index.metrics(np.concatenate(ok) if ok else np.zeros(0, bool))
+
+    def evaluation(self, weights: dict[str, torch.Tensor]) -> tuple[dict[str, float], ClientScores]:
+        """:meth:`evaluate`'s figures and the per-client ones (:meth:`EvalIndex.client_scores`)."""
+        scored = self.score(self.load(weights), self.chunks())
+        ok = np.concatenate([o for o, _ in scored]) if scored else np.zeros(0, bool)
+        ce = np.concatenate([c for _, c in scored]) if scored else np.zeros(0, np.float32)
+        return self.index.metrics(ok), self.index.client_scores(ok, ce)
 
 
 def rounds_to_target(rounds: Sequence[int], values: Sequence[float | None], target: float) -> int | None:

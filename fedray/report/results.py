@@ -6,6 +6,10 @@ A finished ``fedray run`` leaves in its directory:
 - ``history.parquet`` (:data:`HISTORY_FILE`): one row per round (``round``, ``eval/*``, ``comm/*``, ...);
 - ``curves.png`` / ``partition.png`` (:data:`CURVES_FILE` / :data:`PARTITION_FILE`): the learning curve
   and the data partition;
+- ``clients.parquet`` (:data:`CLIENT_HISTORY_FILE`): one row per evaluated client and evaluated round
+  (``round``, ``client``, ``accuracy``, ``loss``, ``correct``, ``samples``; personalised methods add
+  ``global_accuracy`` and, with a validation set, ``val_accuracy``), written during the run as one part per
+  evaluation (:class:`ClientHistory`) and put together at the end;
 - ``model.pt`` (:data:`MODEL_FILE`): the final global weights;
 - ``summary.json`` (:data:`SUMMARY_FILE`): the final figures. It is written last, so its presence marks a
   finished run (:func:`is_finished`);
@@ -19,7 +23,9 @@ module knows nothing of MLflow (:mod:`fedray.report.tracking`) or of the console
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
@@ -43,11 +49,15 @@ CURVES_FILE = "curves.png"
 PARTITION_FILE = "partition.png"
 MODEL_FILE = "model.pt"
 CLIENTS_FILE = "clients.json"  # personalised methods: each client's own model at the last evaluation
+CLIENT_HISTORY_FILE = "clients.parquet"  # every method: each evaluated client at every evaluation
+CLIENT_PARTS_DIR = ".clients-parts"  # clients.parquet's parts while the run goes on (ClientHistory)
+CLIENTS_PLOT_FILE = "clients.png"  # fedray report --clients RUN's plot when no --plot is given
 MLFLOW_RUN_FILE = "mlflow_run.json"
 LOCK_FILE = ".fedray.lock"  # held while a run writes the folder (claim_run_dir)
 
 # What a finished run leaves in its output directory (and logs to MLflow as artifacts).
-RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CURVES_FILE, PARTITION_FILE, MODEL_FILE)
+RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CLIENT_HISTORY_FILE, CURVES_FILE, PARTITION_FILE,
+                MODEL_FILE)
 OPTIONAL_FILES = (CLIENTS_FILE,)  # left by some runs only (personalised methods)
 
 # The evaluation columns of a history row; ``None`` in rounds that were not evaluated.
@@ -122,12 +132,105 @@ def plot_learning_curve(history: list[dict[str, Any]], path: Path, title: str = 
     return path
 
 
+class ClientHistory:
+    """``clients.parquet`` as a run writes it: each evaluation's rows go at once to a part file of their own in
+    :data:`CLIENT_PARTS_DIR` (``round-00000012.parquet``, written to a temporary name, synced and renamed), so
+    the driver holds one evaluation's rows at a time, however many clients and rounds; :meth:`finish` puts the
+    parts together, one at a time, into ``clients.parquet`` when the run has finished.
+
+    A killed run leaves its parts beside its checkpoint, never a ``clients.parquet``. Resumed from the
+    checkpoint of round R, the parts of rounds after R are removed (those rounds are run again) and those up
+    to R kept, so the finished file holds each evaluated (round, client) exactly once.
+    """
+
+    def __init__(self, out: str | Path, resume_round: int | None = None, resume_from: str | Path | None = None):
+        """A new run (``resume_round`` None): parts an earlier run left in ``out`` are removed. A run resumed
+        from the checkpoint of round ``resume_round`` (in ``resume_from``, default ``out``) keeps the parts up
+        to that round, copied over when the checkpoint's folder is another."""
+        self.parts = Path(out) / CLIENT_PARTS_DIR
+        if resume_round is None:
+            shutil.rmtree(self.parts, ignore_errors=True)
+            return
+        source = Path(resume_from) / CLIENT_PARTS_DIR if resume_from is not None else self.parts
+        for round_, path in self._found(source).items():
+            if round_ > resume_round:
+                path.unlink(missing_ok=True)  # from rounds after the checkpoint, run again now
+            elif source != self.parts and not (self.parts / path.name).exists():
+                self.parts.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, self.parts / path.name)
+
+    @staticmethod
+    def _found(folder: Path) -> dict[int, Path]:
+        if not folder.is_dir():
+            return {}
+        return {int(p.stem.split("-")[1]): p for p in folder.glob("round-*.parquet")}
+
+    def _part(self, round_: int) -> Path:
+        return self.parts / f"round-{round_:08d}.parquet"
+
+    def add(self, round_: int, columns: dict[str, Any]) -> None:
+        """Write evaluated round ``round_``'s rows (``columns``: equal-length arrays, one row per client)."""
+        n = len(next(iter(columns.values())))
+        table = pa.table({"round": pa.array([round_] * n, type=pa.int64()), **columns})
+        path = self._part(round_)
+        tmp = path.with_name(f".{path.name}.tmp")
+        self.parts.mkdir(parents=True, exist_ok=True)  # made here: a run stopped before it evaluates leaves none
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as fh:  # on disk before the round's checkpoint, which is synced too
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def finish(self, path: str | Path, rounds: list[int]) -> bool:
+        """Write ``clients.parquet`` at ``path`` (a temporary name, then renamed) from the parts of the
+        evaluated ``rounds``, in round order, one part in memory at a time. False, writing nothing, when a
+        round has no part (a run resumed from a checkpoint of a fedray that did not record them): a file
+        missing rounds would read as complete."""
+        if not rounds:  # a run evaluates at least its last round
+            return False
+        parts = [self._part(r) for r in rounds]
+        missing = [r for r, p in zip(rounds, parts) if not p.is_file()]
+        if missing:
+            logging.getLogger("fedray").warning(
+                "%s not written: no per-client figures of round(s) %s (the run was resumed from a checkpoint "
+                "written before fedray recorded them)", CLIENT_HISTORY_FILE, ", ".join(map(str, missing[:10]))
+                + (", ..." if len(missing) > 10 else ""))
+            return False
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        writer = None
+        try:
+            for part in parts:
+                table = pq.read_table(part)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+        finally:
+            if writer is not None:
+                writer.close()
+        os.replace(tmp, path)
+        return True
+
+    def discard(self) -> None:
+        """Remove the parts (once the run's files are written)."""
+        shutil.rmtree(self.parts, ignore_errors=True)
+
+    def stopped(self) -> None:
+        """The run stopped before its end: the parts stay for a resume when there is a checkpoint to resume
+        from; without one nothing can use them, and the run's folder is left as it would be without them."""
+        from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
+
+        if not (self.parts.parent / CHECKPOINT_FILE).is_file():
+            self.discard()
+
+
 def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData", history: list[dict[str, Any]],
-                      summary: dict[str, Any], weights: Any, clients: list[dict[str, Any]] | None = None) -> None:
+                      summary: dict[str, Any], weights: Any, clients: list[dict[str, Any]] | None = None,
+                      client_history: ClientHistory | None = None, evaluated: list[int] | None = None) -> None:
     """Write a finished run's files into ``out``: config, final weights, both plots, history, the
-    per-client figures of personalised methods (``clients.json``), and last ``summary.json``, whose
-    presence marks the run finished. The checkpoint, if any, is removed: a finished run has nothing to
-    resume."""
+    per-client history (``clients.parquet``, from ``client_history``'s parts of the ``evaluated`` rounds),
+    the per-client figures of personalised methods at the last evaluation (``clients.json``), and last
+    ``summary.json``, whose presence marks the run finished. The checkpoint, if any, is removed (a finished
+    run has nothing to resume), then the per-client parts."""
     import torch
 
     from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
@@ -142,10 +245,14 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     plot_partition(data, out / PARTITION_FILE,
                    title=f"{cfg.data.dataset}, {partition_label(cfg.data)}")
     write_history(out / HISTORY_FILE, history)
+    if client_history is not None:
+        client_history.finish(out / CLIENT_HISTORY_FILE, list(evaluated or []))
     if clients is not None:
         write_json(out / CLIENTS_FILE, clients)
     write_json(out / SUMMARY_FILE, summary)  # its presence marks a finished run
     (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume
+    if client_history is not None:  # after the checkpoint: a resume needs the parts up to its round
+        client_history.discard()
 
 
 @contextmanager
@@ -187,18 +294,22 @@ def claim_run_dir(out: str | Path) -> Iterator[Path]:
 
 
 def clear_previous_run(out: str | Path) -> list[str]:
-    """Remove what an earlier run left in ``out`` (its result files, ``clients.json``, checkpoint and MLflow run
-    file) before a new one starts there: killed midway, the new run would otherwise sit beside the old
-    ``summary.json``, which marks a finished run (``fedray report`` would show the old figures, ``--resume``
-    refuse the new checkpoint). Other files are left. Returns the names removed."""
+    """Remove what an earlier run left in ``out`` (its result files, ``clients.json``, the per-client parts and
+    plot, checkpoint and MLflow run file) before a new one starts there: killed midway, the new run would
+    otherwise sit beside the old ``summary.json``, which marks a finished run (``fedray report`` would show the
+    old figures, ``--resume`` refuse the new checkpoint). Other files are left. Returns the names removed."""
     from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
 
     removed = []  # summary.json first: stopped while clearing, the folder no longer claims a finished run
-    for name in dict.fromkeys((SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, MLFLOW_RUN_FILE, CHECKPOINT_FILE)):
+    for name in dict.fromkeys((SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, CLIENTS_PLOT_FILE, MLFLOW_RUN_FILE,
+                               CHECKPOINT_FILE)):
         path = Path(out) / name
         if path.is_file():
             path.unlink()
             removed.append(name)
+    if (Path(out) / CLIENT_PARTS_DIR).is_dir():
+        shutil.rmtree(Path(out) / CLIENT_PARTS_DIR)
+        removed.append(CLIENT_PARTS_DIR)
     return removed
 
 

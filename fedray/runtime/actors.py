@@ -145,6 +145,9 @@ class ServerActor:
     def evaluate(self) -> dict[str, float]:
         return self.core.evaluate()
 
+    def evaluation(self):
+        return self.core.evaluation()
+
     def eval_models(self):
         return self.core.eval_models()
 

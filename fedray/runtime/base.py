@@ -11,6 +11,7 @@ import torch
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError
+from fedray.report.metrics import ClientScores
 
 
 @dataclass
@@ -24,6 +25,8 @@ class RoundOutcome:
 class Runtime(ABC):
     #: Personalised methods: each client's figures at the last evaluation (set by ``evaluate``).
     _client_rows: list[dict] | None = None
+    #: Every method: the evaluated clients' figures at the last evaluation (set by ``evaluate``).
+    _client_scores: ClientScores | None = None
 
     @abstractmethod
     def attach(self, data: FederatedData) -> None:
@@ -47,6 +50,12 @@ class Runtime(ABC):
         """Personalised methods: each client's figures at the last evaluation (client, architecture,
         own-test-split and global-test accuracy); None otherwise or before any evaluation."""
         return self._client_rows
+
+    def client_scores(self) -> ClientScores | None:
+        """The last evaluation's figures per evaluated client (those with a local test split): the global
+        model's, or for personalised methods each client's own model's (``clients.parquet``'s rows); None
+        before any evaluation."""
+        return self._client_scores
 
     @abstractmethod
     def export_state(self) -> tuple[Any, dict[int, Any]]:

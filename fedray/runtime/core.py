@@ -20,7 +20,7 @@ from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, Mode
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
-from fedray.report.metrics import Evaluator, eval_layout
+from fedray.report.metrics import ClientScores, Evaluator, eval_layout
 from fedray.models import build_model
 from fedray.models.init import apply_init
 from fedray.models.base import channels_last_if_faster
@@ -187,10 +187,11 @@ class ClientWorkerCore:
         fed = self.cfg.federation
         return fed if fed.lr_schedule == "constant" else fed.model_copy(update={"lr": fed.lr_at(round_)})
 
-    def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple[int, ...]]:
+    def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple]:
         """Personalised evaluation: each client's own model on its own test split and on the global test
-        set (rows of :func:`fedray.report.metrics.personal_metrics`). A client that never trained is scored with
-        its initial model, which is built here and not kept."""
+        set (rows of :func:`fedray.report.metrics.personal_metrics`, then the cross-entropy summed over the own
+        test split). A client that never trained is scored with its initial model, which is built here and not
+        kept."""
         if self._evaluator is None:
             self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
         rows = []
@@ -198,7 +199,8 @@ class ClientWorkerCore:
             own = self.algo.personal_model(state if state is not None else self.algo.init_client_state(cid))
             model = self._eval_model(own.architecture)
             model.load_state_dict(own.weights)
-            rows.append(self._evaluator.personal_counts(model, cid))
+            counts, loss_sum = self._evaluator.personal_scores(model, cid)
+            rows.append((*counts, loss_sum))
         return rows
 
     def _eval_model(self, architecture: str) -> torch.nn.Module:
@@ -209,8 +211,10 @@ class ClientWorkerCore:
     def evaluate_global(self, models: dict[str, Weights], part: int, parts: int) -> dict[str, list]:
         """Part ``part`` of ``parts`` of a global-model evaluation spread over the workers (Ray): for each
         of ``models`` (see :func:`eval_models`), which samples of every ``part``-th fixed batch of the
-        evaluation set it predicts right, as [(start, stop, correct)]. The batches are those the server
-        scores in-process, so the figures are the same wherever the batches run."""
+        evaluation set it predicts right, as [(start, stop, correct, loss)], where loss is each sample's
+        cross-entropy for the global model (suffix "", the one ``clients.parquet`` records) and None for the
+        others. The batches are those the server scores in-process, so the figures are the same wherever the
+        batches run."""
         if self._evaluator is None:
             self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
         model = self._eval_model(self.cfg.model.name)
@@ -218,8 +222,8 @@ class ClientWorkerCore:
         out = {}
         for suffix, weights in models.items():
             model.load_state_dict(weights)
-            ok = self._evaluator.correct(model.eval(), ranges)
-            out[suffix] = [(start, stop, o) for (start, stop), o in zip(ranges, ok)]
+            scored = self._evaluator.score(model.eval(), ranges, losses=suffix == "")
+            out[suffix] = [(start, stop, o, ce) for (start, stop), (o, ce) in zip(ranges, scored)]
         return out
 
 
@@ -276,8 +280,18 @@ class ServerCore:
         return eval_models(self.algo, self.state)
 
     def evaluate(self) -> dict[str, float]:
+        return self.evaluation()[0]
+
+    def evaluation(self) -> tuple[dict[str, float], ClientScores]:
+        """``eval/*`` (see :func:`report_eval`) and the global model's per-client figures."""
         models, report = self.eval_models()
-        return report_eval({suffix: self.evaluator.evaluate(w) for suffix, w in models.items()}, report)
+        scored, clients = {}, None
+        for suffix, weights in models.items():
+            if suffix == "":
+                scored[suffix], clients = self.evaluator.evaluation(weights)
+            else:
+                scored[suffix] = self.evaluator.evaluate(weights)
+        return report_eval(scored, report), clients
 
     def global_weights(self) -> Weights | None:
         return self.algo.global_weights(self.state)

@@ -51,8 +51,10 @@ class LocalRuntime(Runtime):
             cids = list(range(self.num_clients))
             rows = self.worker.evaluate_clients(cids, [self.client_states.get(c) for c in cids])
             self._client_rows = client_table(self.worker.cfg, rows)
-            return personal_evaluation(rows)
-        return self.server.evaluate()
+            metrics, self._client_scores = personal_evaluation(rows)
+            return metrics
+        metrics, self._client_scores = self.server.evaluation()
+        return metrics
 
     def global_weights(self):
         if self.personalised:

@@ -44,7 +44,7 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
-from fedray.report.metrics import EvalIndex
+from fedray.report.metrics import ClientScores, EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
@@ -274,29 +274,36 @@ class RayRuntime(Runtime):
         if self.personalised:
             rows = self._evaluate_clients(list(range(self.num_clients)))
             self._client_rows = client_table(self.cfg, rows)
-            return personal_evaluation(rows)
-        if not self.spread_eval:
-            return self.server.call("evaluate")
-        return self._evaluate_global()
+            metrics, self._client_scores = personal_evaluation(rows)
+        elif not self.spread_eval:
+            metrics, self._client_scores = self.server.call("evaluation")
+        else:
+            metrics, self._client_scores = self._evaluate_global()
+        return metrics
 
-    def _evaluate_global(self) -> dict[str, float]:
+    def _evaluate_global(self) -> tuple[dict[str, float], ClientScores]:
         """The global model scored on the client workers, which sit idle between rounds: the server sends the
         models once (one object), worker k of n scores every n-th fixed batch of the evaluation set (global
-        test set, then the clients' test splits), the driver turns the per-sample results into ``eval/*``.
-        The same batches as in-process, so the same figures."""
+        test set, then the clients' test splits), the driver turns the per-sample results into ``eval/*``
+        and the global model's per-client figures. The same batches as in-process, so the same figures."""
         models_ref, report = self.server.eval_models()
         parts = self.pool.run_on_all(lambda workers: [w.evaluate_global.remote(models_ref, k, len(workers))
                                                       for k, w in enumerate(workers)], "evaluation")
-        scored = {}
+        scored, clients = {}, None
         for suffix in parts[0]:
             ok = np.zeros(self.eval_index.size, dtype=bool)
+            loss = np.zeros(self.eval_index.size, dtype=np.float32) if suffix == "" else None
             for part in parts:
-                for start, stop, correct in part[suffix]:
+                for start, stop, correct, ce in part[suffix]:
                     ok[start:stop] = correct
+                    if loss is not None:
+                        loss[start:stop] = ce
             scored[suffix] = self.eval_index.metrics(ok)
-        return report_eval(scored, report)
+            if loss is not None:
+                clients = self.eval_index.client_scores(ok, loss)
+        return report_eval(scored, report), clients
 
-    def _evaluate_clients(self, client_ids: list[int]) -> list[tuple[int, ...]]:
+    def _evaluate_clients(self, client_ids: list[int]) -> list[tuple]:
         """Every client's own model scored on the workers, in tasks of at most EVAL_CHUNK clients (a task
         deserialises the states it is given: small tasks keep that to a few models per worker), as many
         tasks per worker, of sizes differing by at most one client (each client costs about the same: the

@@ -97,7 +97,7 @@ class ActorServer:
         return models_ref, self._get(report_ref)
 
     def call(self, method: str, *args: Any) -> Any:
-        """``evaluate``, ``global_weights``, ``get_state`` or ``set_state``."""
+        """``evaluate``, ``evaluation``, ``global_weights``, ``get_state`` or ``set_state``."""
         return self._get(getattr(self.actor, method).remote(*args))
 
     def _get(self, ref: ray.ObjectRef, where: str = "") -> Any:

@@ -82,10 +82,11 @@ def test_personalised_evaluation_scores_each_clients_own_model():
     with make_runtime(cfg, data) as rt:
         rt.run_round(1, [0, 1, 4])
         got = rt.evaluate()
+        per_client = rt.client_scores().columns()
         states = rt.export_state()[1]
         algo = rt.worker.algo
     ev = Evaluator(data, None, torch.device("cpu"), 64)
-    own_acc, glob_acc, correct, total = [], [], 0, 0
+    own_acc, own_loss, glob_acc, correct, total = [], [], [], 0, 0
     for cid in range(data.num_clients):
         st = states.get(cid) or algo.init_client_state(cid)
         model = build_model(st.architecture, data.input_shape, data.num_classes)
@@ -94,7 +95,9 @@ def test_personalised_evaluation_scores_each_clients_own_model():
         with torch.no_grad():
             idx = data.client_test[cid]
             x = torch.from_numpy(data.train_x[idx]).float().div(255).sub(data.mean[0]).div(data.std[0])
+            y = torch.from_numpy(data.train_y[idx]).long()
             own = (model(x).argmax(1).numpy() == data.train_y[idx])
+            own_loss.append(torch.nn.functional.cross_entropy(model(x), y).item())
             xt = torch.from_numpy(data.test_x).float().div(255).sub(data.mean[0]).div(data.std[0])
             glob = (model(xt).argmax(1).numpy() == data.test_y)
         own_acc.append(own.mean())
@@ -105,6 +108,10 @@ def test_personalised_evaluation_scores_each_clients_own_model():
     assert got["eval/amp"] == pytest.approx(correct / total)
     assert got["eval/fm"] == pytest.approx(np.var(own_acc))
     assert got["eval/wlp"] == pytest.approx(min(own_acc))
+    # clients.parquet's rows of this evaluation: every client's own model on its own split and on the global test
+    assert per_client["client"].tolist() == list(range(data.num_clients))
+    assert per_client["accuracy"] == pytest.approx(own_acc) and per_client["loss"] == pytest.approx(own_loss, rel=1e-5)
+    assert per_client["global_accuracy"] == pytest.approx(glob_acc) and "val_accuracy" not in per_client
 
 
 def test_personal_metrics_by_hand():

@@ -156,7 +156,8 @@ def test_evaluator_gives_the_figures_of_the_straightforward_computation(tiny, ba
 @pytest.mark.parametrize("val", [0, 5])
 def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny, val):
     """The Ray runtime's split of a global evaluation (worker k of n scores every n-th fixed batch) puts
-    together the per-sample results of the in-process pass; a personalised row counts the same images."""
+    together the per-sample results (correctness, cross-entropy) of the in-process pass, so the per-client
+    figures are the same floats; a personalised row counts the same images and sums the same losses."""
     import torch
 
     from fedray.data import build_federated_data
@@ -169,20 +170,28 @@ def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny, val):
     model = build_model("lenet5", data.input_shape, data.num_classes).eval()
     ev = Evaluator(data, model, torch.device("cpu"), 50)
     whole = np.concatenate(ev.correct(model, ev.chunks()))
+    whole_loss = np.concatenate([ce for _, ce in ev.score(model, ev.chunks())])
     index = EvalIndex(data)
+    _, in_process = ev.evaluation(model.state_dict())
     for parts in (1, 2, 3):
-        ok = np.zeros(index.size, bool)
+        ok, loss = np.zeros(index.size, bool), np.zeros(index.size, np.float32)
         for k in range(parts):
             ranges = ev.chunks()[k::parts]
-            for (s, e), o in zip(ranges, ev.correct(model, ranges)):
-                ok[s:e] = o
+            for (s, e), (o, ce) in zip(ranges, ev.score(model, ranges)):
+                ok[s:e], loss[s:e] = o, ce
         assert (ok == whole).all() and index.metrics(ok) == ev.evaluate(model.state_dict())
+        spread = index.client_scores(ok, loss)
+        for field in ("client", "correct", "samples", "loss_sum"):
+            assert np.array_equal(getattr(spread, field), getattr(in_process, field)), field
     glob, want = _plain_eval(model, data)
     assert index.metrics(whole).get("val/accuracy") == want.get("val/accuracy")
     for cid, idx in enumerate(data.client_test):
-        own_c, own_n, glob_c, glob_n, val_c, val_n = ev.personal_counts(model, cid)
+        (own_c, own_n, glob_c, glob_n, val_c, val_n), own_loss = ev.personal_scores(model, cid)
         lo = index.local_start[cid]
         assert (own_c, own_n) == (int(whole[lo : lo + len(idx)].sum()), len(idx))
+        # batched otherwise (its own split alone): the same losses to float rounding
+        assert own_loss == pytest.approx(in_process.loss_sum[cid], rel=1e-6)
+        assert own_loss == pytest.approx(whole_loss[lo : lo + len(idx)].astype(np.float64).sum(), rel=1e-6)
         assert (glob_c, glob_n) == (int(glob.sum()), len(glob))
         assert (val_c, val_n) == (int(whole[index.num_test : index.val_stop].sum()), 10 * val)
 

@@ -20,7 +20,8 @@ from fedray.report.tracking import MlflowTracker, RunTracking, resolve_tracking_
 from tests.conftest import tiny_config
 from tests.test_cli import TINY_ARGS
 
-ARTIFACTS = {"config.yaml", "summary.json", "history.parquet", "curves.png", "partition.png", "model.pt"}
+ARTIFACTS = {"config.yaml", "summary.json", "history.parquet", "clients.parquet", "curves.png", "partition.png",
+             "model.pt"}
 
 
 def test_artifacts_are_the_result_files():
