@@ -74,9 +74,11 @@ class DataConfig(_Strict):
     cache_dir: str | None = Field(default=None, description="where the decoded datasets go; default "
                                   "$FEDRAY_CACHE_DIR or ~/.cache/fedray/decoded (an unwritable folder: a warning, "
                                   "and the run goes on without the cache)")
-    partition: Literal["dirichlet", "iid", "shards", "domain", "domain_dirichlet"] = Field(
+    partition: Literal["dirichlet", "iid", "shards", "domain", "domain_dirichlet", "central"] = Field(
         default="dirichlet", description="domain: one client per domain (cross-silo); domain_dirichlet: each "
-        "domain split over clients_per_domain clients by Dirichlet(alpha) over labels (cross-device)")
+        "domain split over clients_per_domain clients by Dirichlet(alpha) over labels (cross-device); central: one "
+        "client holding all the training data (sets num_clients and clients_per_round to 1): the centralised "
+        "baseline")
     alpha: float = Field(default=0.1, gt=0, description="Dirichlet concentration; smaller = more non-IID")
     num_clients: int = Field(default=20, ge=1)
     min_samples: int = Field(default=10, ge=2, description="Dirichlet: redraw until every client has this many")
@@ -284,6 +286,8 @@ class ExperimentConfig(_Strict):
             raise ConfigError("name", f"{self.name!r} is not a folder name; not empty, no / or \\, not starting "
                               "with a dot (it names runs/NAME-TIME and the MLflow run)")
         self._check_domains()
+        if self.data.partition == "central":  # the partition defines the clients: one, holding everything
+            self.data.num_clients = self.federation.clients_per_round = 1
         if self.federation.clients_per_round > self.data.num_clients:
             raise ConfigError(
                 "federation.clients_per_round",

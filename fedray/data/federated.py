@@ -188,6 +188,8 @@ def partition(
         return partition_dirichlet(labels, cfg.num_clients, cfg.alpha, cfg.min_samples, rng)
     if cfg.partition == "iid":
         return partition_iid(labels, cfg.num_clients, rng)
+    if cfg.partition == "central":  # one client holds every training sample
+        return [np.arange(len(labels), dtype=np.int64)]
     return partition_shards(labels, cfg.num_clients, cfg.shards_per_client, rng)
 
 

@@ -19,6 +19,9 @@ clients hold its images (never its labels) and compute logits on it, the server 
   simplex (gamma >= 0, sum gamma = 1), with the batch's labels, and keeps z_t = sum_j gamma_j z_j for the
   next round. Eq. 4 is convex in gamma; it is solved with SLSQP (scipy) to ``gamma_tol`` and its
   Frank-Wolfe gap is logged (``server/gamma_gap``: an upper bound on the remaining suboptimality).
+  Whether the teacher beats the uniform average is scored twice: on the batch gamma was fit on
+  (``server/teacher_ce``, favourable to gamma) and on images it was not fit on (``server/*_heldout``: last
+  round's gamma on this round's batch, less the images both batches share).
 
 Communication is what is sent: logits, the batch indices and the sender's id; never weights. Handing the
 validation images to every client once is counted in ``comm/bytes_setup``. ``ensemble=uniform`` replaces
@@ -70,6 +73,8 @@ class FedCDParams(BaseModel):
 class FedCDServerState(ServerState):
     teacher: torch.Tensor | None = None  # z_t (B, C) on the teacher batch; None before the first uploads
     teacher_idx: torch.Tensor | None = None  # (B,) indices of the teacher batch in the validation set
+    gamma: torch.Tensor | None = None  # Eq. 4's weights fit on the teacher batch (n,), float64
+    gamma_clients: torch.Tensor | None = None  # (n,) the client each weight belongs to
 
 
 @dataclass
@@ -214,4 +219,33 @@ class FedCD(PersonalisedAlgorithm):
         }
         if solver:
             metrics.update({"server/gamma_gap": solver["gap"], "server/gamma_iterations": solver["iterations"]})
-        return FedCDServerState(teacher=teacher.float(), teacher_idx=idx), metrics
+        metrics.update(heldout_scores(state, uploads, z, y, idx))
+        clients = torch.tensor([u.client_id for u in uploads], dtype=torch.int64)
+        return FedCDServerState(teacher=teacher.float(), teacher_idx=idx, gamma=gamma, gamma_clients=clients), metrics
+
+
+def heldout_scores(state: FedCDServerState, uploads: list[FedCDUpload], z: torch.Tensor, y: torch.Tensor,
+                   idx: torch.Tensor) -> dict[str, float]:
+    """Does Eq. 4's teacher beat the uniform average on images its gamma was not fit on? Last round's gamma
+    (fit on last round's batch) scored on this round's batch less the images the two batches share, against
+    the uniform average of the same logits: ``server/teacher_ce_heldout`` / ``uniform_ce_heldout`` (and
+    ``_acc_``). The same-batch figures (``server/teacher_ce``) favour gamma, which was fit on them. Only when
+    the same clients uploaded both rounds (gamma's weights belong to clients)."""
+    if state.gamma is None or state.gamma_clients is None:
+        return {}
+    now = [u.client_id for u in uploads]
+    if sorted(now) != sorted(state.gamma_clients.tolist()):
+        return {}
+    fresh = ~torch.isin(idx, state.teacher_idx)  # images last round's gamma never saw
+    if not fresh.any():
+        return {}
+    weight = dict(zip(state.gamma_clients.tolist(), state.gamma.tolist()))
+    gamma = torch.tensor([weight[c] for c in now], dtype=z.dtype)
+    zf, yf = z[:, fresh.to(z.device)], y[fresh]
+    teacher = torch.einsum("n,nbc->bc", gamma, zf)
+    avg = zf.mean(0)
+    return {"server/teacher_ce_heldout": float(F.cross_entropy(teacher, yf)),
+            "server/uniform_ce_heldout": float(F.cross_entropy(avg, yf)),
+            "server/teacher_acc_heldout": float((teacher.argmax(1) == yf).double().mean()),
+            "server/uniform_acc_heldout": float((avg.argmax(1) == yf).double().mean()),
+            "server/heldout_images": float(fresh.sum())}

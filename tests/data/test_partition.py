@@ -146,3 +146,15 @@ def test_split_train_test_needs_two_samples():
     with pytest.raises(DataError) as e:
         split_train_test(np.array([3]), 0.2, _rng())
     assert e.value.key == "data.num_clients"
+
+
+def test_the_central_partition_is_one_client_holding_all_training_data():
+    from fedray.config import load_config
+    from fedray.data import build_federated_data
+
+    cfg = load_config("synthetic", {"data.partition": "central", "data.synthetic_train_samples": 300})
+    assert cfg.data.num_clients == 1 and cfg.federation.clients_per_round == 1
+    data = build_federated_data(cfg.data, cfg.seed)
+    assert data.num_clients == 1
+    held = sorted([*data.client_train[0].tolist(), *data.client_test[0].tolist()])
+    assert held == list(range(len(data.train_y)))  # every training sample, split 80/20 as every client's

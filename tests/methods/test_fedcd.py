@@ -191,3 +191,35 @@ def test_cifar100_preset_runs_one_tiny_round_on_cifar_shaped_data():
     result = run_experiment(cfg, progress=False)
     assert result.summary["comm/bytes_up"] == 10 * (8 * 100 * 4 + 8)  # ten users' logits on the shared batch
     assert 0.0 <= result.summary["eval/accuracy"] <= 1.0
+
+
+# --- Eq. 4 scored on images its gamma was not fit on -------------------------------------------------------------
+
+
+def test_heldout_scores_apply_last_rounds_gamma_to_the_fresh_images_of_this_rounds_batch():
+    from fedray.methods.fedcd import FedCDServerState, FedCDUpload, heldout_scores
+
+    # last round: gamma all on client 7, fit on images 0..3; this round's batch: images 2..5 (2, 3 seen before)
+    state = FedCDServerState(gamma=torch.tensor([0.0, 1.0], dtype=torch.float64),
+                             gamma_clients=torch.tensor([3, 7]), teacher_idx=torch.tensor([0, 1, 2, 3]))
+    idx = torch.tensor([2, 3, 4, 5])
+    y = torch.tensor([0, 1, 0, 1])
+    right = torch.tensor([[4.0, 0.0], [0.0, 4.0], [4.0, 0.0], [0.0, 4.0]], dtype=torch.float64)
+    wrong = right.flip(1)
+    uploads = [FedCDUpload(client_id=7, logits=right.float()), FedCDUpload(client_id=3, logits=wrong.float())]
+    z = torch.stack([right, wrong])  # upload order: client 7, then 3
+    out = heldout_scores(state, uploads, z, y, idx)
+    assert out["server/heldout_images"] == 2  # images 4 and 5 only
+    assert out["server/teacher_acc_heldout"] == 1.0  # gamma follows the client ids, not the upload order
+    assert out["server/uniform_ce_heldout"] > out["server/teacher_ce_heldout"]
+    assert out["server/teacher_ce_heldout"] == pytest.approx(float(torch.nn.functional.cross_entropy(right[2:], y[2:])))
+    # another set of clients than gamma's, or no fresh image: nothing to score
+    assert heldout_scores(state, uploads[:1], z[:1], y, idx) == {}
+    assert heldout_scores(state, uploads, z, y, torch.tensor([0, 1, 2, 3])) == {}
+
+
+def test_a_fedcd_run_logs_the_heldout_scores_from_round_two():
+    h = run_experiment(tiny_config(**FEDCD, federation__rounds=3, federation__clients_per_round=6),
+                       progress=False).history
+    assert "server/teacher_ce_heldout" not in h[0]
+    assert all(0 < row["server/heldout_images"] <= 64 for row in h[1:])
