@@ -21,7 +21,7 @@ CASES = [
     (["data.alpha=abc"], "data.alpha", "valid number"),
     (["data.num_clients=0"], "data.num_clients", "greater than or equal to 1"),
     (["data.min_samples=1"], "data.min_samples", "greater than or equal to 2"),
-    (["data.partition=random"], "data.partition", "'dirichlet', 'iid', 'shards', 'domain' or 'domain_dirichlet'"),
+    (["data.partition=random"], "data.partition", "'dirichlet', 'iid', 'shards', 'domain', 'domain_dirichlet' or 'central'"),
     (["data.dataset=imagenet"], "data.dataset", "'fashion_mnist'"),
     (["data.test_fraction=1.5"], "data.test_fraction", "less than 1"),
     (["data.dataset=fashion_mnist", "data.data_dir=/no/such/dir"], "data.data_dir", "--data-dir"),

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,32 @@ def final_model(cfg, facts: dict[str, Any], weights):
     return module(cfg.model.name, weights)
 
 
+@contextmanager
+def fluent_store(uri: str, experiment_id: str):
+    """MLflow's fluent API (``mlflow.pytorch.log_model``) pointed at ``uri`` and ``experiment_id`` for the block,
+    then put back as it was. The fluent API writes to its global store and active experiment (left unset, a model
+    would go to the Default experiment and ./mlruns), and setting them also exports MLFLOW_TRACKING_URI and
+    MLFLOW_EXPERIMENT_ID, which every later subprocess would inherit: those are restored too."""
+    import mlflow
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved = (tracking_utils._tracking_uri, getattr(fluent, "_active_experiment_id", None),
+             {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")})
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved[0])
+        fluent._active_experiment_id = saved[1]
+        for key, value in saved[2].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _numeric(row: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items()
             if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)}
@@ -277,27 +304,19 @@ class MlflowTracker:
         model = final_model(cfg, facts, weights)
         example = None if isinstance(model, torch.nn.ModuleDict) else np.zeros((2, *facts["input_shape"]), np.float32)
         version = torch.__version__.split("+")[0]
-        from mlflow.tracking import fluent
-
-        # log_model writes through the fluent client, to its store and its active experiment (not the run's: left
-        # unset, the model would land in the Default experiment and ./mlruns); both are put back after
-        previous, experiment = mlflow.get_tracking_uri(), getattr(fluent, "_active_experiment_id", None)
-        mlflow.set_tracking_uri(self.uri)
-        mlflow.set_experiment(experiment_id=self.experiment_id)
         # Its warning that pickled models run code when loaded, on every run's console: said once, in the docs
         quiet = logging.getLogger("mlflow.pytorch")
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
-            info = mlflow.pytorch.log_model(
-                model, name="model", run_id=self.run_id, step=step, input_example=example,
-                serialization_format="pickle", pip_requirements=[f"torch=={version}", "fedray"],
-                metadata={"normalise_mean": facts["mean"], "normalise_std": facts["std"],
-                          "input": "float32 NCHW, (uint8 / 255 - mean) / std", "algorithm": cfg.algorithm.name,
-                          "personalised": isinstance(model, torch.nn.ModuleDict)})
+            with fluent_store(self.uri, self.experiment_id):
+                info = mlflow.pytorch.log_model(
+                    model, name="model", run_id=self.run_id, step=step, input_example=example,
+                    serialization_format="pickle", pip_requirements=[f"torch=={version}", "fedray"],
+                    metadata={"normalise_mean": facts["mean"], "normalise_std": facts["std"],
+                              "input": "float32 NCHW, (uint8 / 255 - mean) / std", "algorithm": cfg.algorithm.name,
+                              "personalised": isinstance(model, torch.nn.ModuleDict)})
         finally:
-            mlflow.set_tracking_uri(previous)
-            fluent._active_experiment_id = experiment
             quiet.setLevel(level)
         return info.model_uri
 

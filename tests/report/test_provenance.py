@@ -3,6 +3,7 @@ client split), the final model as an MLflow PyTorch model that loads back to the
 metrics, a readable run name and the command line as its Source."""
 
 import json
+import os
 
 import mlflow
 import mlflow.pytorch
@@ -117,9 +118,15 @@ def test_a_personalised_runs_clients_models_are_one_mlflow_model(tmp_path, store
     client id, and each client's model scores its clients.json figure on the global test set."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):
+        monkeypatch.delenv(key, raising=False)
+    before = mlflow.get_tracking_uri()
     assert main(["run", *ARGS, "algorithm.name=local", "model.client_models=[lenet5,resnet8_bn]",
                  f"tracking.uri={uri}", "tracking.system_metrics_s=0", "--output-dir", str(tmp_path / "r"),
                  "--no-progress"]) == 0
+    # logging the model leaves MLflow's fluent state and the environment later subprocesses inherit as they were
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_EXPERIMENT_ID" not in os.environ
+    assert mlflow.get_tracking_uri() == before
     run_id = json.loads((tmp_path / "r" / "mlflow_run.json").read_text())["run_id"]
     run = MlflowClient(uri).get_run(run_id)
     store(uri)
