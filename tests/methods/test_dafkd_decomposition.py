@@ -50,6 +50,9 @@ def test_an_oracle_run_weighs_the_generated_classes_by_the_uploaded_label_counts
     disc_head = (84 + 1) * 4  # the discriminator head, which the oracle does not need
     assert result.history[0]["comm/bytes_up"] == reference.history[0]["comm/bytes_up"] - k * disc_head + k * 8 * 10
     assert result.history[-1]["server/alpha_entropy"] < 0.99  # non-IID shares: far from uniform
+    # the teacher's reading of the generated samples against the classes they were generated for
+    assert 0 <= result.history[-1]["server/teacher_label_agreement"] <= 1
+    assert "server/teacher_label_agreement" not in run_experiment(dafkd_config(), progress=False).history[-1]
 
 
 def _round_clients(cfg, round_):

@@ -178,6 +178,8 @@ def server_round(algo: "DaFKD", state: "DaFKDServerState", uploads: list["DaFKDU
         # the set comes from the generator broadcast this round (the clients' theta^g_t), not the new average
         x, y = algo.distillation_data(ctx.modules, state.generator, ctx.round, ctx.device)
         teacher, metrics = ensemble_teacher(algo, uploads, x, ctx, y)
+        if y is not None:  # how often the teacher reads a sample as the class it was generated for (or is, proxy)
+            metrics["server/teacher_label_agreement"] = float((teacher.argmax(1) == y).float().mean())
         probs = teacher if p.ensemble == "probs" else soft_targets(teacher, p.temperature)
         weights, kd = distil(algo, average, x, probs, ctx)
         metrics.update(kd)
