@@ -1,0 +1,194 @@
+"""DaFKD taken apart on real Fashion-MNIST (alpha = 0.1): which part loses the points against FedAvg, Eq. 7's
+weights, the generated distillation data, or distillation itself?
+
+A 2 x 3 grid of DaFKD (``algorithm.alpha_source`` x ``algorithm.distill_data``) beside FedAvg, on
+``dafkd_fmnist``'s reduced budget (LeNet-5, K=20, 8 a round, 20 local Adam steps of batch 32, 60 rounds) with
+the paper's conditional generator (the oracle needs each generated sample's class):
+
+- ``disc_generated``: the method (Eq. 7 from the discriminators, on generated samples);
+- ``oracle_generated`` / ``uniform_generated``: Theorem 1's label-count oracle / uniform weights, generated;
+- ``disc_proxy`` / ``oracle_proxy`` / ``uniform_proxy``: the same weights, distilled on real unlabelled images
+  (500 a class held by the server, copied so that the clients' data is FedAvg's; labelled only for the
+  oracle, which reads the labels; the distillation never does);
+- ``authors_head``: the authors' code where it differs cheaply (one discriminator head averaged by the server,
+  adversarial training only in rounds 1-3 / 1-5), seed 0 beside the method;
+- ``fedavg``: ``dafkd_fmnist.py``'s FedAvg runs (the same config), read from its run folders.
+
+Settings: ``steps20`` (3 seeds) and ``steps200`` (10x the local steps, seed 0: the method, the oracle on real
+images, uniform on generated, and FedAvg). Every DaFKD run also evaluates its plain average before distillation
+(``eval/accuracy_avg``), which separates what the distillation does from what the clients did.
+
+    .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 --jobs 2   # the 3-seed grid
+    .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps200 --jobs 2  # 10x local steps
+    .venv/bin/python benchmarks/papers/dafkd_decomposition.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import dafkd_fmnist
+import harness
+from harness import Run
+
+NAME = "dafkd_decomposition"
+PROXY = dict(dafkd_fmnist.FEDDF_PROXY)
+CELLS: dict[str, dict[str, Any]] = {
+    "fedavg": {},
+    "disc_generated": {"alpha_source": "discriminator", "distill_data": "generated"},
+    "oracle_generated": {"alpha_source": "oracle", "distill_data": "generated"},
+    "uniform_generated": {"alpha_source": "uniform", "distill_data": "generated"},
+    "disc_proxy": {"alpha_source": "discriminator", "distill_data": "proxy"},
+    "oracle_proxy": {"alpha_source": "oracle", "distill_data": "proxy"},
+    "uniform_proxy": {"alpha_source": "uniform", "distill_data": "proxy"},
+    # the authors' code: one averaged head, adversarial training in the first rounds only
+    "authors_head": {"disc_head": "averaged", "disc_train_rounds": 3, "gen_train_rounds": 5},
+}
+SETTINGS = {"steps20": 20, "steps200": 200}  # local steps; alpha 0.1 throughout
+# which cells each setting runs, with which seeds (the 10x budget: one seed of the cells that answer the question)
+GRID = {"steps20": ({c: (0, 1, 2) for c in CELLS if c != "authors_head"} | {"authors_head": (0,)}),
+        "steps200": {"fedavg": (0,), "disc_generated": (0,), "oracle_proxy": (0,), "uniform_generated": (0,)}}
+FEDAVG_RUNS = harness.RESULTS / "dafkd_fmnist_runs"  # steps20's FedAvg: dafkd_fmnist.py's runs
+
+
+def planned(runs_dir: Path, cells, settings, seeds) -> list[Run]:
+    """The grid's runs (of the asked cells, settings and seeds); FedAvg at 20 steps in dafkd_fmnist.py's folders."""
+    runs = []
+    for setting in settings:
+        for cell, cell_seeds in GRID[setting].items():
+            for seed in cell_seeds:
+                if cell in cells and seed in seeds:
+                    out = (FEDAVG_RUNS / f"fedavg_alpha0.1_seed{seed}" if (cell, setting) == ("fedavg", "steps20")
+                           else runs_dir / harness.run_name(cell, setting, seed))
+                    runs.append(Run(cell, setting, seed, out))
+    return runs
+
+
+def make_config(cell: str, setting: str, seed: int, rounds: int, data_dir: str | None, device: str):
+    from fedray.config import validate_config
+    from fedray.overrides import apply_overrides
+
+    steps = SETTINGS[setting]
+    budget = {} if steps == 20 else {"federation.local_epochs": None, "federation.local_steps": steps}
+    if cell == "fedavg":
+        return dafkd_fmnist.make_config("fedavg", 0.1, seed, rounds, data_dir, True, budget=budget, device=device)
+    base = dafkd_fmnist.make_config("dafkd", 0.1, seed, rounds, data_dir, True, budget=budget, device=device)
+    over: dict[str, Any] = {"name": f"bench_dafkd_{cell}", "algorithm.generator": "conditional",
+                            **{f"algorithm.{k}": v for k, v in CELLS[cell].items()}}
+    if CELLS[cell].get("distill_data") == "proxy":
+        over.update(PROXY)
+        over["data.server_data.labelled"] = CELLS[cell]["alpha_source"] == "oracle"  # only the oracle reads them
+    return validate_config(apply_overrides(base.model_dump(mode="json"), over))
+
+
+def build(run: Run, opts: dict):
+    return make_config(run.method, run.setting, run.seed, opts["rounds"], opts["data_dir"], opts["device"])
+
+
+# --- the tables -------------------------------------------------------------------------------------------------
+
+
+def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float | None, int] | None:
+    """mean(a - b) over the seeds both have, its standard error (None for one seed), and how many."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    d = [a[s] - b[s] for s in seeds]
+    return float(np.mean(d)), (float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None), len(d)
+
+
+def _fmt(p: tuple[float, float | None, int] | None) -> str:
+    if p is None:
+        return "—"
+    mean, se, n = p
+    return f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + (f" (n={n})" if n != 3 else "")
+
+
+def figures(grid) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
+    """Per (cell, setting): seed -> last-5 test accuracy (%), of the average before distillation, and the diag."""
+    out = {}
+    for (cell, setting), recs in grid.items():
+        fig: dict[str, dict[int, float]] = {"acc": {}, "avg": {}, "entropy": {}}
+        for f in recs:
+            fig["acc"][f.seed] = 100 * harness.last_n(f.history, "eval/accuracy")
+            avg = harness.last_n(f.history, "eval/accuracy_avg")
+            if avg is not None:
+                fig["avg"][f.seed] = 100 * avg
+            ent = harness.last_n(f.history, "server/alpha_entropy")
+            if ent is not None:
+                fig["entropy"][f.seed] = ent
+        out[(cell, setting)] = fig
+    return out
+
+
+def markdown(figs, meta: dict, runs_dir: Path, planned_runs: list[Run], rounds: int) -> str:
+    lines = harness.header("DaFKD decomposed: weights, generated data, or distillation itself (Fashion-MNIST, "
+                           "alpha = 0.1)", meta, NAME, runs_dir, planned_runs)
+    lines += ["LeNet-5, K=20, 8 clients a round, Adam lr 1e-3, batch 32, the conditional generator, "
+              f"{rounds} rounds; `steps20`: 20 local steps (dafkd_fmnist's budget), `steps200`: 10x. Figures: "
+              "test accuracy (%), mean of the last 5 rounds; differences paired by seed (± standard error).", "",
+              "| setting | cell | weights | data | accuracy | minus FedAvg | average before distillation | "
+              "distillation's own effect | Eq. 7 entropy |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for setting in SETTINGS:
+        fedavg = figs.get(("fedavg", setting), {}).get("acc", {})
+        for cell in CELLS:
+            f = figs.get((cell, setting))
+            if not f or not f["acc"]:
+                continue
+            vals = list(f["acc"].values())
+            acc = f"{np.mean(vals):.2f}" + (f" ± {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else "") \
+                + (f" (n={len(vals)})" if len(vals) != 3 else "")
+            spec = CELLS[cell]
+            weights = spec.get("alpha_source", "—" if cell == "fedavg" else "discriminator")
+            data = spec.get("distill_data", "—" if cell == "fedavg" else "generated")
+            avg = f"{np.mean(list(f['avg'].values())):.2f}" if f["avg"] else "—"
+            ent = f"{np.mean(list(f['entropy'].values())):.3f}" if f["entropy"] else "—"
+            lines.append(f"| {setting} | {cell} | {weights} | {data} | {acc} | "
+                         f"{'' if cell == 'fedavg' else _fmt(_paired(f['acc'], fedavg))} | {avg} | "
+                         f"{_fmt(_paired(f['acc'], f['avg'])) if f['avg'] else '—'} | {ent} |")
+    lines += ["", "## Which part loses the points", "",
+              "Each contrast changes one part and keeps the rest (paired by seed, points of last-5 accuracy).", "",
+              "| setting | contrast | what it isolates | difference |", "|---|---|---|---:|"]
+    contrasts = [("oracle_generated", "disc_generated", "perfect weights instead of the discriminators'"),
+                 ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
+                 ("disc_proxy", "disc_generated", "real images instead of generated ones"),
+                 ("oracle_proxy", "oracle_generated", "real images instead of generated ones, perfect weights"),
+                 ("oracle_proxy", "fedavg", "the best distillation can do here against FedAvg"),
+                 ("authors_head", "disc_generated", "the authors' averaged head and early-only adversarial training")]
+    for setting in SETTINGS:
+        for a, b, what in contrasts:
+            fa, fb = figs.get((a, setting)), figs.get((b, setting))
+            if fa and fb:
+                lines.append(f"| {setting} | {a} − {b} | {what} | {_fmt(_paired(fa['acc'], fb['acc']))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    harness.grid_args(ap, NAME, list(CELLS), list(SETTINGS), rounds=60)
+    ap.add_argument("--data-dir", default=None, help="Fashion-MNIST root (default: fedray's usual lookup)")
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    opts = {"rounds": args.rounds, "data_dir": args.data_dir, "device": args.device, "threads": args.threads,
+            "keep_models": args.keep_models}
+    runs = planned(args.runs_dir, args.methods, args.settings, args.seeds)
+    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
+    table_runs = planned(args.runs_dir, list(CELLS), list(SETTINGS), (0, 1, 2))
+    grid = harness.collect(table_runs)
+    if not grid:
+        raise SystemExit(f"no finished run in {args.runs_dir}")
+    figs = figures(grid)
+    md = markdown(figs, meta, args.runs_dir, table_runs, args.rounds)
+    harness.write(args.out, NAME, meta, {"cells": CELLS, "grid": {s: {c: list(v) for c, v in g.items()}
+                                                                  for s, g in GRID.items()},
+                                         "figures": {f"{c}/{s}": v for (c, s), v in figs.items()}}, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
