@@ -169,7 +169,8 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
             from fedray.report.results import MLFLOW_RUN_FILE
             from fedray.runtime import make_runtime
             from fedray.simulation import run_experiment
-            from fedray.report.tracking import RunTracking, command_line
+            from fedray.report.provenance import command_line
+            from fedray.report.tracking import RunTracking
 
             if cfg.tracking.enabled:  # MLflow's ~1 s of imports here, frozen with the rest, not in RunTracking
                 importlib.import_module("mlflow.tracking")
@@ -327,7 +328,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         spec.name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"sweep {spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})", highlight=False)
-    from fedray.report.tracking import command_line
+    from fedray.report.provenance import command_line
 
     best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
                      address=args.address, verbose=args.verbose, console=console,

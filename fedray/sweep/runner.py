@@ -38,8 +38,9 @@ from fedray.runtime.ray_start import start_ray
 from fedray.sweep.searcher import VALUE_KEY, search_algorithm
 from fedray.sweep.report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
-from fedray.report.tracking import (MlflowTracker, _numeric, data_facts, log_final_model, resolve_tracking_uri,
-                                   resumed_store, run_label, ui_hint)
+from fedray.report.provenance import data_facts, run_label
+from fedray.report.tracking import (MlflowTracker, _numeric, log_final_model, resolve_tracking_uri, resumed_store,
+                                   ui_hint)
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
 
