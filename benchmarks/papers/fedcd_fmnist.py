@@ -12,7 +12,20 @@ Methods:
 - ``fedcd_basic``: every user resnet20 (FedCD_basic: one architecture);
 - ``feddistill``: the ten architectures, per-label logits (Jeong et al. 2018);
 - ``fedavg``: every user resnet20, parameter averaging (needs one architecture);
-- ``local``: the ten architectures trained in isolation (Table I's "Individual" column).
+- ``local``: the ten architectures trained in isolation (Table I's "Individual" column: each on its user's
+  shard);
+- ``central``: each architecture alone on the **whole** training set (``data.partition=central``: one client
+  holding every training image but the validation set; the same 10 steps of batch 32 a round, so the same
+  samples seen as a FedCD user): the baseline Table I's gains are measured against in the paper. It does not
+  depend on the split, so it runs once per architecture and seed (folders ``central_<architecture>_seed<k>``),
+  evaluated after the last round only.
+
+Setting ``alpha0.5_r100``: FedCD, FedCD_basic and FedAvg for 100 rounds at alpha = 0.5, seed 0 only (longer
+runs, fewer seeds), evaluated every 5 rounds: whether FedAvg's lead is an effect of the short budget. On this
+2-core CPU they take ~2-5 h each (recorded 64-192 s a round for FedCD and FedCD_basic, 25 s for FedAvg); on one
+GPU, ~15 min for the three together (recorded 7.5-8.3 s a round with 10-15 runs sharing an H200):
+
+    python benchmarks/papers/fedcd_fmnist.py --device cuda --jobs 3 --settings alpha0.5_r100 --methods fedcd fedcd_basic fedavg
 
 Every method trains on the same data (the validation images are held out for all). Accuracy is the mean
 over users of their model's top-1 accuracy on the global test set (FedAvg: its global model), the last
@@ -54,12 +67,41 @@ METHODS: dict[str, dict[str, Any]] = {
     "local": {"algorithm": {"name": "local"}},
 }
 SETTINGS: dict[str, dict[str, Any]] = {"iid": {"data.partition": "iid"},
-                                       "alpha0.5": {"data.partition": "dirichlet", "data.alpha": 0.5}}
+                                       "alpha0.5": {"data.partition": "dirichlet", "data.alpha": 0.5},
+                                       "alpha0.5_r100": {"data.partition": "dirichlet", "data.alpha": 0.5}}
+LONG = {"setting": "alpha0.5_r100", "methods": ("fedcd", "fedcd_basic", "fedavg"), "seeds": (0,), "rounds": 100,
+        "eval_every": 5}
+CENTRAL = "central"  # a method of its own: one run per architecture and seed, whatever the settings
 # FedCD paper, CIFAR-100 (another dataset): Table II average accuracy %, Table III MB (IID, 200 rounds).
 PAPER_TABLE2 = {("fedavg", "iid"): 35.94, ("feddistill", "iid"): 34.85, ("fedcd", "iid"): 70.78,
                 ("fedcd_basic", "iid"): 73.95, ("fedavg", "alpha0.5"): 35.88, ("feddistill", "alpha0.5"): 20.11,
                 ("fedcd", "alpha0.5"): 42.92, ("fedcd_basic", "alpha0.5"): 44.51}
 PAPER_TABLE3 = {"fedavg": 37928.40, "feddistill": 16.0, "fedcd": 10.24}
+# Eq. 4's teacher (last round's gamma) and the uniform average scored on this round's shared batch, less the
+# images it shares with the batch gamma was fitted on
+HELDOUT = ("server/teacher_ce_heldout", "server/uniform_ce_heldout", "server/teacher_acc_heldout",
+           "server/uniform_acc_heldout")
+
+
+def architectures() -> list[str]:
+    """The preset's ten architectures, user by user."""
+    from fedray.config import load_config
+
+    return list(load_config("fedcd_fmnist").model.client_models)
+
+
+def planned(runs_dir: Path, methods, settings, seeds) -> list[Run]:
+    """The runs asked for: methods x (iid, alpha0.5) x seeds; ``central`` once per architecture and seed; the
+    100-round runs (LONG) of the asked methods at their seed."""
+    runs = harness.plan(runs_dir, [m for m in methods if m in METHODS], [s for s in settings if s != LONG["setting"]],
+                        seeds)
+    if CENTRAL in methods:
+        runs += [Run(CENTRAL, arch, seed, Path(runs_dir) / harness.run_name(CENTRAL, arch, seed))
+                 for seed in seeds for arch in architectures()]
+    if LONG["setting"] in settings:
+        runs += harness.plan(runs_dir, [m for m in LONG["methods"] if m in methods], [LONG["setting"]],
+                             [s for s in LONG["seeds"] if s in seeds])
+    return runs
 
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str, data_dir: str | None,
@@ -69,12 +111,20 @@ def make_config(method: str, setting: str, seed: int, rounds: int, device: str, 
     from fedray.overrides import apply_overrides
 
     raw = load_config("fedcd_fmnist").model_dump(mode="json")
-    spec = dict(METHODS[method])
+    if method == CENTRAL:  # ``setting`` is the architecture
+        spec: dict[str, Any] = {"algorithm": {"name": "local"}, "model.client_models": None, "data.partition": "central"}
+        # Table I reads the final model; evaluating the whole test set and the 11,900-image local split every
+        # few rounds would cost more than the training
+        model, split, eval_every = setting, {}, rounds
+    else:
+        spec, model, split = dict(METHODS[method]), HOMOGENEOUS, SETTINGS[setting]
+    if setting == LONG["setting"]:
+        rounds, eval_every = LONG["rounds"], LONG["eval_every"]
     if "algorithm" in spec:
         raw["algorithm"] = spec.pop("algorithm")
     over = {"name": f"bench_{method}", "seed": seed, "federation.rounds": rounds, "federation.eval_every": eval_every,
-            "model.name": HOMOGENEOUS, "tracking.enabled": False, "runtime.backend": "local",
-            "runtime.device": device, **SETTINGS[setting], **spec}
+            "model.name": model, "tracking.enabled": False, "runtime.backend": "local",
+            "runtime.device": device, **split, **spec}
     if data_dir:
         over["data.data_dir"] = data_dir
     return validate_experiment(validate_config(apply_overrides(raw, over)))
@@ -100,7 +150,8 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
             best = max(evald, key=lambda r: r["eval/accuracy"]) if evald else None
             diag = {k: float(np.nanmean([r[k] for r in hist if r.get(k) is not None]))
                     for k in ("server/gamma_entropy", "server/gamma_max", "server/teacher_ce",
-                              "server/uniform_ce", "server/teacher_acc", "server/uniform_acc", "server/gamma_gap")
+                              "server/uniform_ce", "server/teacher_acc", "server/uniform_acc", "server/gamma_gap",
+                              *HELDOUT)
                     if any(r.get(k) is not None for r in hist)}
             runs.setdefault((method, setting), []).append({
                 "seed": f.seed, "accuracy": summary["eval/accuracy"], "last_n": harness.last_n(hist),
@@ -110,6 +161,7 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
                 "mb_total": (summary["comm/bytes_up"] + summary["comm/bytes_down"]) / 1e6,
                 "mb_setup": summary.get("comm/bytes_setup", 0.0) / 1e6, "round_s": summary["time/round_s"],
                 "runtime": summary.get("runtime", "?"),
+                "curve": {str(r["round"]): r["eval/accuracy"] for r in evald},
                 "clients": json.loads((out / CLIENTS_FILE).read_text()) if (out / CLIENTS_FILE).is_file() else [],
                 "diagnostics": diag})
     return {f"{m}|{s}": v for (m, s), v in runs.items()}
@@ -125,26 +177,31 @@ def tables(res: dict, settings: list[str], meta: dict, runs_dir: Path, planned: 
               "| method | setting | seeds | accuracy | last 5 | AMP | paper (CIFAR-100) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for setting in settings:
         for method in METHODS:
+            if setting == LONG["setting"] and method not in LONG["methods"]:
+                continue
             rs = res.get(f"{method}|{setting}", [])
             paper = PAPER_TABLE2.get((method, setting))
             lines.append(f"| {method} | {setting} | {len(rs)} | {mean_std([r['accuracy'] for r in rs])} | "
                          f"{mean_std([r['last_n'] for r in rs])} | {mean_std([r['amp'] for r in rs])} | "
                          f"{paper if paper is not None else '—'} |")
-    lines += ["\n## Table I's shape: each architecture under FedCD against the same user trained alone\n",
-              "Final global-test accuracy (%) of each user's model, mean ± std over seeds; gain = FedCD - isolated, "
-              "per seed.\n"]
-    for setting in settings:
+    lines += ["\n## Table I's shape: each architecture under FedCD against the same architecture trained alone\n",
+              "Final global-test accuracy (%) of each user's model, mean ± std over seeds. Isolated: the user's own "
+              "shard (`local`); central: the whole training set (`central`, the paper's baseline), the same samples "
+              "seen. Gains are FedCD minus the baseline, per seed.\n"]
+    for setting in [s for s in settings if s != LONG["setting"]]:
         fed, alone = res.get(f"fedcd|{setting}", []), res.get(f"local|{setting}", [])
-        lines += [f"### {setting}\n", "| user | architecture | isolated | FedCD | gain |", "| ---: | --- | ---: | ---: | ---: |"]
+        lines += [f"### {setting}\n", "| user | architecture | isolated | central | FedCD | gain over isolated | "
+                  "gain over central |", "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
         by_seed = {r["seed"]: r for r in alone}
         users = sorted({c["client"] for r in fed for c in r["clients"]})
         for cid in users:
-            f = [next(c for c in r["clients"] if c["client"] == cid) for r in fed]
-            a = [next(c for c in by_seed[r["seed"]]["clients"] if c["client"] == cid) for r in fed if r["seed"] in by_seed]
-            gains = [fc["global_accuracy"] - ac["global_accuracy"] for fc, ac in
-                     zip([fc for r, fc in zip(fed, f) if r["seed"] in by_seed], a)]
-            lines.append(f"| {cid} | {f[0]['architecture']} | {mean_std([c['global_accuracy'] for c in a])} | "
-                         f"{mean_std([c['global_accuracy'] for c in f])} | {mean_std(gains)} |")
+            arch = next(c for c in fed[0]["clients"] if c["client"] == cid)["architecture"]
+            own = {r["seed"]: next(c for c in r["clients"] if c["client"] == cid)["global_accuracy"] for r in fed}
+            iso = {s: next(c for c in r["clients"] if c["client"] == cid)["global_accuracy"] for s, r in by_seed.items()}
+            cen = {r["seed"]: r["accuracy"] for r in res.get(f"{CENTRAL}|{arch}", [])}
+            lines.append(f"| {cid} | {arch} | {mean_std(iso.values())} | {mean_std(cen.values())} | "
+                         f"{mean_std(own.values())} | {mean_std(own[s] - iso[s] for s in own if s in iso)} | "
+                         f"{mean_std(own[s] - cen[s] for s in own if s in cen)} |")
         lines.append("")
     lines += ["## Table III's shape: communication (MB, 10^6 bytes, up + down)\n",
               "To each run's best evaluated accuracy, and in all; setup = the validation images sent once to every "
@@ -159,18 +216,29 @@ def tables(res: dict, settings: list[str], meta: dict, runs_dir: Path, planned: 
             lines.append(f"| {method} | {setting} | {np.mean([r['mb_to_best'] for r in rs]):,.3f} | "
                          f"{mean_std([r['best'] for r in rs])} | {np.mean([r['mb_total'] for r in rs]):,.3f} | "
                          f"{np.mean([r['mb_setup'] for r in rs]):,.2f} | {paper if paper is not None else '—'} |")
+    lines += long_lines(res)
     lines += ["\n## FedCD's mechanism (means over rounds and seeds)\n",
-              "| method | setting | gamma entropy (1 = uniform) | gamma max | teacher CE | uniform-average CE | teacher acc | uniform acc |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "Eq. 4's teacher against the uniform average of the users' predictions. \"Fitted\": scored on the 64 "
+              "shared images gamma was fitted on; \"held out\": last round's gamma scored on this round's shared "
+              "batch, less the images the two batches share (only runs made since this score exists have it; "
+              "seeds: how many do).\n",
+              "| method | setting | gamma entropy (1 = uniform) | gamma max | teacher CE | uniform-average CE | "
+              "teacher acc | uniform acc | held out: teacher CE | uniform CE | teacher acc | uniform acc | seeds |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for setting in settings:
         for method in ("fedcd", "fedcd_basic"):
             rs = res.get(f"{method}|{setting}", [])
             if not rs:
                 continue
-            d = lambda k: np.mean([r["diagnostics"].get(k, np.nan) for r in rs])  # noqa: E731
-            lines.append(f"| {method} | {setting} | {d('server/gamma_entropy'):.3f} | {d('server/gamma_max'):.3f} | "
-                         f"{d('server/teacher_ce'):.3f} | {d('server/uniform_ce'):.3f} | {d('server/teacher_acc'):.3f} | "
-                         f"{d('server/uniform_acc'):.3f} |")
+
+            def d(k: str, runs=rs) -> str:
+                vals = [r["diagnostics"][k] for r in runs if k in r["diagnostics"]]
+                return f"{np.mean(vals):.3f}" if vals else "—"
+
+            held = sum(HELDOUT[0] in r["diagnostics"] for r in rs)
+            lines.append(f"| {method} | {setting} | {d('server/gamma_entropy')} | {d('server/gamma_max')} | "
+                         f"{d('server/teacher_ce')} | {d('server/uniform_ce')} | {d('server/teacher_acc')} | "
+                         f"{d('server/uniform_acc')} | " + " | ".join(d(k) for k in HELDOUT) + f" | {held} |")
     lines += ["\n## Where each run ran\n",
               "Runs of one table may come from different devices (float rounding differs, the method does not); "
               "a run's s/round (in brackets) is comparable only with runs of one device and one sharing of it.\n",
@@ -184,9 +252,30 @@ def tables(res: dict, settings: list[str], meta: dict, runs_dir: Path, planned: 
     return "\n".join(lines) + "\n"
 
 
+def long_lines(res: dict) -> list[str]:
+    """FedAvg's lead over FedCD and FedCD_basic as rounds go on: in the 30-round grid (mean over seeds) and in
+    the 100-round runs."""
+    lines = ["\n## Is FedAvg's lead a short-budget effect? (α = 0.5)\n",
+             "Global-test accuracy (%) at evaluated rounds, mean over the runs' seeds; lead = FedAvg minus the "
+             "method at that round.\n", "| runs | method | seeds | " + " | ".join(f"round {k}" for k in (10, 20, 30, 50, 100))
+             + " |", "| --- | --- | ---: | " + " | ".join("---:" for _ in range(5)) + " |"]
+    for setting, label in (("alpha0.5", "30 rounds"), (LONG["setting"], f"{LONG['rounds']} rounds")):
+        curves = {m: res.get(f"{m}|{setting}", []) for m in LONG["methods"]}
+        if not curves["fedavg"]:
+            continue
+        at = {m: {k: np.mean([r["curve"].get(str(k), np.nan) for r in rs]) for k in (10, 20, 30, 50, 100)}
+              for m, rs in curves.items() if rs}
+        for m in at:
+            cells = [f"{100 * at[m][k]:.2f}" + ("" if m == "fedavg" or np.isnan(at[m][k] - at["fedavg"][k])
+                                               else f" (lead {100 * (at['fedavg'][k] - at[m][k]):+.2f})")
+                     if not np.isnan(at[m][k]) else "—" for k in (10, 20, 30, 50, 100)]
+            lines.append(f"| {label} | {m} | {len(curves[m])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=30)
+    harness.grid_args(ap, NAME, [*METHODS, CENTRAL], list(SETTINGS), rounds=30)
     ap.add_argument("--eval-every", type=int, default=2, help="evaluating 10 models on the test set is the "
                     "costliest part of a round")
     ap.add_argument("--data-dir")
@@ -194,7 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     opts = {"rounds": args.rounds, "device": args.device, "data_dir": args.data_dir, "eval_every": args.eval_every,
             "threads": args.threads, "keep_models": args.keep_models}
-    meta, table_runs = harness.run_grid(NAME, argv, ap, args, build, opts)
+    meta = harness.run_and_record(NAME, argv, args, build, planned(args.runs_dir, args.methods, args.settings,
+                                                                   args.seeds), opts)
+    table_runs = planned(args.runs_dir, ap.get_default("methods"), ap.get_default("settings"),
+                         sorted({*ap.get_default("seeds"), *args.seeds}))
     res = collect(harness.collect(table_runs))
     md = tables(res, list(SETTINGS), meta, args.runs_dir, table_runs)
     harness.write(args.out, NAME, meta, {"runs": res}, md)
