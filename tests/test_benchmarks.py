@@ -159,3 +159,86 @@ def test_tables_cover_the_whole_grid_whatever_ran(tmp_path):
     note = harness.not_run(table, "x")
     assert note[1] == "- b: s1 (seed 2); s2 (seed 2)"
     assert harness.not_run([r for r in table if r.method == "a"], "x") == []
+
+
+def test_dependent_runs_follow_until_none_is_left(tmp_path, monkeypatch):
+    """``then`` names runs that depend on finished ones (an lr chosen from earlier runs): asked again after each
+    batch until it names no unfinished run; what ran counts towards the record."""
+    args = SimpleNamespace(out=tmp_path, report_only=False, jobs=1, device="cpu")
+    first = harness.plan(tmp_path / "runs", ["a"], ["s"], [0])
+    second = harness.plan(tmp_path / "runs", ["b"], ["s"], [0])
+    third = harness.plan(tmp_path / "runs", ["c"], ["s"], [0])
+    batches = []
+
+    def fake_execute(build, runs, options, jobs=1):
+        batches.append([r.method for r in harness.pending(runs)])
+        for r in runs:
+            _finished(r.out, r.seed)
+        return len(runs)
+
+    monkeypatch.setattr(harness, "execute", fake_execute)
+    # b once a has finished, c once b has
+    then = lambda: second + (third if second[0].finished else []) if first[0].finished else []  # noqa: E731
+    meta = harness.run_and_record("x", [], args, None, first, {}, then)
+    assert batches == [["a"], ["b"], ["c"]]
+    assert meta["command"] == ".venv/bin/python benchmarks/papers/x.py"
+
+
+def _fedkf_run(out: Path, seed: int, final: float, val=None, suffix="") -> None:
+    """A fedkf_fmnist run folder: its final global-test accuracy (of the ``suffix`` model) and val curve."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{"round": i + 1, "eval/accuracy": final, f"eval/accuracy{suffix}": final, f"eval/amp{suffix}": final,
+             **({"val/accuracy": v} if val is not None else {})} for i, v in enumerate(val or [None] * 5)]
+    pq.write_table(pa.Table.from_pylist(rows), out / "history.parquet")
+    (out / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "algorithm": {"name": "fedavg"}}))
+    (out / "summary.json").write_text(json.dumps({"seed": seed, **{f"eval/{m}{suffix}": final
+                                                                    for m in ("accuracy", "amp", "fm", "wlp")}}))
+
+
+def test_fedkf_chooses_the_lr_on_validation_and_reruns_only_collapsed_baselines(tmp_path):
+    fk = importlib.import_module("fedkf_fmnist")
+    assert fk.split_method("fedavg_lr0.01") == ("fedavg", 0.01)
+    assert fk.split_method("fedkf_minus") == ("fedkf_minus", None)
+    seeds = [0, 1]
+    sel = fk.selection_runs(tmp_path, seeds)
+    assert {(r.method, r.setting) for r in sel} == {(f"fedavg_lr{lr:g}", fk.SELECT_SETTING) for lr in fk.LR_CHOICES}
+    assert fk.later_runs(tmp_path, seeds, 0.05) == sel  # nothing chosen before the choice's runs finish
+    # 0.02 has the best mean of the last 5 val accuracies (0.01 the best single value: the mean decides)
+    best = {0.005: (0.30, 0.32), 0.01: (0.90, 0.10), 0.02: (0.60, 0.62), 0.05: (0.10, 0.11)}
+    for r in sel:
+        lr = fk.split_method(r.method)[1]
+        _fedkf_run(r.out, r.seed, 0.5, val=[0.0] * 3 + [best[lr][r.seed]] * 5)
+    assert fk.chosen_lr(tmp_path, seeds)[0] == 0.02
+    # the grid at alpha 0.01: FedAvg's ACA model collapsed at seed 0, FedProx at none
+    for seed in seeds:
+        _fedkf_run(tmp_path / f"fedavg_alpha0.01_seed{seed}", seed, 0.1 if seed == 0 else 0.3, suffix="_aca")
+        _fedkf_run(tmp_path / f"fedprox_alpha0.01_seed{seed}", seed, 0.35)
+    reruns = [r for r in fk.later_runs(tmp_path, seeds, 0.05) if r not in sel]
+    assert [(r.method, r.setting, r.seed) for r in reruns] == [("fedavg_lr0.02", "alpha0.01", 0),
+                                                               ("fedavg_lr0.02", "alpha0.01", 1)]
+    assert [r for r in fk.later_runs(tmp_path, seeds, 0.02) if r not in sel] == []  # the grid's own lr: no rerun
+    row = fk.row_figures(harness.collect([harness.Run("fedavg", "alpha0.01", s, tmp_path / f"fedavg_alpha0.01_seed{s}")
+                                          for s in seeds])[("fedavg", "alpha0.01")], "_aca")
+    assert row["collapsed"] == [0]
+    assert fk.marked("FedAvg", row) == "FedAvg † (seed 0)"
+
+
+def test_fedcd_central_runs_once_per_architecture_on_all_the_data(tmp_path):
+    cd = importlib.import_module("fedcd_fmnist")
+    archs = cd.architectures()
+    runs = cd.planned(tmp_path, ["fedcd", "central"], ["iid", "alpha0.5", "alpha0.5_r100"], [0, 1])
+    central = [r for r in runs if r.method == "central"]
+    assert {(r.setting, r.seed) for r in central} == {(a, s) for a in archs for s in (0, 1)}  # not per split
+    assert central[0].out.name == f"central_{archs[0]}_seed0"
+    long = [r for r in runs if r.setting == "alpha0.5_r100"]
+    assert [(r.method, r.seed) for r in long] == [("fedcd", 0)]  # one seed, the asked methods only
+    cfg = cd.make_config("central", "resnet8", 1, 30, "cpu", None)
+    assert (cfg.data.partition, cfg.data.num_clients, cfg.model.name, cfg.model.client_models) == \
+        ("central", 1, "resnet8", None)
+    assert cfg.algorithm.name == "local" and cfg.federation.eval_every == 30
+    fed = cd.make_config("fedcd", "alpha0.5", 1, 30, "cpu", None)
+    # the same samples seen: the FedCD user's local steps and batch, and the same held-out validation set
+    assert (cfg.federation.local_steps, cfg.federation.batch_size, cfg.federation.rounds) == \
+        (fed.federation.local_steps, fed.federation.batch_size, fed.federation.rounds)
+    assert cfg.data.server_data == fed.data.server_data
+    assert cd.make_config("fedavg", "alpha0.5_r100", 0, 30, "cpu", None).federation.rounds == 100

@@ -9,7 +9,7 @@ the lr). AMP / FM / WLP are FedKF Def. 1-3 on the clients' 80/20 test splits. Th
 E = 10 local epochs on a GPU; rounds and local work are flags here.
 
 Defaults (the recorded grid), sized for a 2-core CPU with one torch thread: 20 rounds of 16 local steps
-(batch 64) at SGD lr 0.05, FedKF generating 16 samples per step, evaluation every 2 rounds, seeds 0 1.
+(batch 64) at SGD lr 0.05, FedKF generating 16 samples per step, evaluation every 2 rounds, seeds 0 1 2.
 Why: FedKF's local generator costs ~0.56 s per step at 64 generated samples on one core (a FedAvg step
 costs 10 ms), so the paper's budget would take days here; 16 samples per step cut it to ~0.13 s. 16 steps
 at lr 0.05 keep each round's local progress (lr x steps = 0.8) equal to the paper's EMNIST setting (10
@@ -21,6 +21,14 @@ methods), hence every 2 rounds. ``--local-epochs 10 --lr 0.01 --generator-batch 
 One FedAvg run with ``report_model=oca`` gives both FedAvg rows: its ACA model is plain FedAvg (the training
 is identical; tests/methods/test_fedkf.py checks it bit for bit) and its OCA model is "FedAvg (OCA)".
 Likewise one FedKF run gives FedKF (ACA) and FedKF (OCA).
+
+Collapse to chance: a run whose final global-test accuracy is within a point of 1/10 predicts one class; the
+tables mark it. At alpha = 0.01 the grid's lr 0.05 does this to FedAvg and the baselines built on its local
+step, so the script then chooses an lr for them on held-out images, never on the test set: FedAvg at alpha =
+0.01 with ``data.val_per_class`` = 50 (500 training images no client holds), at each of LR_CHOICES, the
+grid's seeds; the lr with the best mean over seeds of the last-5 ``val/accuracy`` is chosen, and every
+baseline with a collapsed run is rerun with it on the grid's own split (rows "..., lr X (chosen on val)").
+FedProx, FedGKD and FedGen take FedAvg's choice: their extra terms are small beside its local step.
 
 The grid (harness.py): methods x settings (alpha1, alpha0.1, alpha0.01) x seeds, one run folder each in
 ``--runs-dir`` (default benchmarks/results/fedkf_fmnist_runs); finished runs are skipped, so an interrupted
@@ -60,6 +68,11 @@ METHODS: dict[str, dict] = {
     "fedkf": {"algorithm.name": "fedkf", "algorithm.variant": "fedkf"},
 }
 SETTINGS = {"alpha1": 1.0, "alpha0.1": 0.1, "alpha0.01": 0.01}
+CHANCE = 0.1  # 10 classes
+LR_CHOICES = (0.005, 0.01, 0.02, 0.05)  # the lr choice for collapsed baselines (the grid's lr is the last)
+VAL_PER_CLASS = 50
+SELECT_SETTING = "alpha0.01val"  # the choice's runs: alpha 0.01 with a validation set
+BASELINES = ("fedavg", "fedprox", "fedgen", "fedgkd", "qffl")
 # table row -> (method run, suffix of the eval keys that hold that row's model)
 ROWS = [
     ("FedAvg", "fedavg", "_aca"), ("FedProx", "fedprox", ""), ("FedGen", "fedgen", ""), ("FedGKD", "fedgkd", ""),
@@ -140,17 +153,32 @@ def method_overrides(opts: dict, method: str) -> dict:
     return over
 
 
+def lr_method(method: str, lr: float) -> str:
+    """The name of ``method``'s runs at learning rate ``lr`` (the lr choice and the reruns)."""
+    return f"{method}_lr{lr:g}"
+
+
+def split_method(name: str) -> tuple[str, float | None]:
+    """``fedavg_lr0.01`` -> ("fedavg", 0.01); a grid method -> (it, None)."""
+    base, sep, lr = name.rpartition("_lr")
+    return (base, float(lr)) if sep and base in METHODS else (name, None)
+
+
 def build(run: Run, opts: dict):
     """The run's config and data: the partition of (alpha, seed), data.min_samples lowered from 10 to 5, then
-    2, when alpha is too small for it."""
+    2, when alpha is too small for it. The lr choice's runs are plain FedAvg with a validation set."""
     from fedray.config import load_config
     from fedray.data import build_federated_data
     from fedray.errors import DataError
 
+    method, lr = split_method(run.method)
+    select = run.setting == SELECT_SETTING
+    over = {**base_overrides(opts), "data.alpha": SETTINGS["alpha0.01" if select else run.setting], "seed": run.seed,
+            **({"algorithm.name": "fedavg", "data.val_per_class": VAL_PER_CLASS} if select
+               else method_overrides(opts, method)),
+            **({} if lr is None else {"federation.lr": lr})}
     for min_samples in (10, 5, 2):
-        cfg = load_config(None, {**base_overrides(opts), "data.alpha": SETTINGS[run.setting],
-                                 "data.min_samples": min_samples, "seed": run.seed,
-                                 **method_overrides(opts, run.method)})
+        cfg = load_config(None, {**over, "data.min_samples": min_samples})
         try:
             return cfg, build_federated_data(cfg.data, cfg.seed)
         except DataError as e:
@@ -158,6 +186,40 @@ def build(run: Run, opts: dict):
                 raise
             print(f"  {run.out.name}: data.min_samples={min_samples} impossible, trying lower", flush=True)
     raise SystemExit(f"{run.out.name}: no partition even with data.min_samples=2")
+
+
+def collapsed(rec: Finished, suffix: str) -> bool:
+    """The run's model (``suffix``: its ACA / OCA keys) ended within a point of chance: it predicts one class."""
+    return rec.summary[f"eval/accuracy{suffix}"] < CHANCE + 0.01
+
+
+def selection_runs(runs_dir: Path, seeds) -> list[Run]:
+    return [Run(m, SELECT_SETTING, seed, Path(runs_dir) / harness.run_name(m, SELECT_SETTING, seed))
+            for m in (lr_method("fedavg", lr) for lr in LR_CHOICES) for seed in seeds]
+
+
+def chosen_lr(runs_dir: Path, seeds) -> tuple[float | None, dict[float, list[float]]]:
+    """The lr of LR_CHOICES with the best mean over seeds of FedAvg's last-5 ``val/accuracy`` at alpha = 0.01
+    (None until every run of the choice has finished), and every lr's per-seed scores."""
+    grid = harness.collect(selection_runs(runs_dir, seeds))
+    scores = {split_method(m)[1]: [harness.last_n(r.history, "val/accuracy") for r in recs]
+              for (m, _), recs in grid.items()}
+    if len(scores) < len(LR_CHOICES) or any(len(v) < len(seeds) for v in scores.values()):
+        return None, scores
+    return max(LR_CHOICES, key=lambda lr: float(np.mean(scores[lr]))), scores
+
+
+def later_runs(runs_dir: Path, seeds, grid_lr: float) -> list[Run]:
+    """The lr choice's runs, and once they have finished, every baseline with a run collapsed to chance at
+    alpha = 0.01 rerun on the grid's split at the chosen lr (none when the choice is the grid's own lr)."""
+    runs = selection_runs(runs_dir, seeds)
+    lr, _ = chosen_lr(runs_dir, seeds)
+    if lr is None or lr == grid_lr:
+        return runs
+    done = harness.collect(harness.plan(runs_dir, BASELINES, ["alpha0.01"], seeds))
+    suffix = {method: sfx for _, method, sfx in ROWS}
+    bad = [m for m in BASELINES if any(collapsed(r, suffix[m]) for r in done.get((m, "alpha0.01"), []))]
+    return runs + harness.plan(runs_dir, [lr_method(m, lr) for m in bad], ["alpha0.01"], seeds)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -172,9 +234,19 @@ def first_round(history, key, target):
     return None
 
 
-def tabulate(grid: dict[tuple[str, str], list[Finished]], settings: list[str]) -> dict:
-    """The tables' figures, per seed: Tables V-VI's rows, Table XII's, Table VIII's rounds, the timing."""
-    out: dict = {"rows": {}, "xii": {}, "rounds": {}, "timing": {}, "min_samples": {}}
+def row_figures(recs: list[Finished], suffix: str) -> dict:
+    """One table row's figures, per seed: the final AMP / FM / WLP / accuracy, the mean AMP of the last 5
+    evaluations, and the seeds whose run collapsed to chance."""
+    return {"seeds": [r.seed for r in recs],
+            **{m: [r.summary[f"eval/{m}{suffix}"] for r in recs] for m in ("amp", "fm", "wlp", "accuracy")},
+            "amp_last5": [harness.last_n(r.history, f"eval/amp{suffix}") for r in recs],
+            "collapsed": [r.seed for r in recs if collapsed(r, suffix)]}
+
+
+def tabulate(grid: dict[tuple[str, str], list[Finished]], settings: list[str], later: dict) -> dict:
+    """The tables' figures, per seed: Tables V-VI's rows (with the reruns of collapsed baselines at the lr
+    chosen on validation images), Table XII's, Table VIII's rounds, the timing, the lr choice."""
+    out: dict = {"rows": {}, "xii": {}, "rounds": {}, "timing": {}, "min_samples": {}, "lr_choice": {}}
     for setting in settings:
         a = f"{SETTINGS[setting]:g}"
         for table, rows in (("rows", ROWS), ("xii", XII_ROWS)):
@@ -182,8 +254,12 @@ def tabulate(grid: dict[tuple[str, str], list[Finished]], settings: list[str]) -
             for label, method, suffix in rows:
                 recs = grid.get((method, setting), [])
                 if recs:
-                    out[table][a][label] = {"seeds": [r.seed for r in recs], **{
-                        m: [r.summary[f"eval/{m}{suffix}"] for r in recs] for m in ("amp", "fm", "wlp", "accuracy")}}
+                    out[table][a][label] = row_figures(recs, suffix)
+                    if table == "rows":
+                        for (m, s), reruns in later.items():
+                            base, lr = split_method(m)
+                            if s == setting and base == method:
+                                out[table][a][f"{label}, lr {lr:g} (chosen on val)"] = row_figures(reruns, suffix)
         # Table VIII: rounds each row needs to reach FedAvg's final AMP, per seed
         out["rounds"][a] = {}
         base = {r.seed: r for r in grid.get(("fedavg", setting), [])}
@@ -218,6 +294,34 @@ def _paper(t) -> str:
     return "—" if t is None else f"{t[0]:.2f} / {t[1]:.3f} / {t[2]:.2f}"
 
 
+def marked(label: str, row: dict) -> str:
+    """The row's label, with † and the seeds that collapsed to chance."""
+    bad = row["collapsed"]
+    return f"{label} † (seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})" if bad else label
+
+
+def lr_choice_lines(choice: dict, grid_lr: float) -> list[str]:
+    """The lr choice for the collapsed baselines: each lr's validation score and the one chosen."""
+    if not choice.get("scores"):
+        return []
+    lines = ["## The learning rate for collapsed baselines, chosen on validation images", "",
+             f"FedAvg at α = 0.01 with {VAL_PER_CLASS} training images per class held out as a validation set "
+             "(no client holds them), one run per lr and seed; the score is the mean `val/accuracy` of the last 5 "
+             f"evaluations (%). The test set plays no part. The grid's lr is {grid_lr:g}.", "",
+             "| lr | val accuracy, last 5 (%) | seeds |", "| ---: | ---: | ---: |"]
+    for lr, scores in choice["scores"].items():
+        pick = " (chosen)" if choice["chosen"] is not None and float(lr) == choice["chosen"] else ""
+        lines.append(f"| {float(lr):g}{pick} | {fmt_mean_std(scores, 100, 2)} | {len(scores)} |")
+    if choice["chosen"] is None:
+        lines.append("\nNot every run of the choice has finished: no lr is chosen yet.")
+    elif choice["chosen"] == grid_lr:
+        lines.append("\nThe choice is the grid's own lr: nothing is rerun.")
+    else:
+        lines.append(f"\nEvery baseline with a collapsed run at α = 0.01 is rerun with lr {choice['chosen']:g} on the "
+                     "grid's split and seeds (the rows \"..., chosen on val\" above).")
+    return lines + [""]
+
+
 def markdown(res: dict, meta: dict, setting: dict, runs_dir: Path, planned: list[Run]) -> str:
     rounds = setting["rounds"]
     lines = harness.header("FedKF comparison on Fashion-MNIST", meta, NAME, runs_dir, planned)
@@ -229,8 +333,11 @@ def markdown(res: dict, meta: dict, setting: dict, runs_dir: Path, planned: list
         "and hardware, shown for the shape of the comparison, not as a target to match digit for digit.",
         "",
         "AMP / WLP in %, FM = population variance of per-client accuracy in fraction² ×10⁻³ (FedKF's unit; the "
-        "paper's ×10⁻² columns are converted). Mean ± sample std over seeds. FedAvg's row is the ACA model of "
-        "the FedAvg (OCA) run (identical training); FedKF rows of one variant come from one run.",
+        "paper's ×10⁻² columns are converted). Mean ± sample std over seeds, after the last round; \"AMP, last 5\" "
+        "is the mean AMP of the last 5 evaluations, the figure to compare methods by. FedAvg's row is the ACA "
+        "model of the FedAvg (OCA) run (identical training); FedKF rows of one variant come from one run. "
+        "† marks a row with runs that collapsed to chance (final global-test accuracy within a point of 10 %: "
+        "one class predicted), naming their seeds.",
         "",
     ]
     if res["min_samples"]:
@@ -242,17 +349,16 @@ def markdown(res: dict, meta: dict, setting: dict, runs_dir: Path, planned: list
     for a in res["rows"]:
         alpha = float(a)
         lines += [f"## α = {a}", "",
-                  "| method | AMP (%) | FM (×10⁻³) | WLP (%) | paper EMNIST AMP / FM / WLP "
+                  "| method | AMP (%) | AMP, last 5 (%) | FM (×10⁻³) | WLP (%) | paper EMNIST AMP / FM / WLP "
                   "| paper CIFAR-10 AMP / FM / WLP |",
-                  "| :--- | ---: | ---: | ---: | ---: | ---: |"]
-        for label, *_ in ROWS:
-            r = res["rows"][a].get(label)
-            if r is None:
-                continue
+                  "| :--- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for label, r in res["rows"][a].items():
             pe, pc = PAPER["EMNIST"].get(alpha, {}).get(label), PAPER["CIFAR-10"].get(alpha, {}).get(label)
-            lines.append(f"| {label} | {fmt_mean_std(r['amp'], 100, 2)} | {fmt_mean_std(r['fm'], 1e3, 3)} | "
+            lines.append(f"| {marked(label, r)} | {fmt_mean_std(r['amp'], 100, 2)} | "
+                         f"{fmt_mean_std(r['amp_last5'], 100, 2)} | {fmt_mean_std(r['fm'], 1e3, 3)} | "
                          f"{fmt_mean_std(r['wlp'], 100, 2)} | {_paper(pe)} | {_paper(pc)} |")
         lines.append("")
+    lines += lr_choice_lines(res["lr_choice"], setting["lr"])
     lines += ["## FedAvg vs FedAvg (OCA) (Table XII)", "",
               "| α | method | AMP (%) | FM (×10⁻³) | WLP (%) | paper EMNIST (α=0.1) | paper CIFAR-10 (α=0.1) |",
               "| :--- | :--- | ---: | ---: | ---: | ---: | ---: |"]
@@ -262,7 +368,7 @@ def markdown(res: dict, meta: dict, setting: dict, runs_dir: Path, planned: list
             if r is None:
                 continue
             pe, pc = PAPER["EMNIST"][0.1].get(label), PAPER["CIFAR-10"][0.1].get(label)
-            lines.append(f"| {a} | {label} | {fmt_mean_std(r['amp'], 100, 2)} | {fmt_mean_std(r['fm'], 1e3, 3)} | "
+            lines.append(f"| {a} | {marked(label, r)} | {fmt_mean_std(r['amp'], 100, 2)} | {fmt_mean_std(r['fm'], 1e3, 3)} | "
                          f"{fmt_mean_std(r['wlp'], 100, 2)} | {_paper(pe)} | {_paper(pc)} |")
     lines += ["", "## Rounds to reach FedAvg's final AMP (Table VIII)", "",
               f"Per seed, the target is that seed's FedAvg AMP after {rounds} rounds; the first round whose AMP "
@@ -305,13 +411,13 @@ def setting_of(grid: dict[tuple[str, str], list[Finished]]) -> dict:
               + f", evaluated every {p['federation.eval_every']} round(s)")
     seeds = sorted({r.seed for recs in grid.values() for r in recs})
     return {"rounds": p["federation.rounds"], "batch_size": p["federation.batch_size"], "local_work": local,
-            "seeds": ", ".join(map(str, seeds))}
+            "seeds": ", ".join(map(str, seeds)), "lr": p["federation.lr"]}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=20, seeds=(0, 1))
+    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=20)
     ap.add_argument("--local-epochs", type=int, default=None,
                     help="passes over each client's data per round (the paper: 10); overrides --local-steps")
     ap.add_argument("--local-steps", type=int, default=16, help="optimizer steps per client per round")
@@ -324,12 +430,21 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     opts = {k: getattr(args, k) for k in ("rounds", "local_epochs", "local_steps", "lr", "batch_size",
                                           "generator_batch", "eval_every", "threads", "device", "keep_models")}
-    meta, table_runs = harness.run_grid(NAME, argv, ap, args, build, opts)
+    table_runs = harness.tabled(ap, args)
+    seeds = sorted({r.seed for r in table_runs})
+    # the lr choice (every seed of the tables) and the reruns, when FedAvg at alpha = 0.01 is asked for
+    then = ((lambda: later_runs(args.runs_dir, seeds, args.lr))
+            if "alpha0.01" in args.settings and "fedavg" in args.methods else None)
+    meta = harness.run_and_record(NAME, argv, args, build, harness.plan(args.runs_dir, args.methods, args.settings,
+                                                                        args.seeds), opts, then)
+    extra = later_runs(args.runs_dir, seeds, args.lr)
     grid = harness.collect(table_runs)
     if not grid:
         raise SystemExit(f"no finished run in {args.runs_dir}")
-    res = tabulate(grid, list(SETTINGS))
-    md = markdown(res, meta, setting_of(grid), args.runs_dir, table_runs)
+    res = tabulate(grid, list(SETTINGS), harness.collect(r for r in extra if r.setting != SELECT_SETTING))
+    lr, scores = chosen_lr(args.runs_dir, seeds)
+    res["lr_choice"] = {"chosen": lr, "scores": {f"{k:g}": v for k, v in sorted(scores.items())}}
+    md = markdown(res, meta, setting_of(grid), args.runs_dir, table_runs + extra)
     harness.write(args.out, NAME, meta, {"results": res, "paper": {
         "tables_V_VI_XII": {d: {str(a): v for a, v in t.items()} for d, t in PAPER.items()},
         "table_VIII": PAPER_ROUNDS}}, md)

@@ -307,9 +307,12 @@ def run_grid(name: str, script_argv: Sequence[str], ap: argparse.ArgumentParser,
 
 
 def run_and_record(name: str, script_argv: Sequence[str], args: argparse.Namespace, build: Build,
-                   runs: Sequence[Run], options: dict) -> dict:
+                   runs: Sequence[Run], options: dict, then: Callable[[], Sequence[Run]] | None = None) -> dict:
     """Run the grid unless ``--report-only``; return the record's meta: this invocation's when it ran
-    something, else the one in ``OUT/<name>.json`` (so that ``--report-only`` reproduces the tables)."""
+    something, else the one in ``OUT/<name>.json`` (so that ``--report-only`` reproduces the tables).
+
+    ``then``, when given, names runs that depend on finished ones (a learning rate chosen from earlier
+    runs): it is asked again after each batch, and its unfinished runs run, until it names none."""
     recorded = read_meta(args.out, name)
     if args.report_only:
         if recorded is None:
@@ -317,6 +320,8 @@ def run_and_record(name: str, script_argv: Sequence[str], args: argparse.Namespa
                   "were made", file=sys.stderr)
         return recorded or {}
     ran = execute(build, runs, options, args.jobs)
+    while then is not None and (later := pending(then())):
+        ran += execute(build, later, options, args.jobs)
     if ran == 0 and recorded is not None:
         return recorded
     meta = invocation(name, script_argv, args.device)
