@@ -391,6 +391,8 @@ def markdown(res: dict, meta: dict, setting: dict, runs_dir: Path, planned: list
         pe, pc = PAPER_ROUNDS["EMNIST"].get(label, "—"), PAPER_ROUNDS["CIFAR-10"].get(label, "—")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {pe} | {pc} |")
     lines += ["", "## Time per round", "",
+              "Means over every run of the method, whatever else shared the CPU (the record above says which "
+              "invocations shared it): a guide to the cost, not a speed measurement.", "",
               "| method | s/round (mean, incl. evaluation) | s/round from round 2 | total s |",
               "| :--- | ---: | ---: | ---: |"]
     for method, t in res["timing"].items():
