@@ -21,7 +21,7 @@ Methods:
   evaluated after the last round only.
 
 Setting ``alpha0.5_r100``: FedCD, FedCD_basic and FedAvg for 100 rounds at alpha = 0.5, seed 0 only (longer
-runs, fewer seeds), evaluated every 5 rounds: whether FedAvg's lead is an effect of the short budget. On this
+runs, fewer seeds), evaluated every 10 rounds: whether FedAvg's lead is an effect of the short budget. On this
 2-core CPU they take ~2-5 h each (recorded 64-192 s a round for FedCD and FedCD_basic, 25 s for FedAvg); on one
 GPU, ~15 min for the three together (recorded 7.5-8.3 s a round with 10-15 runs sharing an H200):
 
@@ -70,7 +70,7 @@ SETTINGS: dict[str, dict[str, Any]] = {"iid": {"data.partition": "iid"},
                                        "alpha0.5": {"data.partition": "dirichlet", "data.alpha": 0.5},
                                        "alpha0.5_r100": {"data.partition": "dirichlet", "data.alpha": 0.5}}
 LONG = {"setting": "alpha0.5_r100", "methods": ("fedcd", "fedcd_basic", "fedavg"), "seeds": (0,), "rounds": 100,
-        "eval_every": 5}
+        "eval_every": 10}  # evaluating ten models costs several rounds' training on a CPU
 CENTRAL = "central"  # a method of its own: one run per architecture and seed, whatever the settings
 # FedCD paper, CIFAR-100 (another dataset): Table II average accuracy %, Table III MB (IID, 200 rounds).
 PAPER_TABLE2 = {("fedavg", "iid"): 35.94, ("feddistill", "iid"): 34.85, ("fedcd", "iid"): 70.78,
