@@ -18,6 +18,9 @@ Settings: ``steps20`` (3 seeds) and ``steps200`` (10x the local steps, seed 0: t
 images, uniform on generated, and FedAvg). Every DaFKD run also evaluates its plain average before distillation
 (``eval/accuracy_avg``), which separates what the distillation does from what the clients did.
 
+Cost on the 2-core CPU, one thread a run: ~46-51 s a round for DaFKD at 200 steps (~50 min a run), ~9 s for
+FedAvg. The other cells at 200 steps, or more seeds, add ~50 min of CPU each (extend GRID["steps200"]).
+
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 --jobs 2   # the 3-seed grid
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps200 --jobs 2  # 10x local steps
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --report-only
