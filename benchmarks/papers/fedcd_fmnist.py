@@ -77,8 +77,8 @@ PAPER_TABLE2 = {("fedavg", "iid"): 35.94, ("feddistill", "iid"): 34.85, ("fedcd"
                 ("fedcd_basic", "iid"): 73.95, ("fedavg", "alpha0.5"): 35.88, ("feddistill", "alpha0.5"): 20.11,
                 ("fedcd", "alpha0.5"): 42.92, ("fedcd_basic", "alpha0.5"): 44.51}
 PAPER_TABLE3 = {"fedavg": 37928.40, "feddistill": 16.0, "fedcd": 10.24}
-# Eq. 4's teacher (last round's gamma) and the uniform average scored on this round's shared batch, less the
-# images it shares with the batch gamma was fitted on
+# Eq. 4's teacher and the uniform average scored on the shared batch gamma was fitted on (FITTED), and with last
+# round's gamma on this round's batch, less the images the two batches share (HELDOUT)
 FITTED = ("server/teacher_ce", "server/uniform_ce", "server/teacher_acc", "server/uniform_acc")
 HELDOUT = tuple(f"{k}_heldout" for k in FITTED)
 

@@ -23,12 +23,13 @@ is identical; tests/methods/test_fedkf.py checks it bit for bit) and its OCA mod
 Likewise one FedKF run gives FedKF (ACA) and FedKF (OCA).
 
 Collapse to chance: a run whose final global-test accuracy is within a point of 1/10 predicts one class; the
-tables mark it. At alpha = 0.01 the grid's lr 0.05 does this to FedAvg and the baselines built on its local
-step, so the script then chooses an lr for them on held-out images, never on the test set: FedAvg at alpha =
-0.01 with ``data.val_per_class`` = 50 (500 training images no client holds), at each of LR_CHOICES, the
-grid's seeds; the lr with the best mean over seeds of the last-5 ``val/accuracy`` is chosen, and every
-baseline with a collapsed run is rerun with it on the grid's own split (rows "..., lr X (chosen on val)").
-FedProx, FedGKD and FedGen take FedAvg's choice: their extra terms are small beside its local step.
+tables mark it. At alpha = 0.01 FedAvg and the baselines built on its local step do this in seed 0, so the
+script then chooses their lr on held-out images, never on the test set: FedAvg at alpha = 0.01 with
+``data.val_per_class`` = 50 (500 training images no client holds), at each of LR_CHOICES, the grid's seeds;
+the lr with the best mean over seeds of the last-5 ``val/accuracy`` is chosen, and every baseline with a
+collapsed run is rerun with it on the grid's own split (rows "..., lr X (chosen on val)"); when the choice is
+the grid's own lr, the grid's runs are those reruns. FedProx, FedGKD and FedGen take FedAvg's choice: their
+extra terms are small beside its local step.
 
 The grid (harness.py): methods x settings (alpha1, alpha0.1, alpha0.01) x seeds, one run folder each in
 ``--runs-dir`` (default benchmarks/results/fedkf_fmnist_runs); finished runs are skipped, so an interrupted
