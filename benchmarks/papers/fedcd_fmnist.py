@@ -22,8 +22,9 @@ Methods:
 
 Setting ``alpha0.5_r100``: FedCD, FedCD_basic and FedAvg for 100 rounds at alpha = 0.5, seed 0 only (longer
 runs, fewer seeds), evaluated every 10 rounds: whether FedAvg's lead is an effect of the short budget. On this
-2-core CPU they take ~2-5 h each (recorded 64-192 s a round for FedCD and FedCD_basic, 25 s for FedAvg); on one
-GPU, ~15 min for the three together (recorded 7.5-8.3 s a round with 10-15 runs sharing an H200):
+2-core CPU, one thread each, two at a time: FedCD 30 s a round (50 min), FedAvg 12 s (20 min); FedCD_basic,
+1.3-1.7x FedCD's rounds in the 30-round grid, ~1-1.5 h. On one GPU, ~15 min for the three together (recorded
+7.5-8.3 s a round, evaluating every 2 rounds, with 10-15 runs sharing an H200):
 
     python benchmarks/papers/fedcd_fmnist.py --device cuda --jobs 3 --settings alpha0.5_r100 --methods fedcd fedcd_basic fedavg
 
