@@ -97,8 +97,7 @@ def planned(runs_dir: Path, methods, settings, seeds) -> list[Run]:
     runs = harness.plan(runs_dir, [m for m in methods if m in METHODS], [s for s in settings if s != LONG["setting"]],
                         seeds)
     if CENTRAL in methods:
-        runs += [Run(CENTRAL, arch, seed, Path(runs_dir) / harness.run_name(CENTRAL, arch, seed))
-                 for seed in seeds for arch in architectures()]
+        runs += harness.plan(runs_dir, [CENTRAL], architectures(), seeds)  # the architecture is the setting
     if LONG["setting"] in settings:
         runs += harness.plan(runs_dir, [m for m in LONG["methods"] if m in methods], [LONG["setting"]],
                              [s for s in LONG["seeds"] if s in seeds])

@@ -195,8 +195,7 @@ def collapsed(rec: Finished, suffix: str) -> bool:
 
 
 def selection_runs(runs_dir: Path, seeds) -> list[Run]:
-    return [Run(m, SELECT_SETTING, seed, Path(runs_dir) / harness.run_name(m, SELECT_SETTING, seed))
-            for m in (lr_method("fedavg", lr) for lr in LR_CHOICES) for seed in seeds]
+    return harness.plan(runs_dir, [lr_method("fedavg", lr) for lr in LR_CHOICES], [SELECT_SETTING], seeds)
 
 
 def chosen_lr(runs_dir: Path, seeds) -> tuple[float | None, dict[float, list[float]]]:
