@@ -36,10 +36,11 @@ from fedray.errors import ConfigError, RunFailure, check_interrupted, record_int
 from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
 from fedray.sweep.searcher import VALUE_KEY, search_algorithm
+from fedray.sweep.tracking import DATA_KEY, MlflowSweepCallback, kill_running_children
 from fedray.sweep.report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
-from fedray.report.provenance import data_facts, run_label
-from fedray.report.tracking import (MlflowTracker, _numeric, log_final_model, resolve_tracking_uri, resumed_store,
+from fedray.report.provenance import data_facts
+from fedray.report.tracking import (MlflowTracker, _numeric, resolve_tracking_uri, resumed_store,
                                    ui_hint)
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
@@ -48,7 +49,6 @@ SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
 SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
 RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
-DATA_KEY = "fedray_data"  # a trial's first report: its data_facts (JSON), for its MLflow run's input and model
 
 
 class _TuneReport:
@@ -141,66 +141,6 @@ def _stop_tune_gracefully(signum, frame) -> None:
     signal.raise_signal(signal.SIGUSR1)
 
 
-class MlflowSweepCallback(tune.Callback):
-    """Records every trial as a child run of the sweep's parent run, from the Tune driver."""
-
-    def __init__(self, spec: SweepSpec, uri: str, experiment: str, parent_run_id: str, source: str | None = None):
-        self.spec, self.uri, self.experiment, self.parent, self.source = spec, uri, experiment, parent_run_id, source
-        self._runs: dict[str, MlflowTracker] = {}
-        self._last_round: dict[str, int] = {}
-        self._facts: dict[str, dict] = {}
-
-    def __getstate__(self):  # Tune pickles callbacks into its experiment state; clients stay behind
-        return {**self.__dict__, "_runs": {}, "_last_round": {}, "_facts": {}}
-
-    def _tracker(self, trial) -> MlflowTracker:
-        if trial.trial_id not in self._runs:
-            t = MlflowTracker(self.uri, self.experiment)
-            cfg = self.spec.trial_config(trial.config)
-            # named by what it ran: method, data, seed and the searched values (the trial id is a tag)
-            t.start(cfg, kind="trial", parent_run_id=self.parent, run_name=run_label(cfg, trial.config),
-                    source=self.source,
-                    extra_tags={"fedray.trial_id": trial.trial_id, "fedray.sweep": self.spec.name,
-                                "fedray.resumed": str(bool(getattr(trial, "checkpoint", None))).lower()})
-            self._runs[trial.trial_id] = t
-        return self._runs[trial.trial_id]
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        self._tracker(trial)
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        if DATA_KEY in result:
-            self._facts[trial.trial_id] = json.loads(result[DATA_KEY])
-            self._tracker(trial).log_data(self._facts[trial.trial_id])
-        if "round" in result:
-            self._tracker(trial).log_round({k: v for k, v in result.items() if "/" in k or k == "round"})
-            self._last_round[trial.trial_id] = int(result["round"])
-
-    def _finish(self, trial, status: str, tags: dict[str, str]) -> None:
-        t = self._tracker(trial)
-        for k, v in tags.items():
-            t.client.set_tag(t.run_id, k, v)
-        run_dir = Path(trial.local_path or "") / "run"
-        if run_dir.is_dir():
-            t.log_artifacts(run_dir)
-            facts = self._facts.pop(trial.trial_id, None)
-            if status == "FINISHED" and facts is not None:
-                log_final_model(t, self.spec.trial_config(trial.config), facts, run_dir,
-                                self._last_round.get(trial.trial_id, 0))
-        t.end(status)
-        self._runs.pop(trial.trial_id, None)
-
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        rounds = self.spec.trial_config(trial.config).federation.rounds
-        last = self._last_round.get(trial.trial_id, 0)
-        self._finish(trial, "FINISHED", {"fedray.stopped_early": str(last < rounds).lower(),
-                                         "fedray.rounds_done": str(last)})
-
-    def on_trial_error(self, iteration, trials, trial, **info):
-        error = getattr(trial, "error_file", None) or ""
-        self._finish(trial, "FAILED", {"fedray.error_file": str(error)})
-
-
 def _stand_in_for_lost_checkpoints(sweep_dir: Path) -> list[Path]:
     """Make an empty folder for each trial checkpoint the saved sweep state names but that no longer exists.
 
@@ -224,12 +164,6 @@ def _stand_in_for_lost_checkpoints(sweep_dir: Path) -> list[Path]:
                         "which no longer existed; the trial went on from its run directory or from scratch.\n")
                     made.append(trial_dir / name)
     return made
-
-
-def _kill_running_children(parent: MlflowTracker) -> None:
-    query = f"tags.mlflow.parentRunId = '{parent.run_id}' and attributes.status = 'RUNNING'"
-    for child in parent.client.search_runs([parent.experiment_id], query):
-        parent.client.set_terminated(child.info.run_id, "KILLED")
 
 
 def _sweep_dir(spec: SweepSpec) -> Path:
@@ -295,7 +229,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         if parent is not None and resume:
             parent.run_id = state["parent_run_id"]
             parent.client.update_run(parent.run_id, status="RUNNING")
-            _kill_running_children(parent)  # left by a crashed driver; their trials rerun as new children
+            kill_running_children(parent)  # left by a crashed driver; their trials rerun as new children
         ray_log = None if verbose else RayLogFile(sweep_dir / RAY_LOG)
         if ray_log is not None:
             say(f"Ray's and Tune's logs: {ray_log.path}", highlight=False, soft_wrap=True)
@@ -375,7 +309,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
         return best
     except BaseException as exc:
         if parent is not None and parent.run_id is not None:
-            _kill_running_children(parent)
+            kill_running_children(parent)
             parent.stop_watching(monitor)
             parent.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
         raise
