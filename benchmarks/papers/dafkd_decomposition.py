@@ -158,6 +158,7 @@ def markdown(figs, meta: dict, runs_dir: Path, planned_runs: list[Run], rounds: 
               "| setting | contrast | what it isolates | difference |", "|---|---|---|---:|"]
     contrasts = [("oracle_generated", "disc_generated", "perfect weights instead of the discriminators'"),
                  ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
+                 ("uniform_proxy", "disc_proxy", "uniform weights instead of the discriminators', on real images"),
                  ("disc_proxy", "disc_generated", "real images instead of generated ones"),
                  ("oracle_proxy", "oracle_generated", "real images instead of generated ones, perfect weights"),
                  ("oracle_proxy", "fedavg", "the best distillation can do here against FedAvg"),
