@@ -104,6 +104,12 @@ class DataConfig(_Strict):
     synthetic_num_classes: int = Field(default=10, ge=2)
     synthetic_image_size: int = Field(default=16, ge=8)
     synthetic_channels: int = Field(default=1, ge=1)
+    synthetic_noise: float = Field(default=0.3, ge=0, description="synthetic: per-pixel Gaussian noise std on a "
+                                   "[0, 1] scale (how hard the task is)")
+    synthetic_shift: int = Field(default=2, ge=0, description="synthetic: largest shift of a class template, in "
+                                 "pixels each way (0: the templates stay put)")
+    synthetic_contrast: float = Field(default=0.22, gt=0, le=0.5, description="synthetic: the templates' std "
+                                      "around 0.5 (how far apart the classes are)")
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

@@ -37,6 +37,9 @@ def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
             cfg.synthetic_channels,
             cfg.synthetic_image_size,
             seed,
+            noise=cfg.synthetic_noise,
+            shift=cfg.synthetic_shift,
+            contrast=cfg.synthetic_contrast,
         )
     if cfg.dataset not in TORCHVISION_STATS:
         allowed = ", ".join([*TORCHVISION_STATS, "synthetic", *DOMAINS])

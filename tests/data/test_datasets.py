@@ -311,3 +311,27 @@ def test_synthetic_is_learnable_but_not_trivial():
             accs.append((model(xt).argmax(1) == yt).float().mean().item())
     assert accs[-1] > 0.8
     assert accs[0] < 0.9  # one step does not solve it
+
+
+def test_synthetic_knobs_set_how_far_the_label_is_read_off_the_image():
+    """noise, shift and contrast: without noise or shift every image IS its class template (a nearest-template
+    reader is exact); the noise's std is the pixels' spread around it; more contrast puts the templates further
+    apart; the defaults are today's dataset, bit for bit."""
+    clean = make_synthetic(200, 50, 10, 1, 16, seed=3, noise=0.0, shift=0)
+    templates = np.stack([clean.train_x[clean.train_y == c][0] for c in range(10)]).astype(np.float64)
+    for x, y in ((clean.train_x, clean.train_y), (clean.test_x, clean.test_y)):
+        assert (x[:, None].astype(np.float64) == templates[None]).reshape(len(x), 10, -1).all(2).argmax(1).tolist() \
+            == y.tolist()
+    noisy = make_synthetic(200, 50, 10, 1, 16, seed=3, noise=0.1, shift=0)
+    spread = (noisy.train_x.astype(np.float64) - templates[noisy.train_y]) / 255
+    assert 0.08 < spread.std() < 0.11  # clipping at 0 and 1 trims a little
+    far = make_synthetic(200, 50, 10, 1, 16, seed=3, noise=0.0, shift=0, contrast=0.4)
+    assert far.train_x.astype(np.float64).std() > 1.5 * clean.train_x.astype(np.float64).std()
+    shifted = make_synthetic(200, 50, 10, 1, 16, seed=3, noise=0.0, shift=2)
+    assert len({x.tobytes() for x in shifted.train_x[shifted.train_y == 0]}) > 1  # the template moves
+    default = make_synthetic(300, 50, 10, 1, 16, seed=3)
+    explicit = make_synthetic(300, 50, 10, 1, 16, seed=3, noise=0.3, shift=2, contrast=0.22)
+    np.testing.assert_array_equal(default.train_x, explicit.train_x)
+    cfg = DataConfig(dataset="synthetic", synthetic_noise=0.0, synthetic_shift=0, synthetic_test_samples=20)
+    np.testing.assert_array_equal(load_dataset(cfg, 3).train_x[:5], make_synthetic(
+        2000, 20, 10, 1, 16, seed=3, noise=0.0, shift=0).train_x[:5])

@@ -54,13 +54,23 @@ def test_smaller_alpha_is_more_heterogeneous():
     assert low > 0.5 and high < 0.2  # near one-label clients vs near-uniform (1/10 = 0.1)
 
 
-def test_dirichlet_caps_clients_at_n_over_k_before_each_class():
-    # The N/K rule: a client only receives a class while it holds < N/K samples, so no client can
-    # exceed N/K by more than the size of one class.
-    y = _labels(2000, 10)
-    parts = partition_dirichlet(y, 10, 0.05, 2, _rng())
-    biggest_class = np.bincount(y).max()
-    assert max(len(p) for p in parts) < 2000 / 10 + biggest_class
+@pytest.mark.parametrize("seed", range(4))
+def test_dirichlet_caps_clients_at_n_over_k_before_each_class(seed):
+    """The N/K rule of the DaFKD/FedKF code, checked exactly: classes are dealt in ascending order, and a client
+    receives class c only while the samples it already holds (of the classes before c) are fewer than N/K. At
+    alpha 0.05 with 20 clients and 10 classes (N/K = 100, about 200 a class), a client whose first class filled it
+    would otherwise go on taking whole classes. One exception, the code's own: the last client's share is what the
+    cuts leave (n_c - floor(n_c * sum of the other shares)), so when it is full float rounding of that sum can still
+    hand it one sample, as in the authors' code, whose splits these are."""
+    y = _labels(2000, 10, seed)
+    parts = partition_dirichlet(y, 20, 0.05, 1, _rng(seed))
+    cap = 2000 / 20
+    counts = np.stack([np.bincount(y[p], minlength=10) for p in parts])  # (client, class)
+    held_before = np.cumsum(counts, axis=1) - counts  # what each client held when each class was dealt
+    over = np.where(held_before >= cap, counts, 0)  # what full clients received
+    over[-1] = np.where(over[-1] == 1, 0, over[-1])  # the last client's rounding sample
+    assert not over.any(), {(int(k), int(c)): int(over[k, c]) for k, c in zip(*np.nonzero(over))}
+    assert (held_before[:, -1] + counts[:, -1] > cap).any()  # the rule is what binds here: some client went over
 
 
 def test_dirichlet_impossible_min_samples_names_the_key():

@@ -4,6 +4,7 @@ batched clients of FedGen's regularised rounds give the sequential round."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedray.errors import ConfigError
 from fedray.learning.data_free import diversity_loss, label_counts, label_shares
@@ -165,3 +166,136 @@ def test_a_one_sample_generator_batch_is_refused_naming_the_key(name, key):
         load_experiment(f"{name}_fmnist", {"federation.batch_size": 1})
     assert err.value.key == key
     load_experiment(f"{name}_fmnist", {"federation.batch_size": 1, key: 16})  # its own batch: fine
+
+
+# --- each generator term by hand, and moved by alone ----------------------------------------------------------
+
+
+def _server(name: str, **params):
+    """A method's server side on tiny_config's data: (algorithm, its modules, its initial state)."""
+    from fedray.data import build_federated_data
+    from fedray.methods import resolve_experiment
+    from fedray.runtime.core import data_spec
+
+    cfg = tiny_config(**_case(name, **params))
+    algo = resolve_experiment(cfg).build(data_spec(build_federated_data(cfg.data, cfg.seed)))
+    modules = algo.build_modules()
+    return algo, modules, algo.init_server_state(modules)
+
+
+def _uploads(modules, counts: list[list[int]], zero_heads: bool = False):
+    """One upload per row of ``counts`` (label counts over 10 classes), each a differently drawn model."""
+    from fedray.learning.weights import clone_weights
+    from fedray.methods.fedgen import LabelCountUpload
+
+    ups = []
+    for k, row in enumerate(counts):
+        torch.manual_seed(100 + k)
+        model = build_model("lenet5", (1, 16, 16), 10)
+        if zero_heads:
+            with torch.no_grad():
+                model.head.weight.zero_()
+        ups.append(LabelCountUpload(weights=clone_weights(model), num_samples=10 + 5 * k,
+                                    label_counts=torch.tensor(row, dtype=torch.int64)))
+    return ups
+
+
+def _first_inputs(module: torch.nn.Module) -> tuple[list, object]:
+    """Records the inputs of ``module``'s forward calls (the generator's: the step's noise and labels)."""
+    calls: list = []
+    return calls, module.register_forward_hook(lambda mod, args, out: calls.append(tuple(a.detach() for a in args)))
+
+
+def _params(weights: dict, module: torch.nn.Module) -> dict:
+    """The trainable parameters' entries of ``weights`` (a generator's BatchNorm buffers move with any forward)."""
+    return {n: weights[n] for n, _ in module.named_parameters()}
+
+
+def _by_hand_diversity(noise: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """FedGen's L_div / FedFTG's L_dis: exp(-mean_ij mean_d (noise_i - noise_j)^2 * mean_d |out_i - out_j|)."""
+    n, o = noise.flatten(1), out.flatten(1)
+    total = sum(float(((n[i] - n[j]) ** 2).mean()) * float((o[i] - o[j]).abs().mean())
+                for i in range(len(n)) for j in range(len(n)))
+    return torch.exp(torch.tensor(-total / len(n) ** 2))
+
+
+COUNTS = [[6, 2, 0, 0, 1, 0, 0, 0, 0, 0], [0, 3, 5, 0, 0, 0, 0, 0, 0, 4]]
+
+
+@pytest.mark.parametrize("term", ["teacher", "diversity"])
+def test_fedgens_generator_is_moved_by_each_term_alone_down_that_term(term):
+    """L_G = sum_k mean_b w_{k,y_b} CE(head_k(G(eps_b, y_b)), y_b) + eta L_div (FedGen's Eq. 7 with its label
+    weights), one Adam step: each term by hand on the step's own noise and labels equals the logged figure, and the
+    step driven by that term alone (eta = 0; or heads of zero weight, which make the teacher term flat) lowers it."""
+    from fedray.learning.data_free import label_shares
+    from fedray.methods.api import ServerContext
+
+    algo, modules, state = _server("fedgen", algorithm__gen_steps=1, algorithm__gen_weight_decay=0.0,
+                                   algorithm__gen_lr=1e-3, algorithm__diversity_weight=1.0 if term == "diversity" else 0.0)
+    uploads = _uploads(modules, COUNTS, zero_heads=term == "diversity")
+    gen = modules.generator
+    calls, hook = _first_inputs(gen)
+    new, metrics = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
+    hook.remove()
+    eps, y = calls[0]
+    shares = label_shares(torch.stack([u.label_counts for u in uploads]))[0]
+
+    def value(weights):
+        gen.load_state_dict(weights)
+        gen.train()
+        with torch.no_grad():
+            out = gen(eps, y)
+            if term == "diversity":
+                return _by_hand_diversity(eps, out)
+            return sum((shares[k, y] * F.cross_entropy(out @ u.weights["head.weight"].T + u.weights["head.bias"], y,
+                                                       reduction="none")).mean() for k, u in enumerate(uploads))
+
+    before, after = value(state.generator), value(new.generator)
+    logged = metrics["server/gen_diversity" if term == "diversity" else "server/gen_teacher_loss"]
+    assert logged == pytest.approx(float(before), rel=1e-4)
+    assert float(after) < float(before)
+
+
+@pytest.mark.parametrize("term", ["hard", "cls", "diversity"])
+def test_fedftgs_generator_is_moved_by_each_term_alone_down_that_term(term):
+    """FedFTG's generator loss for teacher k: hard_weight L_md + cls_weight L_cls + diversity_weight L_dis / K, with
+    L_md = -mean_i alpha_k^{y_i} mean_c |s(x_i) - t_k(x_i)| (the student, the uploads' average, in eval mode),
+    L_cls = mean_i alpha_k^{y_i} CE(t_k(x_i), y_i), x_i = G(z_i, y_i). Two teachers, the second holding no label
+    (alpha = 0: its step moves the generator only by Adam's momentum, the same way), one iteration and no student
+    step. Each term by hand at the first step equals its logged figure, and the steps driven by it alone lower it."""
+    from fedray.learning.data_free import label_shares
+    from fedray.learning.weights import weighted_average
+    from fedray.methods.api import ServerContext
+    from torch.func import functional_call
+
+    weights = {f"algorithm__{t}_weight": 1.0 if t == term else 0.0 for t in ("hard", "cls", "diversity")}
+    algo, modules, state = _server("fedftg", algorithm__iterations=1, algorithm__student_steps=0,
+                                   algorithm__gen_lr=1e-3, **weights)
+    uploads = _uploads(modules, [COUNTS[0], [0] * 10])
+    gen = modules.generator
+    calls, hook = _first_inputs(gen)
+    new, metrics = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
+    hook.remove()
+    z, y = calls[0]
+    alpha = label_shares(torch.stack([u.label_counts for u in uploads]))[0][0, y]  # teacher 0's weights
+    student = modules.model
+    student.load_state_dict(weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads]))
+    student.eval()
+    modules.teacher.eval()
+
+    def value(gen_weights):
+        gen.load_state_dict(gen_weights)
+        gen.train()
+        with torch.no_grad():
+            x = gen(z, y)
+            t = functional_call(modules.teacher, uploads[0].weights, (x,))
+            if term == "hard":
+                return -((student(x) - t).abs().mean(1) * alpha).mean()
+            if term == "cls":
+                return (F.cross_entropy(t, y, reduction="none") * alpha).mean()
+            return _by_hand_diversity(z, x)
+
+    before, after = value(state.generator), value(new.generator)
+    if term != "diversity":  # the second teacher's term is 0 (alpha = 0): the logged mean over 2 steps is half
+        assert metrics[f"server/ft_{term}"] == pytest.approx(float(before) / 2, rel=1e-4, abs=1e-7)
+    assert float(after) < float(before)

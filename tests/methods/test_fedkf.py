@@ -289,3 +289,59 @@ def test_two_round_runs_of_fedkf_and_fedkf_minus():
     again = run_experiment(tiny_config(algorithm__name="fedkf", algorithm__variant="fedkf-", **FAST), progress=False)
     assert again.summary["eval/amp_oca"] == b["eval/amp_oca"]
     assert [r["train/loss"] for r in again.history] == [r["train/loss"] for r in runs["fedkf-"].history]
+
+
+# --- the teacher each client is sent, and the losses it logs ----------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["initial", "participated"])
+def test_fedkf_broadcasts_the_cached_aggregate_as_teacher_and_fedkf_minus_the_active_one(mode):
+    """Alg. 1: the student starts from the active clients' aggregate (ACA, line 9) and learns from the cached one
+    (OCA, line 10). With clients 1 and 2 active in round 2 and client 0's slot from round 1, the two differ, and
+    FedKF's teacher must be the OCA: an ACA teacher is FedKF- (Sec. VI-A), the contrast the paper rests on."""
+    states = {}
+    for variant in ("fedkf", "fedkf-"):
+        algo = FedKF(tiny_config(algorithm__name="fedkf", algorithm__variant=variant, algorithm__cache_init=mode),
+                     SPEC4)
+        state = algo.init_server_state(_scalar_model(0.0))
+        for r, ups in enumerate(SCHEDULE, start=1):
+            state, _ = algo.server_update(state, [_up(*u) for u in ups], _ctx(r))
+        states[variant] = algo.broadcast(state, len(SCHEDULE) + 1)
+    fedkf, minus = states["fedkf"], states["fedkf-"]
+    assert _w(fedkf.weights) == pytest.approx(ACA[-1]) and _w(minus.weights) == pytest.approx(ACA[-1])
+    assert _w(fedkf.teacher) == pytest.approx(OCA[mode][-1]) and OCA[mode][-1] != pytest.approx(ACA[-1])
+    assert minus.teacher is None  # FedKF-: the ACA model is the teacher too (one model sent down)
+
+
+def test_the_client_starts_from_the_aca_model_and_distils_from_the_teacher_it_was_sent():
+    """gamma = 0 (no distillation term): the student's upload is the same whatever teacher came with it, so it
+    starts from ``weights``; gamma = 1: another teacher gives another student, so the KL term reads ``teacher``."""
+    uploads = {}
+    for gamma in (0.0, 1.0):
+        cfg = tiny_config(algorithm__name="fedkf", algorithm__gamma=gamma, **FAST)
+        data = build_federated_data(cfg.data, cfg.seed)
+        with make_runtime(cfg, data) as rt:
+            payload, _ = rt.server.broadcast(1)
+            other = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
+                     for k, v in payload.weights.items()}
+            for name, teacher in (("own", payload.weights), ("other", other)):
+                sent = FedKFPayload(weights=payload.weights, teacher=teacher)
+                uploads[gamma, name] = rt.worker.train(1, 0, sent, None)[0].weights
+    same = [all(torch.equal(uploads[g, "own"][k], uploads[g, "other"][k]) for k in uploads[g, "own"]) for g in (0, 1)]
+    assert same == [True, False]
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_fedkfs_logged_losses_are_eq5_and_eq8_of_their_logged_parts(vectorize):
+    """L_G = L_IE + lambda1 L_OH + lambda2 L_A (Eq. 5) and the student's L = CE + gamma KL (Eq. 8), each client's
+    step means, on both paths (one client by itself, and the batched plan), with weights that tell the terms apart."""
+    from tests.vectorized.test_vectorized import _one_round
+
+    lam1, lam2, gamma = 0.3, 0.7, 0.5
+    _, infos = _one_round(vectorize, algorithm__name="fedkf", algorithm__lambda1=lam1, algorithm__lambda2=lam2,
+                          algorithm__gamma=gamma, **FAST)
+    for info in infos:
+        assert info["train/gen_loss"] == pytest.approx(
+            info["train/l_ie"] + lam1 * info["train/l_oh"] + lam2 * info["train/l_a"], rel=1e-5, abs=1e-6)
+        assert info["train/loss"] == pytest.approx(info["train/ce"] + gamma * info["train/kl"], rel=1e-5)
+        assert info["train/l_oh"] > 0.1 and info["train/l_a"] < -0.01  # each part weighs in the identity
