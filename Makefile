@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.fedray-installed
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: run test install data bytecode clean
+.PHONY: run test install data bytecode mutation clean
 
 install: $(STAMP)
 
@@ -43,5 +43,11 @@ TEST_WORKERS ?= 2
 test: install bytecode
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
+# Mutation testing of fedray/methods/ and fedray/learning/ against the fast tests (outside `make test` and CI: hours
+# on a 2-core CPU; a stopped run resumes): the record is benchmarks/results/mutation.md.
+mutation: install bytecode
+	$(BIN)/python -m pip install --quiet -e '.[test,mutation]'
+	$(BIN)/python benchmarks/quality/mutation.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache mutants

@@ -156,7 +156,9 @@ MECHANISMS: dict[str, list[tuple[str, float, str]]] = {
     "fedftg": [("server/gen_acc_teachers", LEARNS_ABOVE, "the teachers read the generator's samples as their class")],
     "fedkf": [("eval/accuracy_oca", LEARNS_ABOVE, "the cached aggregate (the teacher) reads the test set")],
 }
-# ... and figures that must stay below a ceiling (case -> (key, ceiling, why))
+# ... and figures that must stay below a ceiling (case -> (key, ceiling, why)). DaFKD's Eq. 7 entropy is not among
+# them: its discriminators do not tell the clients' domains apart in 3 rounds here (diag/domain_auc ~0.5, entropy
+# ~0.997), the finding docs/reproducing.md reports on real data too.
 MECHANISM_CEILINGS: dict[str, list[tuple[str, float, str]]] = {
     "fedd3a": [("server/alpha_entropy", 0.95, "Eq. 6's weights tell the clients apart (1 = uniform)")],
     "fedkf": [("train/l_ie", 0.1, "L_IE: the generator's samples spread over the classes (0 = uniform)")],
@@ -165,8 +167,11 @@ MECHANISM_CEILINGS: dict[str, list[tuple[str, float, str]]] = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_every_method_learns_the_synthetic_task(case):
-    """Its uninterrupted run ends above chance by a clear margin, and its mechanism's figures say it works."""
+    """Its uninterrupted run ends above chance by a clear margin, and its mechanism's figures say it works; what it
+    learned crossed the wire (the isolated baseline sends nothing)."""
     last = _reference(case).history[-1]
+    sent = _reference(case).summary["comm/bytes_up"], _reference(case).summary["comm/bytes_down"]
+    assert (sent == (0, 0)) if case == "local" else min(sent) > 0, sent
     assert last["eval/accuracy"] >= LEARNS_ABOVE, (
         f"{case} ends its {ROUNDS} rounds at eval/accuracy {last['eval/accuracy']:.3f} on the learnable synthetic "
         f"task (chance 0.1); every method should reach {LEARNS_ABOVE}")

@@ -104,3 +104,12 @@ def test_a_kd_step_is_one_gradient_step_of_the_loss_divided_as_asked(reverse):
     assert float(got) == pytest.approx(float(loss.detach()), rel=1e-6)
     for name, p in ref.named_parameters():
         torch.testing.assert_close(model.state_dict()[name], w0[name] - 0.1 * p.grad)
+
+
+def test_the_kl_losses_default_to_temperature_1():
+    probs = soft_targets(T)
+    assert float(kd_kl(S, T)) == pytest.approx(sum(_kl(_softmax(t), _softmax(s)) for s, t in
+                                                    zip(S.tolist(), T.tolist())) / 2, rel=1e-5)
+    assert float(kd_kl_probs(S, probs)) == pytest.approx(float(kd_kl(S, T)))
+    reverse = sum(_kl(_softmax(s), _softmax(t)) for s, t in zip(S.tolist(), T.tolist())) / 2
+    assert float(kd_kl_reverse(S, probs)) == pytest.approx(reverse, rel=1e-5)

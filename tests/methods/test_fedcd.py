@@ -126,13 +126,13 @@ def test_fedcd_needs_labelled_server_data_and_a_batch_that_fits():
 
 
 @pytest.mark.parametrize("name", ["fedcd", "feddistill"])
-def test_two_round_run_learns_and_repeats(name):
-    cfg = tiny_config(algorithm__name=name, model__client_models=["lenet5", "resnet8"], federation__rounds=3,
-                      federation__clients_per_round=6,
-                      federation__local_steps=25, federation__lr=0.1, **(HOLDOUT if name == "fedcd" else {}))
+def test_two_round_run_repeats(name):
+    """Same seed, same figures, every client of two architectures in every round (learning on the synthetic task:
+    tests/test_every_method.py)."""
+    cfg = tiny_config(algorithm__name=name, model__client_models=["lenet5", "resnet8"], federation__rounds=2,
+                      federation__clients_per_round=6, **(HOLDOUT if name == "fedcd" else {}))
     a, b = run_experiment(cfg, progress=False), run_experiment(cfg, progress=False)
     assert _figures(a) == _figures(b)
-    assert a.history[-1]["eval/amp"] > 0.3 and a.history[-1]["eval/amp"] > a.history[0]["eval/amp"]
 
 
 # --- FedDistill -------------------------------------------------------------------------------------

@@ -184,3 +184,18 @@ def test_two_round_runs_of_qffl_and_fedgkd():
     # with no teacher FedGKD is FedAvg, step for step
     plain = run_experiment(tiny_config(), progress=False)
     assert [r["train/loss"] for r in late.history] == [r["train/loss"] for r in plain.history]
+
+
+def test_qffl_terms_skip_integer_buffers_wherever_they_sit_and_difference_in_float64():
+    """Delta_k and h_k over the floating-point entries only: an integer buffer (BatchNorm's num_batches_tracked)
+    before the others is skipped, not the end of the model; (w - w_k) / lr is taken in float64 from the float32
+    weights (in float32 h_k would be off by ~1e-8 here)."""
+    w = {"bn.num_batches_tracked": torch.tensor(3), "b": torch.tensor([0.3, 4.0])}
+    w_k = {"bn.num_batches_tracked": torch.tensor(5), "b": torch.tensor([0.1, 1.0])}
+    q, lr, loss = 2.0, 0.1, 3.0
+    delta, h = qffl_terms(w, w_k, loss, q, lr)
+    f = loss + 1e-10
+    g = [(float(a) - float(b)) / lr for a, b in zip(w["b"], w_k["b"])]  # float64, from the float32 values
+    assert set(delta) == {"b"} and delta["b"].dtype == torch.float32
+    assert delta["b"].tolist() == pytest.approx([f**q * v for v in g], rel=1e-6)
+    assert h == pytest.approx(q * f ** (q - 1) * sum(v * v for v in g) + f**q / lr, rel=1e-12)

@@ -1,0 +1,237 @@
+"""Mutation testing of the methods and the learning helpers: how many one-line changes to ``fedray/methods/`` and
+``fedray/learning/`` the fast tests catch, and which ones they let through.
+
+Tool: mutmut 3 (``[tool.mutmut]`` in pyproject.toml has the scope and the tests). Chosen over cosmic-ray because it
+runs each mutant only against the tests that reach the mutated function (recorded in one instrumented pass of the
+suite) in a process forked from one that has already imported torch, so a mutant costs the tests that matter, not
+a fresh interpreter and the whole suite; and because ``mutmut show`` / ``mutmut apply`` put any mutant on disk to
+look at. Its mutants: operators, constants, strings, arguments dropped or set to None, calls, returns.
+
+Scope: every function of fedray/methods/ and fedray/learning/ (module-level code and class bodies are not mutated
+by mutmut 3), against tests/methods, tests/learning, tests/vectorized and tests/test_every_method.py without the
+tests marked ray, realdata or slow, with OMP_NUM_THREADS=1 (forked children and OpenMP's thread pool deadlock).
+
+    .venv/bin/python benchmarks/quality/mutation.py               # mutmut run (resumes where it stopped), the record
+    .venv/bin/python benchmarks/quality/mutation.py --record-only # the record from mutants/ as it is
+
+``make mutation`` runs the first. The record: ``benchmarks/results/mutation.{json,md}``. A survivor is "in a loss"
+when the changed line lies in a function (or a function nested in one) whose name says it computes a loss, a
+distillation teacher or its weights (LOSS below); every survivor in a loss must be killed by a test or be named in
+``benchmarks/quality/equivalent_mutants.json`` with the reason it changes nothing a test could see. That file
+keys a mutant by its function and its changed line (``fedray.methods.fedkf:FedKF._load_generator: <old> -> <new>``),
+so renumbered mutants keep their verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MUTANTS = ROOT / "mutants"
+OUT = ROOT / "benchmarks" / "results"
+EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
+SCOPE = ("fedray/methods", "fedray/learning")
+# mutmut 3's exit codes (mutmut/stats.py)
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "caught by type check",
+          -11: "segfault", -9: "segfault", None: "not checked"}
+# a function computing a loss, a distillation teacher or a teacher's weights (by its name, or a name it nests in)
+LOSS = re.compile(r"loss|_kl|kl_|^kl|kd|bce|entropy|distil|teacher|diversity|correlation_weights|objective|"
+                  r"qffl_terms|label_shares|generator_losses|subspace_weights|projection_cosine|ensemble")
+
+
+def status_of(code) -> str:
+    return STATUS.get(code, "suspicious")
+
+
+def _mutant_function(name: str) -> tuple[str, str]:
+    """``fedray.methods.fedkf.xǁFedKFǁ_load_generator__mutmut_9`` -> (module, "FedKF._load_generator")."""
+    module, _, rest = name.rpartition(".x")
+    func = rest.split("__mutmut_")[0].strip("ǁ_")
+    return module, ".".join(p for p in func.split("ǁ") if p)
+
+
+def _innermost_def(tree: ast.AST, line: int) -> list[str]:
+    """Names of the function definitions enclosing ``line``, outermost first."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno:
+            names.append((node.lineno, node.name))
+    return [n for _, n in sorted(names)]
+
+
+def _changes(source_lines: list[str], spans: dict, key: str) -> tuple[int, str, str]:
+    """(line in the mutants file, original line, mutated line) of mutant ``key``: the first line that differs."""
+    func = key.split("__mutmut_")[0]
+    a0, a1 = spans[f"{func}__mutmut_orig"]
+    b0, b1 = spans[key]
+    suffix = key.rsplit("__mutmut_", 1)[1]
+    orig = source_lines[a0 - 1:a1]
+    mut = [line.replace(f"__mutmut_{suffix}(", "__mutmut_orig(") for line in source_lines[b0 - 1:b1]]
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=orig, b=mut, autojunk=False).get_opcodes():
+        if op != "equal":
+            old = " ".join(s.strip() for s in orig[i1:i2]) or "(nothing)"
+            new = " ".join(s.strip() for s in mut[j1:j2]) or "(removed)"
+            return b0 + j1, old, new
+    return b0, "", ""
+
+
+def collect() -> dict:
+    """Every mutant of the scope with its status; survivors with their changed line and whether it is in a loss."""
+    equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    mutants, survivors = [], []
+    for meta_path in sorted(MUTANTS.glob("fedray/**/*.py.meta")):
+        rel = meta_path.relative_to(MUTANTS).as_posix()[: -len(".meta")]
+        if not rel.startswith(SCOPE):
+            continue
+        codes = json.loads(meta_path.read_text())["exit_code_by_key"]
+        if not codes:
+            continue
+        source = (MUTANTS / rel).read_text()
+        lines = source.splitlines()
+        spans = json.loads((MUTANTS / f"{rel}.spans").read_text())["spans"]
+        tree = ast.parse(source)
+        for key, code in codes.items():
+            status = status_of(code)
+            mutants.append({"name": key, "file": rel, "status": status})
+            if status not in ("survived", "no tests"):
+                continue
+            module, func = _mutant_function(key)
+            line, old, new = _changes(lines, spans, key.rsplit(".", 1)[-1])
+            nested = _innermost_def(tree, line)[1:]  # below the mutant's own (renamed) function
+            where = ".".join([func, *nested])
+            label = f"{module}:{where}: {old} -> {new}"
+            in_loss = bool(LOSS.search(func.rsplit(".", 1)[-1]) or any(LOSS.search(n) for n in nested))
+            survivors.append({"name": key, "file": rel, "status": status, "function": where, "old": old,
+                              "new": new, "in_loss": in_loss, "equivalent": equivalent.get(label), "label": label})
+    counts = Counter(m["status"] for m in mutants)
+    stale = sorted(set(equivalent) - {s["label"] for s in survivors})
+    return {"mutants": mutants, "survivors": survivors, "counts": dict(counts), "stale_equivalents": stale}
+
+
+def write_record(found: dict, meta: dict) -> None:
+    counts, survivors = found["counts"], found["survivors"]
+    total = sum(counts.values())
+    caught = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
+    equivalent = [s for s in survivors if s["equivalent"]]
+    unexplained_loss = [s for s in survivors if s["in_loss"] and not s["equivalent"]]
+    checked = total - counts.get("not checked", 0)
+    summary = {"mutants": total, "checked": checked, "killed": counts.get("killed", 0),
+               "timeout": counts.get("timeout", 0), "survived": counts.get("survived", 0),
+               "no_tests": counts.get("no tests", 0), "equivalent": len(equivalent),
+               "survived_in_losses_unexplained": len(unexplained_loss),
+               "score": round(caught / max(checked - len(equivalent), 1), 4)}
+    per_file = {}
+    for m in found["mutants"]:
+        row = per_file.setdefault(m["file"], Counter())
+        row[m["status"]] += 1
+    record = {"meta": meta, "summary": summary, "per_file": {k: dict(v) for k, v in sorted(per_file.items())},
+              "survivors": survivors, "stale_equivalents": found["stale_equivalents"]}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "mutation.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    md = [
+        "# Mutation testing: fedray/methods/ and fedray/learning/ against the fast tests",
+        "",
+        f"{meta['tool']}; {meta['date']}, commit {meta['commit']}, {meta['device']}; wall time "
+        f"{meta['wall_s'] / 60:.0f} min{' (the sum of the runs that built it)' if meta.get('runs', 1) > 1 else ''}.",
+        f"Command: `{meta['command']}` (the record alone: `--record-only`). Scope and choice of tool: the script's "
+        "docstring, `benchmarks/quality/mutation.py`.",
+        "",
+        "| mutants | checked | killed | timeout | survived | no test reaches it | equivalent (explained) | score |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {total} | {checked} | {summary['killed']} | {summary['timeout']} | {summary['survived']} | "
+        f"{summary['no_tests']} | {summary['equivalent']} | {summary['score']:.1%} |",
+        "",
+        "Score: (killed + timeout) / (checked - equivalent). A timeout is a mutant that made the tests hang or "
+        "loop, counted as caught, as mutmut does. \"No test reaches it\": the function never ran under the selected "
+        "tests (the Ray, real-data and slow tests are outside the scope).",
+        "",
+        "## Per file",
+        "",
+        "| file | mutants | killed | timeout | survived | no tests |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for f, c in record["per_file"].items():
+        md.append(f"| `{f}` | {sum(c.values())} | {c.get('killed', 0)} | {c.get('timeout', 0)} | "
+                  f"{c.get('survived', 0)} | {c.get('no tests', 0)} |")
+    md += ["", "## Survivors in losses", "",
+           "A loss, a distillation teacher or its weights (the script's LOSS pattern on the function's name). Each is "
+           "killed by a test or explained as equivalent here.", ""]
+    loss_rows = [s for s in survivors if s["in_loss"]]
+    if not loss_rows:
+        md.append("None.")
+    else:
+        md += ["| function | change | verdict |", "| --- | --- | --- |"]
+        for s in loss_rows:
+            verdict = f"equivalent: {s['equivalent']}" if s["equivalent"] else "**not explained**"
+            md.append(f"| `{s['function']}` | `{_cell(s['old'])}` -> `{_cell(s['new'])}` | {verdict} |")
+    others = [s for s in survivors if not s["in_loss"]]
+    md += ["", "## Other survivors", "",
+           f"{len(others)} outside the losses (bookkeeping, error messages, options the fast tests do not reach), "
+           "listed with their change in `mutation.json` (`survivors`). By file:", ""]
+    for f, n in Counter(s["file"] for s in others).most_common():
+        md.append(f"- `{f}`: {n}")
+    if found["stale_equivalents"]:
+        md += ["", "## Stale verdicts", "", "Named in equivalent_mutants.json but no longer surviving:", ""]
+        md += [f"- `{_cell(k)}`" for k in found["stale_equivalents"]]
+    (OUT / "mutation.md").write_text("\n".join(md) + "\n")
+
+
+def _cell(text: str) -> str:
+    text = text.replace("|", "\\|").replace("`", "'")
+    return text if len(text) <= 110 else text[:107] + "..."
+
+
+def _cpu() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    names = re.findall(r"model name\s*:\s*(.+)", cpuinfo.read_text()) if cpuinfo.exists() else []
+    return names[0].strip() if names else platform.machine()
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--record-only", action="store_true", help="write the record from mutants/ as it is")
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--wall-s", type=float, help="with --record-only: the wall time of the mutmut runs the record "
+                    "comes from, when they ran outside this script")
+    args = ap.parse_args(argv)
+    previous = json.loads((OUT / "mutation.json").read_text())["meta"] if (OUT / "mutation.json").exists() else {}
+    wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if args.record_only else 0.0, previous.get("runs", 1)
+    if not args.record_only:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        start = time.time()
+        done = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "run", "--max-children",
+                               str(args.max_children)], cwd=ROOT, env=env)
+        wall, runs = time.time() - start, 1
+        if done.returncode not in (0, 1):
+            print(f"mutmut run exited {done.returncode}", file=sys.stderr)
+            return done.returncode
+    version = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True).stdout
+    version = next((line.split(":", 1)[1].strip() for line in version.splitlines() if line.startswith("Version")), "?")
+    meta = {"tool": f"mutmut {version}", "date": date.today().isoformat(), "commit": _git("rev-parse", "--short", "HEAD"),
+            "device": f"this CPU ({_cpu()}, {os.cpu_count()} cores)",
+            "command": ".venv/bin/python benchmarks/quality/mutation.py", "wall_s": round(wall, 1), "runs": runs,
+            "scope": list(SCOPE)}
+    write_record(collect(), meta)
+    print((OUT / "mutation.md").read_text().split("## Per file")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
