@@ -475,6 +475,7 @@ class _FixedImages(torch.nn.Module):
 
 
 SPEC_DAFKD = DataSpec(input_shape=(1, 4, 4), num_classes=10, num_clients=4, mean=(0.5,), std=(0.25,))
+SPEC_TINY = DataSpec(input_shape=(1, 16, 16), num_classes=10, num_clients=6, mean=(0.5,), std=(0.25,))
 
 
 def _adversarial(scale: float, **params):
@@ -533,3 +534,61 @@ def test_local_steps_teach_the_discriminators_to_read_real_images_as_real(case):
     for info in infos:
         real, fake = info["train/disc_acc_real"], info["train/disc_acc_fake"]
         assert real > 0.5 and (real + fake) / 2 > 0.5, (info["client"], real, fake)
+
+
+@pytest.mark.parametrize("aggregation", ["uniform", "samples"])
+def test_the_server_step_is_eq6_eq4_eq7_and_one_eq8_step_by_hand(aggregation):
+    """Two uploads of other weights: the student starts from Eq. 6's average (uniform, or by samples), the generator
+    is Eq. 4's; on the distillation set drawn from the broadcast generator, each client's classifier s_k (softmax at
+    T) and discriminator f_k (sigmoid of the head on the classifier's features) give Eq. 7's weights
+    alpha_k = f_k / sum_j f_j and the teacher sum_k alpha_k s_k; Eq. 8 is one SGD step (momentum's first step is
+    plain) of KL(teacher || softmax(student / T)) T^2 over the whole set."""
+    from fedray.learning.weights import clone_weights
+
+    cfg = dafkd_config(algorithm__distill_steps=1, algorithm__distill_samples=16, algorithm__distill_batch_size=16,
+                       algorithm__temperature=2.0, algorithm__aggregation=aggregation)
+    algo = DaFKD(cfg, SPEC_TINY)
+    modules = algo.build_modules()
+    state = algo.init_server_state(modules)
+    uploads = []
+    for k, n in enumerate((10, 30)):
+        torch.manual_seed(7 + k)
+        other = algo.build_modules()
+        with torch.no_grad():
+            other.model.head.weight.mul_(30.0)  # confident teachers: KL's two directions differ
+        uploads.append(DaFKDUpload(weights=clone_weights(other.model), generator=clone_weights(other.generator),
+                                   num_samples=n, disc=clone_weights(other.disc)))
+    coefs = [1.0, 1.0] if aggregation == "uniform" else [10.0, 30.0]
+    new, metrics = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
+
+    def mean(key, part):
+        return (coefs[0] * getattr(uploads[0], part)[key] + coefs[1] * getattr(uploads[1], part)[key]) / sum(coefs)
+
+    for key in uploads[0].generator:
+        if uploads[0].generator[key].is_floating_point():
+            torch.testing.assert_close(new.generator[key], mean(key, "generator"))  # Eq. 4
+    x = algo.distillation_set(modules, state.generator, algo.distill_seed(1), torch.device("cpu"))
+    model, disc = modules.model, modules.disc
+    s, f = [], []
+    with torch.no_grad():
+        for u in uploads:
+            model.load_state_dict(u.weights)
+            disc.load_state_dict(u.disc)
+            model.eval()
+            feats = model.features(x)
+            s.append(torch.softmax(model.head(feats) / 2.0, dim=1))
+            f.append(torch.sigmoid(disc(feats).squeeze(1)))
+    f = torch.stack(f) + algo.params.alpha_eps  # Eq. 7, guarded: every f_k + eps
+    alpha = f / f.sum(0)
+    teacher = alpha[0].unsqueeze(1) * s[0] + alpha[1].unsqueeze(1) * s[1]
+    average = {k: mean(k, "weights") for k in uploads[0].weights}  # Eq. 6
+    model.load_state_dict(average)
+    model.eval()
+    model.zero_grad(set_to_none=True)
+    p = teacher
+    kl = (p * (p.log() - torch.log_softmax(model(x) / 2.0, dim=1))).sum(1).mean() * 4.0  # Eq. 8
+    kl.backward()
+    assert metrics["server/kd_loss"] == pytest.approx(float(kl.detach()), rel=1e-3)  # a small KL: rounding shows
+    lr = algo.params.distill_lr
+    for name, prm in model.named_parameters():
+        torch.testing.assert_close(new.weights[name], average[name] - lr * prm.grad, rtol=1e-5, atol=1e-7)

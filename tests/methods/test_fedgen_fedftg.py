@@ -299,3 +299,39 @@ def test_fedftgs_generator_is_moved_by_each_term_alone_down_that_term(term):
     if term != "diversity":  # the second teacher's term is 0 (alpha = 0): the logged mean over 2 steps is half
         assert metrics[f"server/ft_{term}"] == pytest.approx(float(before) / 2, rel=1e-4, abs=1e-7)
     assert float(after) < float(before)
+
+
+def test_fedftgs_student_step_is_one_sgd_step_on_the_label_weighted_teachers_soft_labels():
+    """The student's fine-tuning (after the generator's step): target(x) = sum_k alpha_k^y softmax(t_k(x)), x = G(z, y)
+    from the updated generator in eval mode; L = -mean over rows and classes of target * log softmax(s(x)) (the
+    authors' reduction); one SGD step of lr student_lr from the uploads' average."""
+    from fedray.learning.data_free import label_shares
+    from fedray.learning.weights import weighted_average
+    from fedray.methods.api import ServerContext
+    from torch.func import functional_call
+
+    algo, modules, state = _server("fedftg", algorithm__iterations=1, algorithm__student_steps=1,
+                                   algorithm__student_lr=0.3, algorithm__student_weight_decay=0.0)
+    uploads = _uploads(modules, COUNTS)
+    calls, hook = _first_inputs(modules.generator)
+    new, metrics = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
+    hook.remove()
+    z, y = calls[0]
+    shares = label_shares(torch.stack([u.label_counts for u in uploads]))[0][:, y]  # (K, B)
+    gen = modules.generator
+    gen.load_state_dict(new.generator)
+    gen.eval()
+    with torch.no_grad():
+        x = gen(z, y)
+        target = sum(F.softmax(functional_call(modules.teacher, u.weights, (x,)), dim=1) * shares[k].unsqueeze(1)
+                     for k, u in enumerate(uploads))
+    student = modules.model
+    average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+    student.load_state_dict(average)
+    student.train()
+    student.zero_grad(set_to_none=True)  # the method's own step left its gradients there
+    kd = -(F.log_softmax(student(x), dim=1) * target).mean()
+    kd.backward()
+    assert metrics["server/ft_kd"] == pytest.approx(float(kd.detach()), rel=1e-5)
+    for name, p in student.named_parameters():
+        torch.testing.assert_close(new.weights[name], average[name] - 0.3 * p.grad, rtol=1e-5, atol=1e-7)
