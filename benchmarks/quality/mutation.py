@@ -52,6 +52,44 @@ LOSS = re.compile(r"loss|_kl|kl_|^kl|kd|bce|entropy|distil|teacher|diversity|cor
                   r"qffl_terms|label_shares|generator_losses|subspace_weights|projection_cosine|ensemble")
 
 
+def _without(pattern: str, text: str) -> str:
+    return re.sub(r",\s*\)", ")", re.sub(pattern, "", text))
+
+
+def _same_but(pattern: str):
+    """A rule: old and new lines are equal once what ``pattern`` matches is taken out of both."""
+    return lambda old, new: old != new and _without(pattern, old) == _without(pattern, new)
+
+
+# Classes of mutants that change nothing the fast tests could see, each with the reason; a survivor they cover is
+# counted as equivalent and listed with the rule's name. (A change of precision or of device is equivalent only
+# up to rounding, or on the one device the tests run on: said so in the reason.)
+RULES = [
+    ("device", _same_but(r",?\s*device=[\w.]+|\.to\((?:None|dev|device|[\w.]*\.device)\)|"
+                         r"\.to\(\s*\)"),
+     "moves a tensor to the device it is already on: the fast tests run on the CPU only (the GPU's copies: "
+     "benchmarks/speed/gpu.py on a lent GPU)"),
+    ("float64", _same_but(r"\.to\((?:torch\.float64|_F64|None)\)"),
+     "a float64 accumulation done in the inputs' float32: the same figures up to the last bits, below every test's "
+     "tolerance at the tests' sizes"),
+    ("softmax axis", lambda old, new: "softmax" in old and _same_but(r",?\s*dim=(?:[-+]?1|None)")(old, new),
+     "softmax over axis 1, -1, +1 or its implicit axis: one axis, the classes, on the (rows, classes) logits these "
+     "losses take"),
+    ("sum axis", _same_but(r"(?<=\.sum\()[-+]1(?=\))"),
+     "sum over axis -1 or +1: the classes, on (rows, classes) tensors"),
+]
+
+
+def verdict_of(old: str, new: str, explicit: str | None) -> tuple[str | None, str | None]:
+    """(rule name or "explained", reason) for a survivor, or (None, None)."""
+    if explicit:
+        return "explained", explicit
+    for name, applies, reason in RULES:
+        if applies(old, new):
+            return name, reason
+    return None, None
+
+
 def status_of(code) -> str:
     return STATUS.get(code, "suspicious")
 
@@ -114,8 +152,9 @@ def collect() -> dict:
             where = ".".join([func, *nested])
             label = f"{module}:{where}: {old} -> {new}"
             in_loss = bool(LOSS.search(func.rsplit(".", 1)[-1]) or any(LOSS.search(n) for n in nested))
+            rule, reason = verdict_of(old, new, equivalent.get(label))
             survivors.append({"name": key, "file": rel, "status": status, "function": where, "old": old,
-                              "new": new, "in_loss": in_loss, "equivalent": equivalent.get(label), "label": label})
+                              "new": new, "in_loss": in_loss, "equivalent": reason, "rule": rule, "label": label})
     counts = Counter(m["status"] for m in mutants)
     stale = sorted(set(equivalent) - {s["label"] for s in survivors})
     return {"mutants": mutants, "survivors": survivors, "counts": dict(counts), "stale_equivalents": stale}
@@ -175,7 +214,8 @@ def write_record(found: dict, meta: dict) -> None:
     else:
         md += ["| function | change | verdict |", "| --- | --- | --- |"]
         for s in loss_rows:
-            verdict = f"equivalent: {s['equivalent']}" if s["equivalent"] else "**not explained**"
+            verdict = (f"equivalent ({s['rule']}): {s['equivalent']}" if s["rule"] not in (None, "explained")
+                       else f"equivalent: {s['equivalent']}" if s["equivalent"] else "**not explained**")
             md.append(f"| `{s['function']}` | `{_cell(s['old'])}` -> `{_cell(s['new'])}` | {verdict} |")
     others = [s for s in survivors if not s["in_loss"]]
     md += ["", "## Other survivors", "",

@@ -57,9 +57,9 @@ def test_kd_kl_reverse_is_the_students_kl_to_the_teacher_with_a_floor():
     probs = torch.tensor([[0.7, 0.3, 0.0], [0.2, 0.2, 0.6]])
     rows = []
     for s, p in zip(S.tolist(), probs.tolist()):
-        q = _softmax(s, 2.0)
+        q = _softmax(s, 3.0)
         rows.append(sum(qi * (math.log(qi) - math.log(max(pi, 1e-12))) for qi, pi in zip(q, p)))
-    assert float(kd_kl_reverse(S, probs, 2.0)) == pytest.approx(sum(rows) / 2 * 4.0, rel=1e-5)
+    assert float(kd_kl_reverse(S, probs, 3.0)) == pytest.approx(sum(rows) / 2 * 9.0, rel=1e-5)  # T^2, not 2T
     assert math.isfinite(float(kd_kl_reverse(S, probs)))  # a class the teacher rules out costs much, not inf
 
 
@@ -91,7 +91,7 @@ def test_a_kd_step_is_one_gradient_step_of_the_loss_divided_as_asked(reverse):
     model = torch.nn.Linear(4, 3)
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
     opt = optim.SGD(model.parameters(), lr=0.1)
-    kd = KDSteps(model, opt, lambda idx: x[idx], targets, 2.0, torch.device("cpu"), False, "test", divide_by=4.0,
+    kd = KDSteps(model, opt, lambda idx: x[idx], targets, 3.0, torch.device("cpu"), False, "test", divide_by=4.0,
                  reverse=reverse)
     idx = torch.tensor([1, 4, 5])
     with kd.running():
@@ -99,7 +99,7 @@ def test_a_kd_step_is_one_gradient_step_of_the_loss_divided_as_asked(reverse):
     ref = torch.nn.Linear(4, 3)
     ref.load_state_dict(w0)
     loss_fn = kd_kl_reverse if reverse else kd_kl_probs
-    loss = loss_fn(ref(x[idx]), targets[idx], 2.0) / 4.0
+    loss = loss_fn(ref(x[idx]), targets[idx], 3.0) / 4.0
     loss.backward()
     assert float(got) == pytest.approx(float(loss.detach()), rel=1e-6)
     for name, p in ref.named_parameters():

@@ -122,3 +122,24 @@ def test_dafkds_classifier_and_discriminator_loss_is_eq9_ce_plus_eq2():
         _same(loss, F.cross_entropy(mods["model"].head(feats), s.y) + bce)
         loss.backward()
         assert all(p.grad is None for p in mods["generator"].parameters())  # Eq. 9 does not train G
+
+
+def test_fedgens_client_loss_on_a_padded_batch_is_the_loss_on_its_real_rows():
+    """A BatchNorm model's batch padded with rows labelled IGNORE_LABEL (the batched runtime's short batches): every
+    term, and the BatchNorm statistics the logits come from, read the real rows only (BatchNorm made row-aware, as
+    the batched runtime makes it)."""
+    from fedray.learning.training import IGNORE_LABEL
+    from fedray.models.base import row_masked_batchnorm
+
+    case = {**METHOD_CASES["fedgen"], "algorithm__name": "fedgen", "model__name": "resnet8_bn"}
+    with client_step(2, **case) as s:
+        real, _, inp = s.update_loss()
+        pad = 5
+        padded = {**inp, "x": torch.cat([inp["x"], torch.randn(pad, *inp["x"].shape[1:])]),
+                  "y": torch.cat([inp["y"], torch.full((pad,), IGNORE_LABEL)]),
+                  "f_real": torch.cat([inp["f_real"], torch.randn(pad, inp["f_real"].shape[1])])}
+        for name, weights in s.plan.start.items():
+            s.plan.modules[name].load_state_dict(weights)
+        with row_masked_batchnorm(s.plan.modules["model"]):
+            loss, _ = s.plan.updates[0].loss(s.plan.modules, padded, s.plan.inputs(0)[1])
+        _same(loss, real)
