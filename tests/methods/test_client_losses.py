@@ -22,9 +22,12 @@ def _same(got: torch.Tensor, want: torch.Tensor):
     assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-5, abs=1e-7)
 
 
-def test_fedavgs_loss_is_the_cross_entropy_of_the_batch():
-    with client_step() as s:
-        loss, _ = s.local_loss()
+@pytest.mark.parametrize("case", ["fedavg", "qffl", "local", "feddf", "fedd3a", "fedftg"])
+def test_a_plain_local_loss_is_the_cross_entropy_of_the_batch(case):
+    """FedAvg's local objective, which q-FFL's, the isolated baseline's (on the client's own model), FedDF's,
+    FedD3A's (homogeneous clients) and FedFTG's clients (base=fedavg) train on: CE(f(x), y), the batch mean."""
+    with client_step(**{**METHOD_CASES[case], "algorithm__name": case}) as s:
+        loss, _ = s.local_loss(moved=0.01)
         _same(loss, F.cross_entropy(s.plan.model(s.x), s.y))
 
 
