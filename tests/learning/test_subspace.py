@@ -198,3 +198,17 @@ def test_weights_degenerate_rows():
     tied[1] += torch.tensor([0.0, 1e-17, 0.0, -1e-17], dtype=F64)  # rounding-level differences
     assert torch.equal(subspace_weights(tied), torch.full((2, 4), 0.25, dtype=F64))
     assert not subspace_weights(tied).isnan().any()
+
+
+def test_projection_cosine_refuses_other_shapes_naming_them_and_takes_more_clients_than_dimensions():
+    with pytest.raises(ValueError, match=r"P must be \(k, d, d\) or \(d, d\), got shape \(2, 3, 4\)"):
+        projection_cosine(torch.zeros(2, 3, 4), torch.zeros(5, 3))
+    with pytest.raises(ValueError, match=r"P must be .* got shape \(3, 3, 3, 3\)"):
+        projection_cosine(torch.zeros(3, 3, 3, 3), torch.zeros(5, 3))
+    with pytest.raises(ValueError, match=r"u must be \(n, 3\), got shape \(5, 4\)"):
+        projection_cosine(torch.eye(3), torch.zeros(5, 4))
+    P = torch.stack([projector(_randn(6, 2, seed=k), 1.0) for k in range(5)])  # 5 clients, 2 dimensions
+    u = _randn(4, 2, seed=9)
+    r = projection_cosine(P, u)
+    for k in range(5):
+        assert torch.allclose(r[:, k], torch.nn.functional.cosine_similarity(u, u @ P[k].T, dim=1), atol=1e-12)
