@@ -101,13 +101,15 @@ def _mutant_function(name: str) -> tuple[str, str]:
     return module, ".".join(p for p in func.split("ǁ") if p)
 
 
-def _innermost_def(tree: ast.AST, line: int) -> list[str]:
+def _definitions(source: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, name) of every function definition in ``source``, by first line."""
+    return sorted((node.lineno, node.end_lineno, node.name) for node in ast.walk(ast.parse(source))
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+def _enclosing(definitions: list[tuple[int, int, str]], line: int) -> list[str]:
     """Names of the function definitions enclosing ``line``, outermost first."""
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.end_lineno:
-            names.append((node.lineno, node.name))
-    return [n for _, n in sorted(names)]
+    return [name for first, last, name in definitions if first <= line <= last]
 
 
 def _changes(source_lines: list[str], spans: dict, key: str) -> tuple[int, str, str]:
@@ -126,10 +128,9 @@ def _changes(source_lines: list[str], spans: dict, key: str) -> tuple[int, str, 
     return b0, "", ""
 
 
-def collect() -> dict:
-    """Every mutant of the scope with its status; survivors with their changed line and whether it is in a loss."""
-    equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
-    mutants, survivors = [], []
+def mutants_of_scope():
+    """Every mutant of the scope: (name, file, status, function with the closures it nests in, old line, new line,
+    in a loss)."""
     for meta_path in sorted(MUTANTS.glob("fedray/**/*.py.meta")):
         rel = meta_path.relative_to(MUTANTS).as_posix()[: -len(".meta")]
         if not rel.startswith(SCOPE):
@@ -138,26 +139,33 @@ def collect() -> dict:
         if not codes:
             continue
         source = (MUTANTS / rel).read_text()
-        lines = source.splitlines()
+        lines, definitions = source.splitlines(), _definitions(source)
         spans = json.loads((MUTANTS / f"{rel}.spans").read_text())["spans"]
-        tree = ast.parse(source)
         for key, code in codes.items():
-            status = status_of(code)
-            mutants.append({"name": key, "file": rel, "status": status})
-            if status not in ("survived", "no tests"):
-                continue
             module, func = _mutant_function(key)
             line, old, new = _changes(lines, spans, key.rsplit(".", 1)[-1])
-            nested = _innermost_def(tree, line)[1:]  # below the mutant's own (renamed) function
-            where = ".".join([func, *nested])
-            label = f"{module}:{where}: {old} -> {new}"
+            nested = _enclosing(definitions, line)[1:]  # below the mutant's own (renamed) function
             in_loss = bool(LOSS.search(func.rsplit(".", 1)[-1]) or any(LOSS.search(n) for n in nested))
-            rule, reason = verdict_of(old, new, equivalent.get(label))
-            survivors.append({"name": key, "file": rel, "status": status, "function": where, "old": old,
-                              "new": new, "in_loss": in_loss, "equivalent": reason, "rule": rule, "label": label})
+            yield key, rel, status_of(code), ".".join([func, *nested]), module, old, new, in_loss
+
+
+def collect() -> dict:
+    """Every mutant of the scope with its status; survivors with their changed line and whether it is in a loss."""
+    equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    mutants, survivors = [], []
+    for key, rel, status, where, module, old, new, in_loss in mutants_of_scope():
+        mutants.append({"name": key, "file": rel, "status": status, "in_loss": in_loss})
+        if status not in ("survived", "no tests"):
+            continue
+        label = f"{module}:{where}: {old} -> {new}"
+        rule, reason = verdict_of(old, new, equivalent.get(label))
+        survivors.append({"name": key, "file": rel, "status": status, "function": where, "old": old,
+                          "new": new, "in_loss": in_loss, "equivalent": reason, "rule": rule, "label": label})
     counts = Counter(m["status"] for m in mutants)
+    loss_counts = Counter(m["status"] for m in mutants if m["in_loss"])
     stale = sorted(set(equivalent) - {s["label"] for s in survivors})
-    return {"mutants": mutants, "survivors": survivors, "counts": dict(counts), "stale_equivalents": stale}
+    return {"mutants": mutants, "survivors": survivors, "counts": dict(counts), "loss_counts": dict(loss_counts),
+            "stale_equivalents": stale}
 
 
 def write_record(found: dict, meta: dict) -> None:
@@ -176,6 +184,13 @@ def write_record(found: dict, meta: dict) -> None:
     for m in found["mutants"]:
         row = per_file.setdefault(m["file"], Counter())
         row[m["status"]] += 1
+    lc = found["loss_counts"]
+    loss_survivors = [s for s in survivors if s["in_loss"]]
+    summary["in_losses"] = {"mutants": sum(lc.values()), "checked": sum(lc.values()) - lc.get("not checked", 0),
+                            "killed": lc.get("killed", 0), "timeout": lc.get("timeout", 0),
+                            "survived": len(loss_survivors),
+                            "equivalent": sum(1 for s in loss_survivors if s["equivalent"]),
+                            "unexplained": len(unexplained_loss)}
     record = {"meta": meta, "summary": summary, "per_file": {k: dict(v) for k, v in sorted(per_file.items())},
               "survivors": survivors, "stale_equivalents": found["stale_equivalents"]}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -193,6 +208,13 @@ def write_record(found: dict, meta: dict) -> None:
         f"| {total} | {checked} | {summary['killed']} | {summary['timeout']} | {summary['survived']} | "
         f"{summary['no_tests']} | {summary['equivalent']} | {summary['score']:.1%} |",
         "",
+        f"In losses (the LOSS pattern below): {summary['in_losses']['mutants']} mutants, "
+        f"{summary['in_losses']['checked']} checked, {summary['in_losses']['killed']} killed, "
+        f"{summary['in_losses']['timeout']} timeout, {summary['in_losses']['survived']} survived: "
+        f"{summary['in_losses']['equivalent']} equivalent, {summary['in_losses']['unexplained']} not explained.",
+        "",
+        *([f"**Not complete**: {total - checked} of the {total} mutants are not checked yet (every mutant in a loss "
+           "was checked first); `make mutation` goes on where this stopped.", ""] if total - checked else []),
         "Score: (killed + timeout) / (checked - equivalent). A timeout is a mutant that made the tests hang or "
         "loop, counted as caught, as mutmut does. \"No test reaches it\": the function never ran under the selected "
         "tests (the Ray, real-data and slow tests are outside the scope).",

@@ -212,3 +212,18 @@ def test_projection_cosine_refuses_other_shapes_naming_them_and_takes_more_clien
     r = projection_cosine(P, u)
     for k in range(5):
         assert torch.allclose(r[:, k], torch.nn.functional.cosine_similarity(u, u @ P[k].T, dim=1), atol=1e-12)
+
+
+def test_subspace_weights_shapes_a_single_client_and_refusals():
+    """A 1-D r of k scores gives k weights; one client gets weight 1; another shape or correction is refused
+    naming it."""
+    one = subspace_weights(torch.tensor([0.7], dtype=F64))
+    assert one.shape == (1,) and float(one[0]) == 1.0
+    row = subspace_weights(torch.tensor([0.1, 0.5, 0.2], dtype=F64))
+    assert row.shape == (3,) and torch.allclose(row, subspace_weights(torch.tensor([[0.1, 0.5, 0.2]], dtype=F64))[0])
+    with pytest.raises(ValueError, match=r"r must be \(n, k\) with k >= 1, got shape \(2, 3, 4\)"):
+        subspace_weights(torch.zeros(2, 3, 4))
+    with pytest.raises(ValueError, match=r"r must be \(n, k\) with k >= 1, got shape \(4, 0\)"):
+        subspace_weights(torch.zeros(4, 0))
+    with pytest.raises(ValueError, match=r"correction must be 1 \(sample std\) or 0 \(population std\), got 2"):
+        subspace_weights(torch.zeros(4, 3), correction=2)

@@ -335,3 +335,9 @@ def test_fedftgs_student_step_is_one_sgd_step_on_the_label_weighted_teachers_sof
     assert metrics["server/ft_kd"] == pytest.approx(float(kd.detach()), rel=1e-5)
     for name, p in student.named_parameters():
         torch.testing.assert_close(new.weights[name], average[name] - 0.3 * p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_a_label_held_by_a_single_sample_gets_its_holder_all_the_weight():
+    shares, held = label_shares(torch.tensor([[1, 0, 2], [0, 0, 2]]))
+    assert held.tolist() == [True, False, True]
+    assert shares.tolist() == [[1.0, 0.0, 0.5], [0.0, 0.0, 0.5]]
