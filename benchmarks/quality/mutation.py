@@ -77,6 +77,8 @@ RULES = [
      "losses take"),
     ("sum axis", _same_but(r"(?<=\.sum\()[-+]1(?=\))"),
      "sum over axis -1 or +1: the classes, on (rows, classes) tensors"),
+    ("einsum case", lambda old, new: "einsum" in old and old != new and old.lower() == new.lower(),
+     "einsum's subscripts renamed in upper case throughout: the same contraction"),
 ]
 
 

@@ -592,3 +592,9 @@ def test_the_server_step_is_eq6_eq4_eq7_and_one_eq8_step_by_hand(aggregation):
     lr = algo.params.distill_lr
     for name, prm in model.named_parameters():
         torch.testing.assert_close(new.weights[name], average[name] - lr * prm.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_eq7s_guard_adds_eps_to_every_score():
+    f = torch.tensor([[0.9, 0.0], [0.1, 0.0]])
+    alpha = correlation_weights(f, eps=0.5)
+    assert torch.allclose(alpha, torch.tensor([[1.4 / 2.0, 0.5], [0.6 / 2.0, 0.5]]), atol=1e-6)

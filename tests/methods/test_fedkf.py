@@ -345,3 +345,43 @@ def test_fedkfs_logged_losses_are_eq5_and_eq8_of_their_logged_parts(vectorize):
             info["train/l_ie"] + lam1 * info["train/l_oh"] + lam2 * info["train/l_a"], rel=1e-5, abs=1e-6)
         assert info["train/loss"] == pytest.approx(info["train/ce"] + gamma * info["train/kl"], rel=1e-5)
         assert info["train/l_oh"] > 0.1 and info["train/l_a"] < -0.01  # each part weighs in the identity
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_authors_options_give_the_same_round_one_client_at_a_time_and_batched(steps):
+    """adversarial_kl (the generator also maximises gamma KL(teacher || student)) and Eq. 4's L1 activation norm, on
+    both paths (distill_alone and the batched plan): the same weights and the same step means of every figure."""
+    from tests.vectorized.test_vectorized import _assert_same_weights, _one_round
+
+    kw = dict(algorithm__name="fedkf", algorithm__adversarial_kl=True, algorithm__activation_norm="l1",
+              algorithm__gamma=0.7, federation__local_steps=steps)
+    seq_w, seq_info = _one_round(False, **kw)
+    vec_w, vec_info = _one_round(True, **kw)
+    _assert_same_weights(seq_w, vec_w)
+    for s, v in zip(seq_info, vec_info, strict=True):
+        for key in ("train/loss", "train/ce", "train/kl", "train/gen_loss", "train/l_ie", "train/l_oh", "train/l_a"):
+            assert v[key] == pytest.approx(s[key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_adversarial_generator_loss_by_hand():
+    """With adversarial_kl: L_G = L_IE + lambda1 L_OH + lambda2 L_A - gamma KL(t(x_hat) || s(x_hat)), L_A Eq. 4's
+    per-sample L1 norm (activation_norm=l1)."""
+    from tests.methods.plans import client_step
+
+    with client_step(algorithm__name="fedkf", algorithm__adversarial_kl=True, algorithm__activation_norm="l1",
+                     algorithm__gamma=0.7, algorithm__lambda1=0.3, algorithm__lambda2=0.2) as s:
+        loss, figures, inp = s.update_loss(1)
+        mods = s.plan.modules
+        teacher = s.ctx.modules.teacher
+        x_hat = mods["generator"](inp["z"])
+        feats = teacher.features(x_hat)
+        t = teacher.head(feats)
+        pbar = torch.softmax(t, 1).mean(0)
+        l_ie = 1 + (pbar * pbar.log()).sum() / math.log(10)
+        l_oh = torch.nn.functional.cross_entropy(t, t.argmax(1))
+        l_a = -feats.abs().flatten(1).sum(1).mean()
+        p = torch.softmax(t, 1)
+        kl = (p * (p.log() - torch.log_softmax(mods["model"](x_hat), 1))).sum(1).mean()
+        want = l_ie + 0.3 * l_oh + 0.2 * l_a - 0.7 * kl
+        assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
+        assert float(figures["train/l_a"]) == pytest.approx(float(l_a.detach()), rel=1e-5)
