@@ -77,6 +77,8 @@ RULES = [
      "losses take"),
     ("sum axis", _same_but(r"(?<=\.sum\()[-+]1(?=\))"),
      "sum over axis -1 or +1: the classes, on (rows, classes) tensors"),
+    ("keepdim", lambda old, new: "sum(0, keepdim=True)" in old and _same_but(r",?\s*keepdim=(?:True|False)")(old, new),
+     "a (K, N) tensor divided by its sum over axis 0: (N,) and (1, N) broadcast the same"),
     ("einsum case", lambda old, new: "einsum" in old and old != new and old.lower() == new.lower(),
      "einsum's subscripts renamed in upper case throughout: the same contraction"),
 ]

@@ -598,3 +598,17 @@ def test_eq7s_guard_adds_eps_to_every_score():
     f = torch.tensor([[0.9, 0.0], [0.1, 0.0]])
     alpha = correlation_weights(f, eps=0.5)
     assert torch.allclose(alpha, torch.tensor([[1.4 / 2.0, 0.5], [0.6 / 2.0, 0.5]]), atol=1e-6)
+
+
+def test_appendix_b_teacher_and_its_score_with_a_visible_eps():
+    """Appendix B with eps = 0.5: the clients upload (f_k + eps) s_k and f_k + eps; the teacher is their ratio of
+    sums, and server/disc_score_mean the mean of the f_k themselves."""
+    algo = DaFKD(dafkd_config(algorithm__private_discriminator=True, algorithm__alpha_eps=0.5), None)
+    s1, s2 = torch.tensor([[1.0, 0.0], [0.5, 0.5]]), torch.tensor([[0.0, 1.0], [0.2, 0.8]])
+    f1, f2 = torch.tensor([0.75, 0.0]), torch.tensor([0.25, 0.0])
+    ups = [DaFKDUpload(weights={}, generator={}, num_samples=1, weighted_outputs=(f + 0.5).unsqueeze(1) * s,
+                       output_weights=f + 0.5) for s, f in ((s1, f1), (s2, f2))]
+    ctx = ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=None)
+    teacher, metrics = ensemble_teacher(algo, ups, torch.zeros(2, 1), ctx)
+    assert torch.allclose(teacher, torch.tensor([[1.25 / 2, 0.75 / 2], [0.35, 0.65]]), atol=1e-6)
+    assert metrics["server/disc_score_mean"] == pytest.approx(0.25, abs=1e-6)

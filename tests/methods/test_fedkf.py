@@ -384,4 +384,4 @@ def test_the_adversarial_generator_loss_by_hand():
         kl = (p * (p.log() - torch.log_softmax(mods["model"](x_hat), 1))).sum(1).mean()
         want = l_ie + 0.3 * l_oh + 0.2 * l_a - 0.7 * kl
         assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
-        assert float(figures["train/l_a"]) == pytest.approx(float(l_a.detach()), rel=1e-5)
+        assert float(figures["train/l_a"].detach()) == pytest.approx(float(l_a.detach()), rel=1e-5)
