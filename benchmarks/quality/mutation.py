@@ -217,8 +217,9 @@ def write_record(found: dict, meta: dict) -> None:
         f"{summary['in_losses']['timeout']} timeout, {summary['in_losses']['survived']} survived: "
         f"{summary['in_losses']['equivalent']} equivalent, {summary['in_losses']['unexplained']} not explained.",
         "",
-        *([f"**Not complete**: {total - checked} of the {total} mutants are not checked yet (every mutant in a loss "
-           "was checked first); `make mutation` goes on where this stopped.", ""] if total - checked else []),
+        *([f"**Not complete**: {total - checked} of the {total} mutants are not checked yet, "
+           f"{summary['in_losses']['mutants'] - summary['in_losses']['checked']} of them in losses; `make mutation` "
+           "goes on where this stopped.", ""] if total - checked else []),
         "Score: (killed + timeout) / (checked - equivalent). A timeout is a mutant that made the tests hang or "
         "loop, counted as caught, as mutmut does. \"No test reaches it\": the function never ran under the selected "
         "tests (the Ray, real-data and slow tests are outside the scope).",
@@ -276,9 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--wall-s", type=float, help="with --record-only: the wall time of the mutmut runs the record "
                     "comes from, when they ran outside this script")
+    ap.add_argument("--runs", type=int, help="with --wall-s: how many mutmut runs that time adds up")
     args = ap.parse_args(argv)
     previous = json.loads((OUT / "mutation.json").read_text())["meta"] if (OUT / "mutation.json").exists() else {}
     wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if args.record_only else 0.0, previous.get("runs", 1)
+    runs = args.runs or runs
     if not args.record_only:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         start = time.time()

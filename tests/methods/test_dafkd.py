@@ -612,3 +612,23 @@ def test_appendix_b_teacher_and_its_score_with_a_visible_eps():
     teacher, metrics = ensemble_teacher(algo, ups, torch.zeros(2, 1), ctx)
     assert torch.allclose(teacher, torch.tensor([[1.25 / 2, 0.75 / 2], [0.35, 0.65]]), atol=1e-6)
     assert metrics["server/disc_score_mean"] == pytest.approx(0.25, abs=1e-6)
+
+
+def test_eq8_with_adam_takes_the_asked_learning_rate():
+    """distill_optimizer=adam (the authors' code): one distillation step moves each weight by distill_lr."""
+    from fedray.learning.weights import clone_weights
+
+    cfg = dafkd_config(algorithm__distill_steps=1, algorithm__distill_optimizer="adam", algorithm__distill_lr=0.05)
+    algo = DaFKD(cfg, SPEC_TINY)
+    modules = algo.build_modules()
+    state = algo.init_server_state(modules)
+    uploads = []
+    for k in range(2):
+        torch.manual_seed(20 + k)
+        other = algo.build_modules()
+        uploads.append(DaFKDUpload(weights=clone_weights(other.model), generator=clone_weights(other.generator),
+                                   num_samples=10, disc=clone_weights(other.disc)))
+    new, _ = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
+    average = {k: (uploads[0].weights[k] + uploads[1].weights[k]) / 2 for k in uploads[0].weights}
+    moved = max(float((new.weights[k] - average[k]).abs().max()) for k in average if average[k].is_floating_point())
+    assert moved == pytest.approx(0.05, rel=1e-3)
