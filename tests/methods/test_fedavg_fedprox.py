@@ -13,7 +13,6 @@ from fedray.methods.fedprox import FedProx
 from fedray.learning.weights import nbytes, weighted_average
 from fedray.data import build_federated_data
 from fedray.runtime.core import ClientWorkerCore, ServerCore
-from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
 
 
