@@ -536,6 +536,21 @@ def test_local_steps_teach_the_discriminators_to_read_real_images_as_real(case):
         assert real > 0.5 and (real + fake) / 2 > 0.5, (info["client"], real, fake)
 
 
+def _other_uploads(algo: DaFKD, sizes: tuple[int, ...], head_scale: float = 1.0) -> list[DaFKDUpload]:
+    """One upload per size, each of freshly drawn modules (seeded), the classifier's head scaled by ``head_scale``."""
+    from fedray.learning.weights import clone_weights
+
+    uploads = []
+    for k, n in enumerate(sizes):
+        torch.manual_seed(7 + k)
+        other = algo.build_modules()
+        with torch.no_grad():
+            other.model.head.weight.mul_(head_scale)
+        uploads.append(DaFKDUpload(weights=clone_weights(other.model), generator=clone_weights(other.generator),
+                                   num_samples=n, disc=clone_weights(other.disc)))
+    return uploads
+
+
 @pytest.mark.parametrize("aggregation", ["uniform", "samples"])
 def test_the_server_step_is_eq6_eq4_eq7_and_one_eq8_step_by_hand(aggregation):
     """Two uploads of other weights: the student starts from Eq. 6's average (uniform, or by samples), the generator
@@ -543,21 +558,12 @@ def test_the_server_step_is_eq6_eq4_eq7_and_one_eq8_step_by_hand(aggregation):
     T) and discriminator f_k (sigmoid of the head on the classifier's features) give Eq. 7's weights
     alpha_k = f_k / sum_j f_j and the teacher sum_k alpha_k s_k; Eq. 8 is one SGD step (momentum's first step is
     plain) of KL(teacher || softmax(student / T)) T^2 over the whole set."""
-    from fedray.learning.weights import clone_weights
-
     cfg = dafkd_config(algorithm__distill_steps=1, algorithm__distill_samples=16, algorithm__distill_batch_size=16,
                        algorithm__temperature=2.0, algorithm__aggregation=aggregation)
     algo = DaFKD(cfg, SPEC_TINY)
     modules = algo.build_modules()
     state = algo.init_server_state(modules)
-    uploads = []
-    for k, n in enumerate((10, 30)):
-        torch.manual_seed(7 + k)
-        other = algo.build_modules()
-        with torch.no_grad():
-            other.model.head.weight.mul_(30.0)  # confident teachers: KL's two directions differ
-        uploads.append(DaFKDUpload(weights=clone_weights(other.model), generator=clone_weights(other.generator),
-                                   num_samples=n, disc=clone_weights(other.disc)))
+    uploads = _other_uploads(algo, (10, 30), head_scale=30.0)  # confident teachers: KL's two directions differ
     coefs = [1.0, 1.0] if aggregation == "uniform" else [10.0, 30.0]
     new, metrics = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
 
@@ -616,18 +622,11 @@ def test_appendix_b_teacher_and_its_score_with_a_visible_eps():
 
 def test_eq8_with_adam_takes_the_asked_learning_rate():
     """distill_optimizer=adam (the authors' code): one distillation step moves each weight by distill_lr."""
-    from fedray.learning.weights import clone_weights
-
     cfg = dafkd_config(algorithm__distill_steps=1, algorithm__distill_optimizer="adam", algorithm__distill_lr=0.05)
     algo = DaFKD(cfg, SPEC_TINY)
     modules = algo.build_modules()
     state = algo.init_server_state(modules)
-    uploads = []
-    for k in range(2):
-        torch.manual_seed(20 + k)
-        other = algo.build_modules()
-        uploads.append(DaFKDUpload(weights=clone_weights(other.model), generator=clone_weights(other.generator),
-                                   num_samples=10, disc=clone_weights(other.disc)))
+    uploads = _other_uploads(algo, (10, 10))
     new, _ = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
     average = {k: (uploads[0].weights[k] + uploads[1].weights[k]) / 2 for k in uploads[0].weights}
     moved = max(float((new.weights[k] - average[k]).abs().max()) for k in average if average[k].is_floating_point())
