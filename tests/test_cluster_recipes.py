@@ -253,7 +253,8 @@ def test_runtime_env_excludes_what_must_not_be_uploaded(tmp_path):
     keep = ["fedray/cli.py", "tune_configs/spec.yaml", "cluster/runtime_env.yaml", "pyproject.toml"]
     drop = [".venv/lib/x.py", ".git/HEAD", "runs/a/summary.json", "outputs/x", "mlflow.db", "mlruns/0/m",
             "mlartifacts/1/a", "fedray/__pycache__/cli.cpython-311.pyc", "fedray.egg-info/PKG-INFO",
-            ".pytest_cache/v", "build/lib/x.py", "benchmarks/results/overhead.json", ".gpu/whl/ray.whl"]
+            ".pytest_cache/v", "build/lib/x.py", "benchmarks/results/overhead.json", ".gpu/whl/ray.whl",
+            "mutants/fedray/cli.py"]
     for rel in keep + drop:
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text("x")

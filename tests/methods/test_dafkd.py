@@ -519,6 +519,56 @@ def test_the_generator_loss_is_eq3_by_hand_and_falls_as_its_samples_pass_for_rea
     assert values[1] < values[0]
 
 
+@pytest.mark.parametrize("sharing", [True, False])
+@pytest.mark.parametrize("gen_loss", ["nonsaturating", "minimax"])
+def test_the_adversarial_losses_of_a_padded_batch_are_those_of_its_real_rows(sharing, gen_loss):
+    """The batched runtime pads a short batch with rows that do not count (``batch_rows``): Eq. 2 and Eq. 3 on a
+    padded batch, BatchNorm made row-aware as that runtime makes it, equal the losses of the real rows alone, for
+    the shared head and for the separate discriminator network (whose BatchNorm reads the real images itself)."""
+    from fedray.models.base import batch_rows, row_masked_batchnorm
+
+    algo = DaFKD(dafkd_config(model__name="resnet8_bn", algorithm__sharing=sharing, algorithm__gen_loss=gen_loss),
+                 SPEC_TINY)
+    torch.manual_seed(0)
+    m = algo.build_modules()
+    x, fake, z = torch.randn(6, 1, 16, 16), torch.randn(6, 1, 16, 16), torch.randn(6, algo.params.noise_dim)
+    real_rows, fake_rows = torch.arange(6) < 4, torch.arange(6) < 3
+    alone, _, _ = algo._disc_loss(m, x[:4], m.model.features(x[:4]), fake[:3])
+    gen_alone = algo._gen_loss(m, z[:3], None)
+    layers = torch.nn.ModuleList([m.model, m.generator, m.disc])
+    with row_masked_batchnorm(layers):
+        with batch_rows(real_rows):
+            feats = m.model.features(x)
+        padded, d_real, d_fake = algo._disc_loss(m, x, feats, fake, real_rows, fake_rows)
+        gen_padded = algo._gen_loss(m, z, None, fake_rows)
+    torch.testing.assert_close(padded, alone, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(gen_padded, gen_alone, rtol=1e-4, atol=1e-6)
+    assert d_real.shape == (6,) and d_fake.shape == (6,)
+
+
+def test_eq8s_batches_go_through_the_distillation_set_without_replacement(monkeypatch):
+    """Eq. 8's minibatches: each pass of n / B steps sees every one of the n distillation samples once, and the next
+    pass draws a new order (a seeded reshuffle)."""
+    from fedray.methods.dafkd import server
+
+    seen: list[list[int]] = []
+
+    class Recording(server.KDSteps):
+        def step(self, idx, steps_left=None):
+            seen.append(idx.tolist())
+            return super().step(idx, steps_left)
+
+    monkeypatch.setattr(server, "KDSteps", Recording)
+    cfg = dafkd_config(algorithm__distill_steps=8, algorithm__distill_samples=16, algorithm__distill_batch_size=4)
+    algo = DaFKD(cfg, SPEC_TINY)
+    modules = algo.build_modules()
+    algo.server_update(algo.init_server_state(modules), _other_uploads(algo, (10, 10)),
+                       ServerContext(1, 0, torch.device("cpu"), modules))
+    first, second = sum(seen[:4], []), sum(seen[4:], [])
+    assert len(seen) == 8 and all(len(b) == 4 for b in seen)
+    assert sorted(first) == list(range(16)) and sorted(second) == list(range(16)) and first != second
+
+
 @pytest.mark.parametrize("case", ["dafkd", "dafkd-private"])
 def test_local_steps_teach_the_discriminators_to_read_real_images_as_real(case):
     """On the learnable synthetic task (real images far from a fresh generator's), after one round of local steps
