@@ -22,6 +22,10 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
   term masks its own mean; other terms may read the model, not the batch).
   Then the runtime may pad a short batch with rows labelled :data:`IGNORE_LABEL` and batch it with the full
   ones, BatchNorm normalising by the other rows (:func:`~fedray.models.base.batch_rows`): exact up to rounding.
+- ``client_inputs``: the client's own tensors its loss reads (client state, e.g. SCAFFOLD's correction
+  c - c_i), by name. The loss is then ``loss(model, x, y, inputs)`` with this client's tensors as ``inputs``: the
+  vectorised runtime stacks every client's once per round and hands each its own slice under ``vmap``, so the loss
+  stays the same function for every client. Nothing else it reads may differ between clients.
 - ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
   it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
   logits on the shared batch). A ``finish`` marked :func:`weights_only` reads the model only through
@@ -43,6 +47,8 @@ from fedray.learning.weights import Weights
 from fedray.data.federated import ClientBatches
 
 IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index: a padded row's label
+#: The key of a :class:`StepwiseTraining` step's inputs under which its ``client_inputs`` reach every loss
+CLIENT_INPUTS = "client"
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
@@ -65,6 +71,8 @@ class LocalTraining:
     finish: Callable[[torch.nn.Module, dict[str, float]], ClientResult]
     group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
     paddable: bool = False  # every term reading the batch averages over its rows not labelled IGNORE_LABEL
+    #: this client's own tensors, by name, handed to ``loss`` as its fourth argument (module docstring)
+    client_inputs: dict[str, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,10 @@ class StepwiseTraining:
     by parameter name (``"<module>.<parameter>"``), ``{"step": n, "exp_avg": m, "exp_avg_sq": v}`` (Adam) or
     ``{"step": n, "momentum_buffer": b}`` (SGD); absent parameters start fresh, as a new ``torch.optim`` would.
 
+    ``client_inputs``: this client's own tensors (client state the losses read), by name: every loss finds them as
+    ``inputs[CLIENT_INPUTS]``, the client's own under ``vmap``, stacked once per round by the runtime (as
+    :class:`LocalTraining`'s).
+
     ``alone``: the method's own run of this client by itself, the sequential reference the batched run is tested
     against (DaFKD's and FedKF's hand-written loops); :func:`run_update` calls it when the runtime trains the
     client alone. None: the runtime runs the plan's steps for this client alone.
@@ -138,6 +150,7 @@ class StepwiseTraining:
     optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     batches: ClientBatches | None = None
     paddable: bool = False
+    client_inputs: dict[str, torch.Tensor] | None = None
     alone: Callable[[], ClientResult] | None = None
 
 
@@ -189,9 +202,10 @@ def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
     opt = make_optimizer(model.parameters(), ctx.fed)
     sums: dict[str, torch.Tensor] = {}
     steps = 0
+    own = () if plan.client_inputs is None else (plan.client_inputs,)
     for x, y in ctx.batches():
         opt.zero_grad()
-        loss, aux = split_loss(plan.loss(model, x, y))
+        loss, aux = split_loss(plan.loss(model, x, y, *own))
         loss.backward()
         opt.step()
         for key, value in {"train/loss": loss, **aux}.items():

@@ -37,7 +37,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from fedray.learning.boundary import ClientContext, ClientResult
-from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update,
+from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update,
                                        is_weights_only, split_loss, step_means, weights_only)
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, row_masked_batchnorm
@@ -73,8 +73,9 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
 
     def loss(modules: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):
         # the model reads the batch only as model(x) (paddable): its padded rows, if any, are those labelled so
+        own = () if plan.client_inputs is None else (inp[CLIENT_INPUTS],)
         with batch_rows(inp["y"] != IGNORE_LABEL):
-            out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"]))
+            out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"], *own))
         return out, {"train/loss": out, **aux}
 
     def finish(modules: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
@@ -86,7 +87,8 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
     return StepwiseTraining(modules=torch.nn.ModuleDict({"model": plan.model}), start={"model": plan.start},
                             updates=[Update(loss=loss, groups={"model": OptimSpec.of(ctx.fed)})],
                             steps=ctx.num_local_steps(), inputs=lambda step: ({}, (True,)), finish=finish,
-                            group=plan.group, batches=ctx.batch_plan(), paddable=plan.paddable)
+                            group=plan.group, batches=ctx.batch_plan(), paddable=plan.paddable,
+                            client_inputs=plan.client_inputs)
 
 
 def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[bool, ...]] | None]]:
@@ -138,10 +140,11 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
     opts = [StackedOptimizer(mv, {k: u.groups[k.split(".", 1)[0]] for k in mv}) for u, mv in zip(updates, moved)]
     for opt in opts:
         opt.load([p.optimizer_state for p in plans])
+    own = _stacked_client_inputs(plans, device)  # each client's own tensors, stacked once for the round
     wrappers = [_LossModule(modules, u.loss) for u in updates]
     calls = [vmap(_client_call(w), randomness="different") for w in wrappers]
     sums: dict[str, torch.Tensor] = {}
-    group_count = step_count = 0
+    group_count = step_count = client_steps = 0
     assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
     graphs = cuda_graphs and StepGraph.possible(device)
     paddable, couples = pad and plans[0].paddable, _couples_rows(modules)
@@ -184,9 +187,11 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
                         on_device[group].update(batched.inputs(s, members))
                 inp = on_device[group]
                 if everyone:
-                    losses = call_everyone(u, inp)
+                    losses = call_everyone(u, inp if own is None else {**inp, CLIENT_INPUTS: own})
                 else:
                     index = to_device(torch.tensor(members), device)
+                    if own is not None:
+                        inp = {**inp, CLIENT_INPUTS: {k: v[index] for k, v in own.items()}}
                     sub_b = {k: v[index] for k, v in buffers.items()}
                     losses, aux = call({k: v[index] for k, v in params.items()}, sub_b, inp)
                     for k, v in sub_b.items():  # BatchNorm statistics updated in the gathered copy
@@ -210,6 +215,8 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
         graph's to keep. With ``inp["mask"]`` (a masked graph) the clients outside it end the step as they began."""
         flags = key[0]
         data = {**{k: v for k, v in inp.items() if k not in ("index", "mask")}, **batched.gather(inp["index"])}
+        if own is not None:
+            data[CLIENT_INPUTS] = own
         with graph.keeping(inp.get("mask"), [*params.values(), *buffers.values(), *sums.values()],
                            [o for o, f in zip(opts, flags) if f]):
             graph_updates(flags, data)
@@ -243,6 +250,7 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
                     shapes = tuple((k, tuple(v.shape)) for k, v in inp.items())
                     groups.setdefault((flags, shapes, batched.group_of(s, i) if batched else None), []).append(i)
             group_count, step_count = group_count + len(groups), step_count + 1
+            client_steps += sum(map(len, groups.values()))
             # inputs drawn on the host (seeded noise) are stacked there: one copy to the device, not one a client
             host = {group: {k: torch.stack([step_inputs[i][0][k] for i in members]) for k in step_inputs[members[0]][0]}
                     for group, members in groups.items()}
@@ -269,7 +277,7 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
         figures["steps"] = float(plan.steps)
         opt_state = {k: v for opt in opts for k, v in opt.client_state(i).items()} if keeps_optimizer[i] else {}
         results.append(plan.finish(model, figures, opt_state))
-    return results, (group_count, step_count, graph.replays if graph is not None else None)
+    return results, (group_count, step_count, graph.replays if graph is not None else None, client_steps)
 
 
 class _HostWeights:
@@ -304,6 +312,17 @@ def _host_rows(stacked: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             for j, part in zip(members, flat[i].split(sizes)):
                 rows[i][j] = part.view(stacked[j].shape[1:])
     return rows
+
+
+def _stacked_client_inputs(plans: list[StepwiseTraining], device: torch.device) -> dict[str, torch.Tensor] | None:
+    """The plans' ``client_inputs`` stacked along a leading client axis on ``device`` (None when they have none)."""
+    if plans[0].client_inputs is None:
+        assert all(p.client_inputs is None for p in plans), "batched clients give client_inputs all alike"
+        return None
+    keys = plans[0].client_inputs.keys()
+    assert all(p.client_inputs is not None and p.client_inputs.keys() == keys for p in plans), (
+        "batched clients give client_inputs of the same names")
+    return {k: torch.stack([to_device(p.client_inputs[k], device) for p in plans]) for k in keys}
 
 
 def _couples_rows(modules: torch.nn.Module) -> bool:

@@ -12,8 +12,8 @@ import torch
 from fedray.learning.boundary import ClientContext, ClientResult
 from fedray.learning.training import StepwiseTraining, is_weights_only, weights_only
 
-#: (vmapped calls, steps, steps replayed from a CUDA graph or None without one) of one lockstep
-Tally = tuple[int, int, int | None]
+#: (vmapped calls, steps, steps replayed from a CUDA graph or None without one, clients' steps) of one lockstep
+Tally = tuple[int, int, int | None, int]
 Lockstep = Callable[[list[ClientContext], list[StepwiseTraining], list[bool]], tuple[list[Any], Tally]]
 
 
@@ -53,7 +53,7 @@ def _phase(plan: StepwiseTraining, begin: int, end: int, start: dict, optimizer_
     """Steps ``begin`` to ``end`` of ``plan``, from ``start`` and ``optimizer_state``, ended by ``finish``."""
     return StepwiseTraining(modules=plan.modules, start=start, updates=plan.updates, steps=end - begin,
                             inputs=lambda step: plan.inputs(step + begin), finish=finish, group=plan.group,
-                            optimizer_state=optimizer_state, paddable=plan.paddable,
+                            optimizer_state=optimizer_state, paddable=plan.paddable, client_inputs=plan.client_inputs,
                             batches=None if plan.batches is None else replace(plan.batches,
                                                                               index=plan.batches.index[begin:end]))
 
@@ -87,14 +87,18 @@ def _add(sums: dict[str, float], figures: dict[str, float]) -> None:
 
 
 def reported(results: list[ClientResult], tallies: list[Tally]) -> list[ClientResult]:
-    """``results`` with how well the lockstep batched, over the round's ``tallies`` ((vmapped calls, steps, steps
-    replayed or None without a graph) of each lockstep): ``vec/groups_per_step``, 1 when every step was one vmapped
-    call per update (each short batch or differing flag splits a step into one more call), and on a GPU
-    ``vec/graph_steps``, the share of steps replayed from a CUDA graph (benchmarks/speed/gpu.py reports both)."""
+    """``results`` with how well the lockstep batched, over the round's ``tallies`` (:data:`Tally` of each
+    lockstep): ``vec/groups_per_step``, 1 when every step was one vmapped call per update (each short batch or
+    differing flag splits a step into one more call); ``vec/clients_per_call``, the clients one vmapped call trained
+    on average (1 when nothing was batched: a plan whose ``group`` differs per client, however its steps went); and
+    on a GPU ``vec/graph_steps``, the share of steps replayed from a CUDA graph (benchmarks/speed/gpu.py reports
+    them)."""
     steps = max(sum(t[1] for t in tallies), 1)
+    calls = max(sum(t[0] for t in tallies), 1)
     replays = [t[2] for t in tallies if t[2] is not None]
     for result in results:
         result.metrics["vec/groups_per_step"] = sum(t[0] for t in tallies) / steps
+        result.metrics["vec/clients_per_call"] = sum(t[3] for t in tallies) / calls
         if replays:
             result.metrics["vec/graph_steps"] = sum(replays) / steps
     return results

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import torch
 
 from fedray.data import build_federated_data
-from fedray.learning.training import LocalTraining, StepwiseTraining, split_loss
+from fedray.learning.training import CLIENT_INPUTS, LocalTraining, StepwiseTraining, split_loss
 from fedray.runtime import make_runtime
 from fedray.seeding import sample_clients
 from tests.conftest import tiny_config
@@ -39,7 +39,8 @@ class Step:
                 for p in model.parameters():
                     p.add_(moved * torch.randn(p.shape, generator=g).to(p.device))
         model.train()
-        return split_loss(self.plan.loss(model, self.x, self.y))
+        own = () if self.plan.client_inputs is None else (self.plan.client_inputs,)
+        return split_loss(self.plan.loss(model, self.x, self.y, *own))
 
     def update_loss(self, update: int = 0) -> tuple[torch.Tensor, dict, dict]:
         """A StepwiseTraining's ``update``-th loss at step 0 (the modules at the round's start): (loss, figures,
@@ -49,6 +50,8 @@ class Step:
         self.plan.modules.train()
         extra, flags = self.plan.inputs(0)
         inp = {"x": self.x, "y": self.y, **extra}
+        if self.plan.client_inputs is not None:
+            inp[CLIENT_INPUTS] = self.plan.client_inputs
         loss, figures = split_loss(self.plan.updates[update].loss(self.plan.modules, inp, flags))
         return loss, figures, inp
 

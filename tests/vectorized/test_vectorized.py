@@ -3,6 +3,7 @@ method one round's averaged (or own) weights and 5 rounds' accuracy against the 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from contextlib import contextmanager
 
@@ -15,7 +16,7 @@ from fedray.methods.fedavg import FedAvg
 from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
-from fedray.learning.training import IGNORE_LABEL, OptimSpec, is_weights_only, run_update, weights_only
+from fedray.learning.training import CLIENT_INPUTS, IGNORE_LABEL, OptimSpec, is_weights_only, run_update, weights_only
 from fedray.vectorized.stacked_optimizer import StackedOptimizer
 from fedray.learning import cuda_graphs
 from fedray.data import federated as fed_data
@@ -259,6 +260,34 @@ def _plans(cfg, client_ids):
         ctxs.append(ctx)
         plans.append(algo.client_update(ctx, rt.server.broadcast(1)[0], state))
     return rt, ctxs, plans
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_each_client_reads_its_own_client_inputs_batched_as_alone(pad):
+    """A plan's ``client_inputs`` reach each client's loss as that client's own, stacked once for the round: three
+    clients pulled each its own way (a scalar of their own times the sum of the weights) over 6, 3 and 5 steps
+    (phases, short batches; padded or not) end batched where each ends alone, and where the pull is not shared."""
+    cfg = validate_experiment(tiny_config(federation__local_epochs=1, federation__batch_size=16))
+    rt, ctxs, plans = _plans(cfg, [1, 3, 5])
+    with rt:
+        def pulled(ctx, plan, weight):
+            plain = as_stepwise(ctx, plan)
+            inner = plain.updates[0].loss
+
+            def loss(mods, inp, flags):
+                out, aux = inner(mods, inp, flags)
+                return out + inp[CLIENT_INPUTS]["pull"] * sum(p.sum() for p in mods["model"].parameters()), aux
+            return dataclasses.replace(plain, updates=[dataclasses.replace(plain.updates[0], loss=loss)],
+                                       client_inputs={"pull": torch.tensor(weight)})
+
+        weights = (0.0, 0.5, -0.5)
+        batched = train_vectorized(ctxs, [pulled(c, p, w) for c, p, w in zip(ctxs, plans, weights)], pad=pad)
+        alone = [train_vectorized([c], [pulled(c, p, w)])[0] for c, p, w in zip(ctxs, plans, weights)]
+        shared = train_vectorized([ctxs[1]], [pulled(ctxs[1], plans[1], 0.0)])[0]
+    assert [c.num_local_steps() for c in ctxs] != [ctxs[0].num_local_steps()] * 3
+    for b, a in zip(batched, alone):
+        assert _max_relative_difference(a.upload.weights, b.upload.weights) < 1e-5
+    assert _max_relative_difference(shared.upload.weights, batched[1].upload.weights) > 1e-3
 
 
 @pytest.mark.parametrize("kw, marked", [
