@@ -97,6 +97,8 @@ METHOD_CASES: dict[str, dict] = {
     "fedavg-adam-cosine": {"federation__optimizer": "adam", "federation__lr": 0.01, "federation__lr_schedule": "cosine",
                            "federation__lr_min": 0.001},
     "fedprox": {"algorithm__mu": 0.5},
+    # plain SGD, the paper's local step; its control variates are client state from round 2 on
+    "scaffold": {"federation__optimizer": "sgd", "federation__lr": 0.1},
     # q large enough that the clients' losses weigh (q = 1 shrinks q-FedAvg's step to nothing in a few rounds)
     "qffl": {"algorithm__q": 0.1, "federation__optimizer": "sgd", "federation__lr": 0.1, "federation__momentum": 0.9},
     "fedgkd": {},

@@ -131,7 +131,11 @@ def test_configuration_names_every_method_parameter_with_its_default():
     problems = []
     methods = registered_methods()
     for name in sorted(set(methods) - set(subsections)):
-        problems.append(f"no section '### `{name}`' for registered method {name}")
+        rows = "".join(f"\n    | `algorithm.{f}` | `{field.get_default(call_default_factory=True)}` | <meaning> |"
+                       for f, field in methods[name].Params.model_fields.items())
+        problems.append(f"no section '### `{name}`' for registered method {name}: add to docs/configuration.md, "
+                        f"beside the other methods' sections:\n    ### `{name}`\n\n    | key | default | meaning |"
+                        f"\n    | --- | --- | --- |{rows}")
     for name in sorted(set(subsections) - set(methods)):
         problems.append(f"section '### `{name}`' names no registered method")
     for name in sorted(set(methods) & set(subsections)):
@@ -226,7 +230,9 @@ def test_methods_doc_table_has_every_method_and_its_per_client_column():
     assert col is not None, f"docs/methods.md's table has no 'per-client models?' column: {table[0]}"
     rows = {first_ticked(cells(r)[0]): r for r in table[1:]}
     methods = registered_methods()
-    problems = [f"no row for `{n}`" for n in sorted(set(methods) - set(rows))]
+    problems = [f"no row for `{n}`: add to docs/methods.md's table the row | `{n}` | "
+                f"{'no' if methods[n].shared_architecture else 'yes'} | <what a client sends up> | "
+                "<what a client keeps, never sent> |" for n in sorted(set(methods) - set(rows))]
     problems += [f"row for `{n}`, not a registered method" for n in sorted(set(rows) - set(methods), key=str)]
     for name in sorted(set(methods) & set(rows)):
         said = cells(rows[name])[col].lower()

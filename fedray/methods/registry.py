@@ -47,6 +47,7 @@ class _Registry(MutableMapping):
 ALGORITHMS: MutableMapping[str, type[Algorithm]] = _Registry({
     "fedavg": "fedray.methods.fedavg:FedAvg",
     "fedprox": "fedray.methods.fedprox:FedProx",
+    "scaffold": "fedray.methods.scaffold:Scaffold",
     "dafkd": "fedray.methods.dafkd.method:DaFKD",
     "fedkf": "fedray.methods.fedkf:FedKF",
     "qffl": "fedray.methods.qffl:QFFL",

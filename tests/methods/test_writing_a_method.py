@@ -8,7 +8,7 @@ from pathlib import Path
 from fedray.methods import ALGORITHMS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "writing-a-method.md"
-ADDED = ("myprox", "mydf", "counting")
+ADDED = ("myprox", "myscaffold", "mydf", "counting")
 
 
 def test_the_walkthrough_runs_and_each_method_trains(capsys):
