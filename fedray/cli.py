@@ -166,11 +166,11 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
         with imports_without_gc():
             from fedray.methods import resolve_experiment
-            from fedray.report.results import MLFLOW_RUN_FILE
+            from fedray.record.run_dir import MLFLOW_RUN_FILE
             from fedray.runtime import make_runtime
             from fedray.simulation import run_experiment
-            from fedray.report.provenance import command_line
-            from fedray.report.tracking import RunTracking
+            from fedray.record.provenance import command_line
+            from fedray.record.tracking import RunTracking
 
             if cfg.tracking.enabled:  # MLflow's ~1 s of imports here, frozen with the rest, not in RunTracking
                 importlib.import_module("mlflow.tracking")
@@ -193,14 +193,14 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
         if not args.resume and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # made by _output_dir for a run that failed before writing anything
     cfg = experiment.cfg
-    from fedray.report.console import make_console, summary_table
-    from fedray.report.results import HISTORY_FILE, SUMMARY_FILE
+    from fedray.record.console import make_console, summary_table
+    from fedray.record.run_dir import HISTORY_FILE, SUMMARY_FILE
 
     console = make_console()
     console.print(summary_table(result.summary, title=f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"))
     console.print(f"results in {out}/ ({SUMMARY_FILE}, {HISTORY_FILE})")
     if tracking:
-        from fedray.report.tracking import ui_hint
+        from fedray.record.tracking import ui_hint
 
         console.print(ui_hint(tracking[0].tracker.uri, tracking[0].tracker.experiment_id,
                               tracking[0].started_run_id), highlight=False, soft_wrap=True)
@@ -208,10 +208,10 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
 
 def _resume_target(args: argparse.Namespace):
-    from fedray.report.checkpoint import CheckpointError, load_checkpoint
+    from fedray.record.checkpoint import CheckpointError, load_checkpoint
     from fedray.config import validate_config
     from fedray.overrides import apply_overrides
-    from fedray.report.results import SUMMARY_FILE, is_finished
+    from fedray.record.run_dir import SUMMARY_FILE, is_finished
     from fedray.simulation import check_resumable
 
     out = Path(args.resume)
@@ -234,7 +234,7 @@ def _resume_target(args: argparse.Namespace):
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from fedray.report.console import comparison_table, make_console
+    from fedray.record.console import comparison_table, make_console
     from fedray.data import build_federated_data
     from fedray.data.plot import partition_label, partition_summary, plot_partition
 
@@ -266,7 +266,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from fedray.config import load_config
-    from fedray.report.console import comparison_table, make_console
+    from fedray.record.console import comparison_table, make_console
     from fedray.data.datasets import input_spec
     from fedray.models import describe_models
 
@@ -284,7 +284,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from fedray.report.console import comparison_table, make_console
+    from fedray.record.console import comparison_table, make_console
     from fedray.sweep.spec import (check_repeats, format_bundles, load_spec, planned_trials, search_plan,
                                    selects_on_test_data)
 
@@ -328,7 +328,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         spec.name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"sweep {spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})", highlight=False)
-    from fedray.report.provenance import command_line
+    from fedray.record.provenance import command_line
 
     best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
                      address=args.address, verbose=args.verbose, console=console,
@@ -370,8 +370,8 @@ def _report_clients(args: argparse.Namespace) -> int:
     """``fedray report --clients RUN [--plot PNG]``: the table of the run's client spread, and its plot."""
     from fedray.report.clients import (TABLE_COLUMNS, client_history_path, most_often_worst, plot_client_spread,
                                        round_spreads, run_title, shown_rounds, table_rows)
-    from fedray.report.console import comparison_table, make_console
-    from fedray.report.results import CLIENTS_PLOT_FILE
+    from fedray.record.console import comparison_table, make_console
+    from fedray.record.run_dir import CLIENTS_PLOT_FILE
 
     given = [flag for flag, value in (("RUNS", args.runs), ("--experiment", args.experiment),
                                       ("--target", args.target), ("--out", args.out)) if value]

@@ -17,13 +17,13 @@ import numpy as np
 import contextlib
 
 from fedray import __version__
-from fedray.report.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from fedray.record.checkpoint import CheckpointError, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from fedray.config import ExperimentConfig
-from fedray.report.console import ConsoleReporter
+from fedray.record.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
-from fedray.report.results import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
+from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
                                    write_run_outputs)
 from fedray.methods import Experiment, resolve_experiment
 from fedray.runtime import Runtime, make_runtime

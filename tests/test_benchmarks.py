@@ -86,7 +86,7 @@ def test_finished_runs_are_skipped_and_stopped_ones_resumed(tmp_path, monkeypatc
     runs = harness.plan(tmp_path, ["a", "b"], ["s"], [0, 1])
     _finished(runs[0].out, 0)  # a_s_seed0: done
     runs[1].out.mkdir()  # b_s_seed0: stopped, with its checkpoint
-    from fedray.report.checkpoint import FILENAME
+    from fedray.record.checkpoint import FILENAME
 
     (runs[1].out / FILENAME).write_bytes(b"")
     assert harness.pending(runs) == runs[1:]

@@ -54,7 +54,7 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monk
 
 
 def test_a_run_folder_in_use_is_refused_and_left_as_it_was(tmp_path, capsys):
-    from fedray.report.results import LOCK_FILE, claim_run_dir
+    from fedray.record.run_dir import LOCK_FILE, claim_run_dir
 
     out = tmp_path / "out"
     with claim_run_dir(out):  # another run writing there (a second open file description: flock conflicts)

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from fedray.data import build_federated_data
-from fedray.report.results import CLIENT_HISTORY_FILE
+from fedray.record.run_dir import CLIENT_HISTORY_FILE
 from fedray.simulation import run_experiment
 from tests.conftest import LEARNABLE, METHOD_CASES, built_in_methods, method_overrides, tiny_config
 from tests.vectorized.test_vectorized import _max_relative_difference, _one_round, float64_runs
@@ -283,7 +283,7 @@ def test_the_batching_check_fails_plans_of_one_group_per_client(monkeypatch):
 
 
 def test_a_resume_may_read_the_data_from_elsewhere_but_not_change_the_experiment(tmp_path):
-    from fedray.report.checkpoint import CheckpointError, load_checkpoint
+    from fedray.record.checkpoint import CheckpointError, load_checkpoint
     from fedray.simulation import check_resumable
 
     cfg = tiny_config(federation__rounds=3, runtime__checkpoint_every=1)

@@ -63,7 +63,7 @@ def test_the_collector_is_restored_as_it_was_also_when_the_block_raises():
 
 
 def test_without_freezing_the_block_only_pauses_the_collector():
-    # For a caller's process (MLflow's import in fedray.report.tracking): its cycles stay collectable.
+    # For a caller's process (MLflow's import in fedray.record.tracking): its cycles stay collectable.
     gc.enable()
     gc.unfreeze()
     with imports_without_gc(freeze=False):

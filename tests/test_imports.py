@@ -16,6 +16,8 @@ PACKAGE = Path(fedray.__file__).parent
 def _imported(module: str) -> set[str]:
     """Every module named by an import anywhere in ``fedray.<module>`` (top level or inside functions)."""
     path = PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+    if not path.exists():  # a package: its __init__
+        path = PACKAGE.joinpath(*module.split("."), "__init__.py")
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -38,17 +40,44 @@ def test_the_helper_sees_local_imports():
 
 
 @pytest.mark.parametrize(("module", "forbidden"), [
-    ("report.tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.report.results'
-    ("simulation", "fedray.report.tracking"),  # the round loop reaches MLflow only through hooks
-    ("report.results", "fedray.report.tracking"),
-    ("report.results", "fedray.simulation"),
-    ("report.console", "fedray.report.tracking"),
-    ("report.console", "fedray.simulation"),
+    ("record.tracking", "fedray.simulation"),  # MLflow only; the run directory is fedray.record.run_dir
+    ("simulation", "fedray.record.tracking"),  # the round loop reaches MLflow only through hooks
+    ("record.run_dir", "fedray.record.tracking"),
+    ("record.run_dir", "fedray.simulation"),
+    ("record.console", "fedray.record.tracking"),
+    ("record.console", "fedray.simulation"),
     ("config", "fedray.methods"),  # loading a config builds no method or model
     ("config", "fedray.models"),
 ])
 def test_module_does_not_import(module, forbidden):
     assert not _imports_any(module, forbidden), f"fedray.{module} imports {forbidden}"
+
+
+def _modules_under(package: str) -> list[str]:
+    base = PACKAGE.joinpath(*package.split("."))
+    if base.with_suffix(".py").exists():
+        return [package]
+    return [f"{package}.{p.relative_to(base).with_suffix('').as_posix().replace('/', '.')}".removesuffix(".__init__")
+            for p in sorted(base.rglob("*.py"))]
+
+
+@pytest.mark.parametrize("package", ["runtime", "simulation", "record", "evaluation", "methods", "learning"])
+def test_running_and_recording_a_run_import_nothing_of_the_report(package):
+    """``fedray report``'s tables and plots (fedray.report) read finished runs; nothing that runs or records one
+    imports them, so loading a checkpoint or starting an actor leaves the report's code out."""
+    importers = [m for m in _modules_under(package) if _imports_any(m, "fedray.report")]
+    assert not importers, f"{importers} import fedray.report"
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name starting with ``_`` is its module's own: another module importing it would break when it changes."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fedray"):
+                found += [f"{path.relative_to(PACKAGE.parent)}: {a.name} from {node.module}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "\n".join(found)
 
 
 def _loaded_after(imports: str, *modules: str) -> list[str]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from fedray.report.checkpoint import FILENAME, CheckpointError, decode, encode, load_checkpoint, save_checkpoint
+from fedray.record.checkpoint import FILENAME, CheckpointError, decode, encode, load_checkpoint, save_checkpoint
 from fedray.cli import main
 from fedray.config import load_config
 from fedray.data import build_federated_data

@@ -145,7 +145,7 @@ def _num(v: Any) -> float | None:
 
 
 def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
-    from fedray.report.metrics import rounds_to_target
+    from fedray.evaluation import rounds_to_target
 
     runs = []
     for (m, setting), recs in grid.items():

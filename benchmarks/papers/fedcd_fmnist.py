@@ -139,7 +139,7 @@ def build(run: Run, opts: dict):
 
 
 def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
-    from fedray.report.results import CLIENTS_FILE
+    from fedray.record.run_dir import CLIENTS_FILE
     from fedray.report.table import bytes_to_round
 
     runs: dict[tuple[str, str], list[dict]] = {}

@@ -59,7 +59,7 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        from fedray.report.results import is_finished
+        from fedray.record.run_dir import is_finished
 
         return is_finished(self.out)
 
@@ -115,14 +115,14 @@ Build = Callable[[Run, dict], Any]  # (run, options) -> an ExperimentConfig, or 
 
 def resume_point(out: Path) -> Path | None:
     """``out`` when it holds a checkpoint of an unfinished run (``run_experiment(..., resume_from=...)``)."""
-    from fedray.report.checkpoint import FILENAME
+    from fedray.record.checkpoint import FILENAME
 
     return out if (out / FILENAME).is_file() else None
 
 
 def run_one(build: Build, run: Run, options: dict) -> str:
     """One run, in this process: skipped when finished, resumed from its checkpoint when it has one."""
-    from fedray.report.results import MODEL_FILE
+    from fedray.record.run_dir import MODEL_FILE
     from fedray.simulation import run_experiment
 
     if run.finished:

@@ -4,7 +4,7 @@ Choices of fedray's, measured against what they replace, on this machine's CPU, 
 
 - ``runtime.malloc_tuning`` (``fedray/runtime/malloc.py``): glibc keeps the memory a batch frees for the next
   batch instead of returning it to the OS and page-faulting it in again;
-- the evaluation model's memory layout (``fedray.report.metrics.eval_layout``): channels-last for convolutional
+- the evaluation model's memory layout (``fedray.evaluation.eval_layout``): channels-last for convolutional
   models without GroupNorm on a CPU;
 - and the opt-in ``runtime.cpu_channels_last``: training in that layout too (float rounding differs, so its
   accuracy may differ from the others' in the last digits and beyond).
@@ -45,7 +45,7 @@ VARIANTS = {  # name: (runtime.malloc_tuning, channels-last evaluation, runtime.
 _CHILD = """
 import json, resource, sys, time
 import numpy as np, torch
-import fedray.report.metrics, fedray.runtime.core
+import fedray.evaluation, fedray.runtime.core
 from fedray.config import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
@@ -53,7 +53,7 @@ from fedray.seeding import sample_clients
 
 overrides, channels_last = json.loads(sys.argv[1]), sys.argv[2] == "1"
 if not channels_last:  # the evaluation model as built
-    fedray.report.metrics.eval_layout = fedray.runtime.core.eval_layout = lambda model, device: model
+    fedray.evaluation.eval_layout = fedray.runtime.core.eval_layout = lambda model, device: model
 cfg = load_config("quickstart", overrides)
 data = build_federated_data(cfg.data, cfg.seed)
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt

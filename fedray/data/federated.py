@@ -146,7 +146,7 @@ class FederatedData:
     def partition_digest(self) -> str:
         """A digest (16 hex digits of SHA-256) of every client's train and test index lists, in client order:
         two runs on the same split have the same digest, whatever their method; another seed or partition
-        gives another. It names the run's data in MLflow (:func:`fedray.report.tracking.dataset_entity`)."""
+        gives another. It names the run's data in MLflow (:func:`fedray.record.tracking.dataset_entity`)."""
         digest = hashlib.sha256()
         for part in (*self.client_train, *self.client_test):
             idx = np.ascontiguousarray(part, dtype=np.int64)

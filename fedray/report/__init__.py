@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Sequence
 
 from fedray.errors import UserError
-from fedray.report.runs import RunRecord, _fill_algorithm_defaults, load_mlflow_runs, load_run_dirs, parse_value
+from fedray.report.runs import RunRecord, fill_algorithm_defaults, load_mlflow_runs, load_run_dirs, parse_value
 from fedray.report.curves import plot_curves
 from fedray.report.table import DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, build_table, to_markdown
-from fedray.report.results import SUMMARY_FILE
+from fedray.record.run_dir import SUMMARY_FILE
 
-__all__ = ["RunRecord", "_fill_algorithm_defaults", "build_table", "load_mlflow_runs", "load_run_dirs", "parse_value",
+__all__ = ["RunRecord", "fill_algorithm_defaults", "build_table", "load_mlflow_runs", "load_run_dirs", "parse_value",
            "plot_curves", "report", "to_markdown"]
+
 
 def report(
     sources: Sequence[str] | None,

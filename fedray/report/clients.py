@@ -1,7 +1,7 @@
 """``fedray report --clients RUN``: which client falls behind, and when, from the run's ``clients.parquet``.
 
 Per evaluated round, over the evaluated clients (those with a local test split), with acc_k as in
-:mod:`fedray.report.metrics`:
+:mod:`fedray.evaluation`:
 
 - the spread of acc_k: worst, lower quartile, median, upper quartile, best, and which client is worst;
 - FedKF's WLP = min_k acc_k (Def. 3), FM = the population variance of acc_k (Def. 2) and
@@ -22,8 +22,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from fedray.errors import ConfigError
-from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
-from fedray.report.results import CLIENT_HISTORY_FILE, SUMMARY_FILE, read_summary
+from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
+from fedray.record.run_dir import CLIENT_HISTORY_FILE, SUMMARY_FILE, read_summary
 
 #: At most this many rounds in the printed table: every one up to it, else evenly spaced, first and last kept.
 TABLE_ROUNDS = 12

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Sequence
 
 from fedray.errors import UserError
-from fedray.report.runs import RunRecord, _num, mean_std
-from fedray.report.table import (DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, METRIC_COLUMNS, _Group, bytes_to_round,
+from fedray.report.runs import RunRecord, as_number, mean_std
+from fedray.report.table import (DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, METRIC_COLUMNS, Group, bytes_to_round,
                                  group_runs)
-from fedray.report.results import HISTORY_FILE
+from fedray.record.run_dir import HISTORY_FILE
 
 
 def _metric_scale(metric: str) -> tuple[float, str]:
@@ -28,7 +28,7 @@ def mean_curve(runs: Sequence[RunRecord], metric: str) -> tuple[list[int], list[
     per_round: dict[int, list[float]] = defaultdict(list)
     for run in runs:
         for row in run.history:
-            v = _num(row.get(metric))
+            v = as_number(row.get(metric))
             if v is not None and row.get("round") is not None:
                 per_round[int(row["round"])].append(v)
     rounds = sorted(per_round)
@@ -62,7 +62,7 @@ def plot_curves(
     if not runs:
         raise UserError("RUNS", "no finished runs to plot; give run directories or an MLflow experiment")
     groups = group_runs(runs, by_method, by_setting)
-    settings: dict[str, list[_Group]] = {}
+    settings: dict[str, list[Group]] = {}
     for g in groups:
         settings.setdefault(g.setting_label, []).append(g)
     if not any(mean_curve(g.runs, metric)[0] for g in groups):

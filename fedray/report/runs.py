@@ -1,7 +1,7 @@
 """Finished runs as :class:`RunRecord`, from ``fedray run`` output directories or an MLflow experiment.
 
 A directory is a finished run when it holds ``summary.json`` (with ``history.parquet`` and ``config.yaml``
-beside it); the file names and their readers are :mod:`fedray.report.results`'s. In MLflow, params are the flattened config and metrics every history key at ``step=round``;
+beside it); the file names and their readers are :mod:`fedray.record.run_dir`'s. In MLflow, params are the flattened config and metrics every history key at ``step=round``;
 ``sweep`` parents are skipped. Everything after loading is source-agnostic.
 """
 
@@ -20,7 +20,7 @@ import yaml
 
 from fedray.errors import UserError
 from fedray.overrides import flatten
-from fedray.report.results import (
+from fedray.record.run_dir import (
     CONFIG_FILE,
     EVAL_KEYS,
     HISTORY_FILE,
@@ -31,7 +31,7 @@ from fedray.report.results import (
     read_history,
     read_summary,
 )
-from fedray.report.tracking import resolve_tracking_uri, sqlite_path
+from fedray.record.tracking import resolve_tracking_uri, sqlite_path
 
 DASH = "—"
 
@@ -47,7 +47,7 @@ class RunRecord:
     run_id: str | None = None  # its MLflow run, when it was tracked (a run dir's mlflow_run.json)
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -80,7 +80,7 @@ def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def _num(v: Any) -> float | None:
+def as_number(v: Any) -> float | None:
     """A finite-or-inf float, or None for missing / NaN / non-numeric values."""
     if isinstance(v, bool) or _missing(v):
         return None
@@ -90,7 +90,7 @@ def _num(v: Any) -> float | None:
         return None
 
 
-def _fmt_value(v: Any) -> str:
+def format_cell(v: Any) -> str:
     if v is None:
         return DASH
     if isinstance(v, bool):  # as a config or an override spells it (runtime.vectorize=true)
@@ -100,14 +100,14 @@ def _fmt_value(v: Any) -> str:
     return str(v)
 
 
-def _canon(v: Any) -> Any:
+def canonical(v: Any) -> Any:
     """A comparable form: 1 and 1.0 are the same value, a string "1" is not."""
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return ("num", float(v))
     return (type(v).__name__, repr(v))
 
 
-def _sort_key(v: Any) -> tuple:
+def sort_key(v: Any) -> tuple:
     if isinstance(v, bool):
         return (1, str(v))
     if isinstance(v, (int, float)):
@@ -133,14 +133,14 @@ def fmt_mean_std(values: Iterable[Any], scale: float = 100.0, decimals: int = 2)
     """``mean ± std`` over seeds, as every table of fedray's prints it: each value times ``scale`` first (the
     default turns fractions into %), then :func:`mean_std` of those that are numbers (None and NaN left out),
     both with ``decimals`` decimals; "—" when none is left."""
-    scaled = [v * scale for v in (_num(x) for x in values) if v is not None]
+    scaled = [v * scale for v in (as_number(x) for x in values) if v is not None]
     if not scaled:
         return DASH
     mean, std = mean_std(scaled)
     return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
 
 
-def _fill_algorithm_defaults(params: dict[str, Any]) -> dict[str, Any]:
+def fill_algorithm_defaults(params: dict[str, Any]) -> dict[str, Any]:
     """Add the registered algorithm's default parameters that the config left implicit.
 
     A config stores only the ``algorithm.*`` keys it was given, so ``fedprox`` with the default mu and
@@ -182,7 +182,7 @@ def _find_run_dirs(root: Path) -> list[Path]:
             dirnames[:] = []  # a run dir's subfolders are not runs
             continue
         if _looks_like_unfinished_run(here):
-            _warn(f"skipping {here}: no {SUMMARY_FILE} (an unfinished or failed run)")
+            warn(f"skipping {here}: no {SUMMARY_FILE} (an unfinished or failed run)")
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
     return found
 
@@ -197,7 +197,7 @@ def _read_run_dir(path: Path) -> RunRecord:
         raw = yaml.safe_load(cfg_path.read_text()) or {}
         params = flatten(raw) if isinstance(raw, dict) else {}
     else:
-        _warn(f"{path}: no {CONFIG_FILE}; taking algorithm, dataset and seed from {SUMMARY_FILE}")
+        warn(f"{path}: no {CONFIG_FILE}; taking algorithm, dataset and seed from {SUMMARY_FILE}")
         params = {}
     for key, skey in (("algorithm.name", "algorithm"), ("data.dataset", "dataset"), ("seed", "seed")):
         if key not in params and skey in summary:
@@ -207,13 +207,13 @@ def _read_run_dir(path: Path) -> RunRecord:
     if hist_path.is_file():
         history = read_history(hist_path)
     else:
-        _warn(f"{path}: no {HISTORY_FILE}; rounds to target and curves are unavailable for it")
+        warn(f"{path}: no {HISTORY_FILE}; rounds to target and curves are unavailable for it")
     run_id = None
     try:  # a tracked run names its MLflow run, so that --experiment does not count it a second time
         run_id = json.loads((path / MLFLOW_RUN_FILE).read_text()).get("run_id")
     except (OSError, ValueError, AttributeError):
         pass
-    return RunRecord(name=path.name, params=_fill_algorithm_defaults(params), history=history, summary=summary,
+    return RunRecord(name=path.name, params=fill_algorithm_defaults(params), history=history, summary=summary,
                      run_id=run_id)
 
 
@@ -237,7 +237,7 @@ def load_run_dirs(paths: Iterable[str | Path]) -> list[RunRecord]:
             path = path.parent
         dirs = _find_run_dirs(path)
         if not dirs:
-            _warn(f"no finished run ({SUMMARY_FILE}) under {path}")
+            warn(f"no finished run ({SUMMARY_FILE}) under {path}")
         for d in dirs:
             if (real := d.resolve()) not in seen:
                 seen.add(real)
@@ -289,7 +289,7 @@ def _mlflow_record(client: Any, run: Any) -> RunRecord:
         summary["time/total_s"] = (run.info.end_time - run.info.start_time) / 1000.0
     return RunRecord(
         name=run.info.run_name or run.info.run_id,
-        params=_fill_algorithm_defaults(params),
+        params=fill_algorithm_defaults(params),
         history=history,
         summary=summary,
         run_id=run.info.run_id,
@@ -342,10 +342,10 @@ def load_mlflow_runs(experiment: str, tracking_uri: str | None = None) -> list[R
                 continue
             if kind not in ("run", "trial"):
                 if "algorithm.name" not in run.data.params:
-                    _warn(f"skipping MLflow run {label}: not a fedray run (no fedray.kind tag)")
+                    warn(f"skipping MLflow run {label}: not a fedray run (no fedray.kind tag)")
                     continue
             if run.info.status != "FINISHED":
-                _warn(f"skipping MLflow run {label}: status {run.info.status}, not a finished run")
+                warn(f"skipping MLflow run {label}: status {run.info.status}, not a finished run")
                 continue
             records.append(_mlflow_record(client, run))
     except UserError:

@@ -39,8 +39,8 @@ from typing import Any, Sequence
 
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.errors import UserError
-from fedray.report.metrics import rounds_to_target as _first_round_reaching
-from fedray.report.runs import DASH, RunRecord, _canon, _fmt_value, _num, _sort_key, _warn, fmt_mean_std
+from fedray.evaluation import rounds_to_target as _first_round_reaching
+from fedray.report.runs import DASH, RunRecord, canonical, format_cell, as_number, sort_key, warn, fmt_mean_std
 
 DEFAULT_BY_METHOD: tuple[str, ...] = ("algorithm.name",)
 DEFAULT_BY_SETTING: tuple[str, ...] = ("data.dataset", "data.alpha")
@@ -65,9 +65,9 @@ _LABELS = {"data.alpha": "α"}
 
 def _label(key: str, value: Any) -> str:
     if key in ("algorithm.name", "data.dataset"):
-        return _fmt_value(value)
+        return format_cell(value)
     short = _LABELS.get(key, key.rsplit(".", 1)[-1])
-    return f"{short}={_fmt_value(value)}"
+    return f"{short}={format_cell(value)}"
 
 
 def _varying_algorithm_params(runs: Sequence[RunRecord], by_method: Sequence[str]) -> dict[Any, list[str]]:
@@ -79,12 +79,12 @@ def _varying_algorithm_params(runs: Sequence[RunRecord], by_method: Sequence[str
     for algo, group in by_algo.items():
         keys = {k for r in group for k in r.params if k.startswith("algorithm.")}
         keys = sorted(keys - {"algorithm.name"} - set(by_method))
-        out[algo] = [k for k in keys if len({_canon(r.params.get(k)) for r in group}) > 1]
+        out[algo] = [k for k in keys if len({canonical(r.params.get(k)) for r in group}) > 1]
     return out
 
 
 @dataclass
-class _Group:
+class Group:
     method_values: tuple
     method_label: str
     setting_values: tuple
@@ -96,10 +96,10 @@ def group_runs(
     runs: Sequence[RunRecord],
     by_method: Sequence[str] = DEFAULT_BY_METHOD,
     by_setting: Sequence[str] = DEFAULT_BY_SETTING,
-) -> list[_Group]:
+) -> list[Group]:
     """Runs grouped by (setting, method), sorted by setting then method; warns about odd pools."""
     varying = _varying_algorithm_params(runs, by_method)
-    groups: dict[tuple, _Group] = {}
+    groups: dict[tuple, Group] = {}
     for run in runs:
         extra = varying.get(run.params.get("algorithm.name"), [])
         mkeys = [*by_method, *extra]
@@ -107,7 +107,7 @@ def group_runs(
         svals = tuple(run.params.get(k) for k in by_setting)
         key = (tuple(mkeys), mvals, svals)
         if key not in groups:
-            groups[key] = _Group(
+            groups[key] = Group(
                 method_values=mvals,
                 method_label=" ".join(_label(k, v) for k, v in zip(mkeys, mvals)) or "all",
                 setting_values=svals,
@@ -117,9 +117,9 @@ def group_runs(
     ordered = sorted(
         groups.values(),
         key=lambda g: (
-            [_sort_key(v) for v in g.setting_values],
+            [sort_key(v) for v in g.setting_values],
             g.setting_label,
-            [_sort_key(v) for v in g.method_values],
+            [sort_key(v) for v in g.method_values],
             g.method_label,
         ),
     )
@@ -128,7 +128,7 @@ def group_runs(
     return ordered
 
 
-def _check_pool(g: _Group, by_method: Sequence[str], by_setting: Sequence[str]) -> None:
+def _check_pool(g: Group, by_method: Sequence[str], by_setting: Sequence[str]) -> None:
     """Warn when a row pools runs that differ in more than their seed, or repeats a seed."""
     if len(g.runs) < 2:
         return
@@ -137,17 +137,17 @@ def _check_pool(g: _Group, by_method: Sequence[str], by_setting: Sequence[str]) 
     differ = sorted(
         k
         for k in keys - grouped - _POOL_IGNORED_KEYS
-        if not k.startswith(_POOL_IGNORED_PREFIXES) and len({_canon(r.params.get(k)) for r in g.runs}) > 1
+        if not k.startswith(_POOL_IGNORED_PREFIXES) and len({canonical(r.params.get(k)) for r in g.runs}) > 1
     )
     where = f"{g.method_label} / {g.setting_label}"
     if differ:
         shown = ", ".join(differ[:6]) + (" ..." if len(differ) > 6 else "")
-        _warn(f"row '{where}' pools runs that differ in {shown}; "
+        warn(f"row '{where}' pools runs that differ in {shown}; "
               "add those keys to the method or setting keys to split them")
     seeds = [r.params.get("seed") for r in g.runs]
-    dups = sorted({_fmt_value(s) for s in seeds if seeds.count(s) > 1})
+    dups = sorted({format_cell(s) for s in seeds if seeds.count(s) > 1})
     if dups:
-        _warn(f"row '{where}' has several runs with seed {', '.join(dups)} (the same run loaded twice?)")
+        warn(f"row '{where}' has several runs with seed {', '.join(dups)} (the same run loaded twice?)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,27 +173,27 @@ def bytes_to_round(history: Sequence[dict], round_: int | None) -> float | None:
     """Bytes sent up and down in rounds 1..``round_`` (None when the target was never reached)."""
     if round_ is None:
         return None
-    return float(sum((_num(r.get("comm/bytes_up")) or 0.0) + (_num(r.get("comm/bytes_down")) or 0.0)
+    return float(sum((as_number(r.get("comm/bytes_up")) or 0.0) + (as_number(r.get("comm/bytes_down")) or 0.0)
                      for r in history if r["round"] <= round_))
 
 
 def rounds_to_target(history: Sequence[dict], target: float, key: str = "eval/accuracy") -> int | None:
     """The first round whose ``key`` reaches ``target`` (rounds without evaluation skipped); None if never."""
     rows = sorted(history, key=lambda r: r.get("round", 0))
-    return _first_round_reaching([r["round"] for r in rows], [_num(r.get(key)) for r in rows], target)
+    return _first_round_reaching([r["round"] for r in rows], [as_number(r.get(key)) for r in rows], target)
 
 
 def _final(run: RunRecord, key: str) -> float | None:
     """A final figure: from the summary, else the last evaluated history row (or the total for comm)."""
-    v = _num(run.summary.get(key))
+    v = as_number(run.summary.get(key))
     if v is not None:
         return v
     if key.startswith("comm/"):
-        vals = [_num(row.get(key)) for row in run.history]
+        vals = [as_number(row.get(key)) for row in run.history]
         vals = [x for x in vals if x is not None]
         return float(sum(vals)) if vals else None
     for row in sorted(run.history, key=lambda r: r.get("round", 0), reverse=True):
-        v = _num(row.get(key))
+        v = as_number(row.get(key))
         if v is not None:
             return v
     return None
@@ -202,7 +202,7 @@ def _final(run: RunRecord, key: str) -> float | None:
 def last_n_mean(history: Sequence[dict], key: str = "eval/accuracy", n: int = LAST_N) -> float | None:
     """Mean of ``key`` over a history's last ``n`` evaluated rounds (rounds without evaluation skipped)."""
     rows = sorted(history, key=lambda r: r.get("round", 0))
-    vals = [v for v in (_num(r.get(key)) for r in rows) if v is not None][-n:]
+    vals = [v for v in (as_number(r.get(key)) for r in rows) if v is not None][-n:]
     return sum(vals) / len(vals) if vals else None
 
 

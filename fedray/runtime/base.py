@@ -11,7 +11,7 @@ import torch
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError
-from fedray.report.metrics import ClientScores
+from fedray.evaluation import ClientScores
 
 
 @dataclass

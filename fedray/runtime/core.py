@@ -20,7 +20,7 @@ from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, Mode
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
-from fedray.report.metrics import ClientScores, Evaluator, eval_layout
+from fedray.evaluation import ClientScores, Evaluator, eval_layout
 from fedray.models import build_model
 from fedray.models.init import apply_init
 from fedray.models.base import channels_last_if_faster
@@ -189,7 +189,7 @@ class ClientWorkerCore:
 
     def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple]:
         """Personalised evaluation: each client's own model on its own test split and on the global test
-        set (rows of :func:`fedray.report.metrics.personal_metrics`, then the cross-entropy summed over the own
+        set (rows of :func:`fedray.evaluation.personal_metrics`, then the cross-entropy summed over the own
         test split). A client that never trained is scored with its initial model, which is built here and not
         kept."""
         if self._evaluator is None:
@@ -300,7 +300,7 @@ class ServerCore:
 def eval_model(cfg: ExperimentConfig, algo: Algorithm, device: torch.device,
                architecture: str | None = None) -> torch.nn.Module:
     """A module of the global architecture (or ``architecture``) to load weights into for evaluation only, in
-    the memory layout its inference is fastest in (:func:`fedray.report.metrics.eval_layout`). Built on first use, so
+    the memory layout its inference is fastest in (:func:`fedray.evaluation.eval_layout`). Built on first use, so
     under ``fork_rng``: when it is built never moves the global RNG (its initial weights are overwritten)."""
     with torch.random.fork_rng(devices=[]):
         model = build_model(architecture or cfg.model.name, algo.spec.input_shape, algo.spec.num_classes)

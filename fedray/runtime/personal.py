@@ -10,7 +10,7 @@ from fedray.config import ExperimentConfig
 from fedray.learning.weights import Weights
 from fedray.methods import Algorithm
 from fedray.methods.api import ClientState
-from fedray.report.metrics import ClientScores, personal_metrics, personal_scores
+from fedray.evaluation import ClientScores, personal_metrics, personal_scores
 
 #: A :meth:`ClientWorkerCore.evaluate_clients` row: personal_metrics' six counts, then the own-split loss sum.
 COUNTS = 6

@@ -44,7 +44,7 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
-from fedray.report.metrics import ClientScores, EvalIndex
+from fedray.evaluation import ClientScores, EvalIndex
 from fedray.runtime.base import RoundOutcome, Runtime
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire

@@ -9,7 +9,7 @@ from typing import Any
 
 from ray import tune
 
-from fedray.report.console import make_console
+from fedray.record.console import make_console
 from fedray.errors import ConfigError
 from fedray.sweep.spec import SweepSpec, TrialRow
 

@@ -31,7 +31,7 @@ from ray import tune
 from ray.tune.error import TuneError
 from ray.tune.schedulers import ASHAScheduler
 
-from fedray.report.checkpoint import CheckpointError, load_checkpoint
+from fedray.record.checkpoint import CheckpointError, load_checkpoint
 from fedray.errors import ConfigError, RunFailure, check_interrupted, record_interrupt
 from fedray.runtime.ray_logs import RayLogFile
 from fedray.runtime.ray_start import start_ray
@@ -39,8 +39,8 @@ from fedray.sweep.searcher import VALUE_KEY, search_algorithm
 from fedray.sweep.tracking import DATA_KEY, MlflowSweepCallback, kill_running_children
 from fedray.sweep.report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
-from fedray.report.provenance import data_facts
-from fedray.report.tracking import (MlflowTracker, _numeric, resolve_tracking_uri, resumed_store,
+from fedray.record.provenance import data_facts
+from fedray.record.tracking import (MlflowTracker, numeric_metrics, resolve_tracking_uri, resumed_store,
                                    ui_hint)
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
@@ -90,7 +90,7 @@ class _TuneReport:
             extra[VALUE_KEY] = value
         if self.data_facts is not None:
             extra[DATA_KEY], self.data_facts = self.data_facts, None
-        tune.report({**_numeric(row), "round": int(row["round"]), **extra}, checkpoint=ckpt)
+        tune.report({**numeric_metrics(row), "round": int(row["round"]), **extra}, checkpoint=ckpt)
 
     def on_end(self, result) -> None: ...
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ray import tune
 
-from fedray.report.provenance import run_label
-from fedray.report.tracking import MlflowTracker, log_final_model
+from fedray.record.provenance import run_label
+from fedray.record.tracking import MlflowTracker, log_final_model
 from fedray.sweep.spec import SweepSpec
 
 DATA_KEY = "fedray_data"  # a trial's first report: its data_facts (JSON), for its MLflow run's input and model

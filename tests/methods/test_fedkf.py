@@ -87,7 +87,7 @@ def test_fedkfs_server_step_is_the_cached_aggregation_checked_above():
 
 
 def test_cache_memory_is_one_slot_per_client_and_survives_a_checkpoint(tmp_path):
-    import fedray.report.checkpoint as checkpoint
+    import fedray.record.checkpoint as checkpoint
     w0 = {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}
     cache = init_cache(w0, num_clients=5, mode="participated")
     for r in range(20):  # many rounds, 2 of 5 clients each: slots stay <= 5
@@ -224,7 +224,7 @@ def test_each_client_keeps_its_own_generator_across_rounds():
 
 
 def test_generator_state_survives_a_checkpoint_and_training_resumes_identically(tmp_path):
-    import fedray.report.checkpoint as checkpoint
+    import fedray.record.checkpoint as checkpoint
     cfg = tiny_config(algorithm__name="fedkf", **FAST)
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:

@@ -11,7 +11,7 @@ from fedray.methods import validate_experiment
 from fedray.methods.api import PersonalModel
 from fedray.data import build_federated_data
 from fedray.errors import ConfigError
-from fedray.report.metrics import Evaluator, personal_metrics
+from fedray.evaluation import Evaluator, personal_metrics
 from fedray.models import build_model
 from fedray.runtime import make_runtime
 from fedray.seeding import sample_clients
@@ -149,7 +149,7 @@ def test_unknown_client_model_is_refused():
 def test_finished_run_records_each_clients_figures(tmp_path):
     import json
 
-    from fedray.report.results import CLIENTS_FILE
+    from fedray.record.run_dir import CLIENTS_FILE
 
     result = run_experiment(tiny_config(**HETERO), tmp_path / "run", progress=False)
     clients = json.loads((tmp_path / "run" / CLIENTS_FILE).read_text())

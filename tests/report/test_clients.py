@@ -17,7 +17,7 @@ from fedray.cli import main
 from fedray.data import build_federated_data
 from fedray.data.federated import to_float
 from fedray.models import build_model
-from fedray.report.results import (CLIENT_HISTORY_FILE, CLIENT_PARTS_DIR, ClientHistory, clear_previous_run,
+from fedray.record.run_dir import (CLIENT_HISTORY_FILE, CLIENT_PARTS_DIR, ClientHistory, clear_previous_run,
                                    read_history)
 from fedray.simulation import run_experiment
 from tests.conftest import method_config, tiny_config

@@ -147,8 +147,8 @@ def test_single_run_dir_and_typed_params(run_root):
 
 
 def test_run_dir_layout_and_readers(run_root):
-    from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
-    from fedray.report.results import RESULT_FILES, is_finished, read_history, read_summary
+    from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
+    from fedray.record.run_dir import RESULT_FILES, is_finished, read_history, read_summary
 
     run = run_root / "fedavg/s1"
     assert sorted(p.name for p in run.iterdir()) == sorted(RESULT_FILES)  # no temp file, no checkpoint left
@@ -173,9 +173,9 @@ def test_method_label_adds_differing_algorithm_params_and_fills_defaults():
     labels = [r["method"] for r in build_table(runs)]
     assert labels == ["fedavg", "fedprox mu=0.1", "fedprox mu=—"]  # missing sorts last
     # through the loader's defaults the implicit mu shows as its value
-    from fedray.report import _fill_algorithm_defaults
+    from fedray.report import fill_algorithm_defaults
 
-    runs[0].params = _fill_algorithm_defaults(dict(runs[0].params))
+    runs[0].params = fill_algorithm_defaults(dict(runs[0].params))
     assert [r["method"] for r in build_table(runs)] == ["fedavg", "fedprox mu=0.01", "fedprox mu=0.1"]
 
 
@@ -242,7 +242,7 @@ def test_runs_with_a_validation_set_get_its_column():
 
 
 def test_final_figures_choose_a_round_by_validation_without_the_test_set():
-    from fedray.report.results import final_figures
+    from fedray.record.run_dir import final_figures
 
     rows = [{"round": r, "eval/accuracy": test, "val/accuracy": val}
             for r, test, val in ((1, 0.3, 0.5), (2, 0.8, 0.6), (4, 0.4, 0.7), (5, 0.5, 0.7))]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedray.report.metrics import client_metrics, rounds_to_target
+from fedray.evaluation import client_metrics, rounds_to_target
 
 
 def _metrics(correct, total):
@@ -81,7 +81,7 @@ def test_evaluator_reports_each_domains_accuracy_on_multi_domain_data():
     import torch
 
     from fedray.data.federated import FederatedData
-    from fedray.report.metrics import Evaluator
+    from fedray.evaluation import Evaluator
 
     class Zero(torch.nn.Module):
         def __init__(self):
@@ -137,7 +137,7 @@ def test_evaluator_gives_the_figures_of_the_straightforward_computation(tiny, ba
     import torch
 
     from fedray.data import build_federated_data
-    from fedray.report.metrics import Evaluator
+    from fedray.evaluation import Evaluator
     from fedray.models import build_model
 
     cfg = tiny(data__num_clients=5, data__val_per_class=val)
@@ -161,7 +161,7 @@ def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny, val):
     import torch
 
     from fedray.data import build_federated_data
-    from fedray.report.metrics import EvalIndex, Evaluator
+    from fedray.evaluation import EvalIndex, Evaluator
     from fedray.models import build_model
 
     cfg = tiny(data__num_clients=4, data__val_per_class=val)
@@ -205,7 +205,7 @@ def test_evaluation_models_take_the_faster_layout_on_a_cpu_and_predict_the_same(
     import torch
 
     from fedray.data import build_federated_data
-    from fedray.report.metrics import Evaluator, eval_layout
+    from fedray.evaluation import Evaluator, eval_layout
     from fedray.models import build_model
 
     def last_conv(m):  # one whose layouts differ (a 1x1 or one-channel kernel is both)

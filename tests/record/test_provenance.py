@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from fedray.cli import main
 from fedray.config import load_config
 from fedray.data.federated import build_federated_data, to_float
-from fedray.report.provenance import run_label
+from fedray.record.provenance import run_label
 from tests.test_cli import TINY_ARGS
 
 ARGS = [a for a in TINY_ARGS if not a.startswith("tracking.")]

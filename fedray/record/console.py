@@ -1,7 +1,7 @@
 """Terminal output: the per-run progress bar, the result and comparison tables, and how values print.
 
 Everything here writes to a terminal (or a pipe); nothing is written to a run's directory
-(:mod:`fedray.report.results`) or to MLflow (:mod:`fedray.report.tracking`).
+(:mod:`fedray.record.run_dir`) or to MLflow (:mod:`fedray.record.tracking`).
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from mlflow.tracking import MlflowClient
 from fedray.methods import register_algorithm
 from fedray.methods.fedavg import FedAvg
 from fedray.cli import main
-from fedray.report.results import RESULT_FILES
+from fedray.record.run_dir import RESULT_FILES
 from fedray.simulation import run_experiment
 from fedray.errors import clear_interrupted, interrupt
-from fedray.report.tracking import MlflowTracker, RunTracking, resolve_tracking_uri
+from fedray.record.tracking import MlflowTracker, RunTracking, resolve_tracking_uri
 from tests.conftest import tiny_config
 from tests.test_cli import TINY_ARGS
 
@@ -65,7 +65,7 @@ def test_fedray_run_is_tracked_in_a_local_sqlite_store(tmp_path, monkeypatch, ca
 
 
 def test_experiment_kind_is_set_once_and_a_chosen_kind_is_kept(tmp_path):
-    from fedray.report.tracking import MlflowTracker
+    from fedray.record.tracking import MlflowTracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

@@ -2,8 +2,8 @@
 tags, a metric batch per round (every numeric ``scope/name`` key of a history row at ``step=round``),
 the result files as artifacts, and an end status that is never left RUNNING.
 
-Only MLflow lives here: the run directory and its file names belong to :mod:`fedray.report.results`, terminal
-output to :mod:`fedray.report.console`. :mod:`fedray.simulation` and this module do not import each other:
+Only MLflow lives here: the run directory and its file names belong to :mod:`fedray.record.run_dir`, terminal
+output to :mod:`fedray.record.console`. :mod:`fedray.simulation` and this module do not import each other:
 :class:`RunTracking` reaches a run only through the hooks that ``run_experiment`` is given.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from fedray.errors import interrupts_deferred
-from fedray.report.provenance import data_facts, dataset_input, final_model, fluent_store, git_commit, run_label
-from fedray.report.results import OPTIONAL_FILES, RESULT_FILES, write_json
+from fedray.record.provenance import data_facts, dataset_input, final_model, fluent_store, git_commit, run_label
+from fedray.record.run_dir import OPTIONAL_FILES, RESULT_FILES, write_json
 
 
 SQLITE = "sqlite:///"
@@ -78,7 +78,8 @@ def _artifact_root(uri: str) -> str | None:
     return None if db is None else (db.parent / "mlartifacts").resolve().as_uri()
 
 
-def _numeric(row: dict[str, Any]) -> dict[str, float]:
+def numeric_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A history row's finite numbers but its round, as floats: what MLflow and Ray Tune take as metrics."""
     return {k: float(v) for k, v in row.items()
             if k != "round" and isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)}
 
@@ -170,7 +171,7 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        metrics = [Metric(k, v, ts, int(row["round"])) for k, v in _numeric(row).items()]
+        metrics = [Metric(k, v, ts, int(row["round"])) for k, v in numeric_metrics(row).items()]
         self.client.log_batch(self.run_id, metrics=metrics)
 
     @_uninterrupted
@@ -334,7 +335,7 @@ def log_final_model(tracker: MlflowTracker, cfg, facts: dict[str, Any], run_dir:
     ``tracking.log_model`` is off; its ``models:/`` URI, or None."""
     import torch
 
-    from fedray.report.results import MODEL_FILE
+    from fedray.record.run_dir import MODEL_FILE
 
     path = Path(run_dir) / MODEL_FILE
     if not cfg.tracking.log_model or not path.is_file():

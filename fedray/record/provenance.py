@@ -1,6 +1,6 @@
 """What a run came from, as MLflow records it: its name (method, data, split, seed), the command that started
 it, the fedray commit, its data (:func:`data_facts`: dataset, split profile, the digest of the client index
-lists) and its final model as a module. Plain values and functions; :mod:`fedray.report.tracking` writes them.
+lists) and its final model as a module. Plain values and functions; :mod:`fedray.record.tracking` writes them.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ A finished ``fedray run`` leaves in its directory:
   resumed run continues it.
 
 Every file is written to a temporary name and renamed, so a crash never leaves a half-written file. This
-module knows nothing of MLflow (:mod:`fedray.report.tracking`) or of the console (:mod:`fedray.report.console`).
+module knows nothing of MLflow (:mod:`fedray.record.tracking`) or of the console (:mod:`fedray.record.console`).
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ class ClientHistory:
     def stopped(self) -> None:
         """The run stopped before its end: the parts stay for a resume when there is a checkpoint to resume
         from; without one nothing can use them, and the run's folder is left as it would be without them."""
-        from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
+        from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
 
         if not (self.parts.parent / CHECKPOINT_FILE).is_file():
             self.discard()
@@ -233,7 +233,7 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     run has nothing to resume), then the per-client parts."""
     import torch
 
-    from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
+    from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
     from fedray.data.plot import partition_label, plot_partition
 
     out = Path(out)
@@ -298,7 +298,7 @@ def clear_previous_run(out: str | Path) -> list[str]:
     plot, checkpoint and MLflow run file) before a new one starts there: killed midway, the new run would
     otherwise sit beside the old ``summary.json``, which marks a finished run (``fedray report`` would show the
     old figures, ``--resume`` refuse the new checkpoint). Other files are left. Returns the names removed."""
-    from fedray.report.checkpoint import FILENAME as CHECKPOINT_FILE
+    from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
 
     removed = []  # summary.json first: stopped while clearing, the folder no longer claims a finished run
     for name in dict.fromkeys((SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, CLIENTS_PLOT_FILE, MLFLOW_RUN_FILE,
