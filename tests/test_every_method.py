@@ -38,14 +38,6 @@ ROUNDS, CRASH_AFTER = 3, 2
 # every case of METHOD_CASES, and every built-in method (one without a case fails, naming what to add)
 CASES = sorted(set(built_in_methods()) | set(METHOD_CASES))
 # on Ray: every method, and DaFKD's private variant (the variants of FedAvg and FedD3A change nothing Ray sees)
-# Known bugs, each shown by a strict xfail below (its fix turns that into a failure, and the entry goes); these
-# cases run with the server in the driver in the check above, so that it still guards the rest.
-SERVER_ACTOR_BUGS = {
-    # numpy/scipy's BLAS threads are not set per process (core.claim_process sets torch's only): a server actor has
-    # Ray's OMP_NUM_THREADS=1, the in-process run this machine's cores, and FedCD's Eq. 4 solver (numpy, SLSQP)
-    # rounds the last bits of gamma differently from round 2 (server/gamma_max, gamma_entropy, gamma_gap).
-    "fedcd": "FedCD's numpy solver in a server actor: BLAS threads differ from in-process (server/gamma_* last bits)",
-}
 RAY_CASES = [case for case in CASES if "-" not in case or case == "dafkd-private"]
 # methods whose clients return a finished ClientResult, not a training plan: never batched (name -> why)
 SEQUENTIAL_ONLY: dict[str, str] = {}
@@ -204,9 +196,7 @@ def test_on_ray_every_round_and_a_resume_give_the_in_process_history(case, ray_l
     checkpoint written on Ray holds all the state and loads back into Ray. (An actor's start costs ~1.5 s of CPU:
     three actors a case, not the seven of an uninterrupted Ray run beside this one.) Its clients.parquet is the
     in-process one, row for row."""
-    server_in_driver = "auto" if case in SERVER_ACTOR_BUGS else False
-    first = _config(case, runtime__backend="ray", runtime__server_in_driver=server_in_driver,
-                    runtime__checkpoint_every=1)
+    first = _config(case, runtime__backend="ray", runtime__server_in_driver=False, runtime__checkpoint_every=1)
     with pytest.raises(_Crash):
         run_experiment(first, tmp_path / "run", progress=False, hooks=[CrashAfter(CRASH_AFTER)], data=_data(case))
     cfg = _config(case, runtime__backend="ray", runtime__num_workers=1, runtime__checkpoint_every=1)
@@ -218,15 +208,6 @@ def test_on_ray_every_round_and_a_resume_give_the_in_process_history(case, ray_l
     assert got[CRASH_AFTER:] == want[CRASH_AFTER:], "resumed on Ray from a Ray checkpoint, the rounds differ"
     assert _summary(resumed) == _reference(case).summary
     assert _clients(tmp_path / "run").equals(_reference(case).clients), "clients.parquet differs from in-process"
-
-
-@pytest.mark.ray
-@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=why))
-                                  for case, why in sorted(SERVER_ACTOR_BUGS.items())])
-def test_known_bug_a_server_actor_gives_other_figures(case, ray_local):
-    remote = run_experiment(_config(case, runtime__backend="ray", runtime__server_in_driver=False), progress=False,
-                            data=_data(case))
-    assert _figures(remote.history) == _reference(case).history
 
 
 def assert_batched(case: str, infos: list[dict]) -> None:

@@ -184,6 +184,24 @@ def test_ctrl_c_dropped_in_a_finaliser_still_stops_the_run():
 
 # --- SIGKILL and exact resume -----------------------------------------------------------------------
 
+def _orphaned_ray_agents() -> list[int]:
+    """Running Ray agents whose raylet is gone (killed ones may linger as zombies: not counted)."""
+    import psutil
+
+    from fedray.runtime.ray_start import RAY_AGENTS
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            parent = proc.parent()
+            if (proc.info["cmdline"] or [""])[0] in RAY_AGENTS and proc.info["status"] != psutil.STATUS_ZOMBIE and (
+                    parent is None or "raylet" not in (parent.cmdline() or [""])[0]):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 # Per-client models (each client's own weights are its state): isolated training, two architectures.
 PER_CLIENT = ["algorithm.name=local", "model.client_models=[lenet5,resnet8]", "federation.local_steps=20"]
 FEDCD = ["algorithm.name=fedcd", "model.client_models=[lenet5,resnet8]", "data.server_data.kind=holdout",
@@ -218,11 +236,13 @@ def test_sigkilled_run_resumes_to_identical_figures(when, extra, tmp_path):
     finally:
         proc.kill()
     killed_at = _ckpt_round(out)
+    orphans = _orphaned_ray_agents()  # a SIGKILLed driver's Ray leaves these behind
     assert 2 <= killed_at < 5 and not (out / "summary.json").exists()
     assert not (out / "clients.parquet").exists()  # written only when the run has finished
     done = subprocess.run([sys.executable, "-m", "fedray.cli", "run", "--resume", str(out), "--no-progress"],
                           cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert not set(orphans) & set(_orphaned_ray_agents()), "the killed driver's Ray agents outlived the next run"
     resumed = json.loads((out / "summary.json").read_text())
     assert {k: resumed[k] for k in FIGURES} == {k: reference[k] for k in FIGURES}
     clients = pq.read_table(out / "clients.parquet")  # each (round, client) once: none lost, none from the killed round

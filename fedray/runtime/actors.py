@@ -53,8 +53,9 @@ def _start_actor(spec: bytes) -> Experiment:
     its tensors go into the object store (:mod:`fedray.runtime.tensor_wire`)."""
     with imports_without_gc():
         experiment = ray.cloudpickle.loads(spec)  # imports pydantic, torch and the method
-        from fedray.runtime import core, tensor_wire  # the round's code, loaded now rather than by the first task
-    core.claim_process(experiment.cfg)
+        from fedray.runtime import core, tensor_wire  # noqa: F401 (the round's code, loaded now, not by the first task)
+        from fedray.runtime.process import claim_process
+    claim_process(experiment.cfg)
     tensor_wire.register()
     return experiment
 

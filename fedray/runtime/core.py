@@ -26,7 +26,6 @@ from fedray.models.init import apply_init
 from fedray.models.base import channels_last_if_faster
 from fedray.learning.training import ClientUpdate, LocalTraining, StepwiseTraining, run_update
 from fedray.learning.weights import leaves, nbytes
-from fedray.runtime.malloc import keep_freed_memory
 from fedray.vectorized.precision import at_local_precision, check_precision
 from fedray.vectorized.policy import vectorize_enabled, vectorize_min_clients
 from fedray.vectorized.engine import train_vectorized
@@ -44,21 +43,6 @@ def data_spec(data: FederatedData) -> DataSpec:
         mean=tuple(data.mean),
         std=tuple(data.std),
     )
-
-
-def torch_threads(cfg: ExperimentConfig) -> int:
-    """Threads per worker = its CPU share, so workers on one node don't fight over cores."""
-    return max(1, int(cfg.runtime.num_cpus_per_worker))
-
-
-def claim_process(cfg: ExperimentConfig) -> int:
-    """A process that trains or aggregates for ``cfg`` (an actor, the driver holding the server, the in-process
-    runtime): torch's threads set to the worker's CPU share and glibc's malloc tuned
-    (``runtime.malloc_tuning``). Returns the thread count before, for a caller that gives the process back."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(torch_threads(cfg))
-    keep_freed_memory(cfg.runtime.malloc_tuning)
-    return before
 
 
 def _to_device(modules: Any, device: torch.device, channels_last: bool = False) -> Any:

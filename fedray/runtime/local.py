@@ -11,7 +11,8 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import RoundOutcome, Runtime, local_device
-from fedray.runtime.core import ClientWorkerCore, ServerCore, claim_process, torch_threads
+from fedray.runtime.core import ClientWorkerCore, ServerCore
+from fedray.runtime.process import claim_process, torch_threads
 from fedray.runtime.personal import client_table, personal_evaluation, personal_models
 from fedray.vectorized.policy import describe_vectorised
 
@@ -21,7 +22,7 @@ class LocalRuntime(Runtime):
         self.experiment = resolve_experiment(experiment)
         self.cfg = cfg = self.experiment.cfg
         self.device = local_device(cfg)
-        self._threads_before = claim_process(cfg)
+        self._give_back = claim_process(cfg)
         self.threads = torch_threads(cfg)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
         self.personalised = self.experiment.method.personalised
@@ -73,4 +74,4 @@ class LocalRuntime(Runtime):
         return f"local: in-process on {self.device}, {self.threads} torch thread(s){vec}"
 
     def close(self) -> None:
-        torch.set_num_threads(self._threads_before)
+        self._give_back()

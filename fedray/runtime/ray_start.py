@@ -41,6 +41,7 @@ def start_ray(cfg: ExperimentConfig, address_key: str = "runtime.address") -> bo
         # A new local cluster of our own ("local": never silently join a `ray start` cluster of this
         # machine), with no dashboard: nothing listens beyond what Ray itself needs.
         address = "local"
+        reap_orphaned_ray_agents()
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         kwargs.update(include_dashboard=False, num_cpus=os.cpu_count(), _system_config=LOCAL_SYSTEM_CONFIG)
     try:
@@ -53,6 +54,35 @@ def start_ray(cfg: ExperimentConfig, address_key: str = "runtime.address") -> bo
                           f"cannot connect to Ray at {address!r} ({exc}); start that cluster, fix the address, or "
                           "leave it unset for a Ray of the run's own") from None
     return True
+
+
+#: The processes a raylet starts that outlive it when it dies with a SIGKILLed driver (they do not watch it)
+RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def reap_orphaned_ray_agents() -> list[int]:
+    """Stop this user's Ray agents whose raylet is gone, and return their pids.
+
+    A local Ray dies with its driver, but for two of its processes: a driver killed by SIGKILL (an out-of-memory
+    killer, ``kill -9``, a cluster's preemption) leaves Ray's DashboardAgent and RuntimeEnvAgent running, orphaned,
+    ~150 MB each, for good. Every local Ray that fedray starts first stops the orphans left by earlier ones. An agent
+    whose parent is a raylet belongs to a live cluster (another run's, a ``ray start`` one) and is left alone."""
+    import psutil
+
+    reaped = []
+    for proc in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if not cmdline or cmdline[0] not in RAY_AGENTS or proc.info["uids"].real != os.getuid():
+                continue
+            parent = proc.parent()
+            if parent is not None and "raylet" in (parent.cmdline() or [""])[0]:
+                continue
+            proc.kill()
+            reaped.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return reaped
 
 
 def _check_listening(address: str, timeout_s: float = 5.0) -> None:

@@ -117,13 +117,13 @@ class DriverServer:
     in_driver = True
 
     def __init__(self, experiment: Experiment):
-        from fedray.runtime.core import claim_process
+        from fedray.runtime.process import claim_process
 
         self.experiment, self.cfg = experiment, experiment.cfg
         cfg = self.cfg
         self.core = None
         self.inbox: dict[int, Any] = {}
-        self._threads_before = claim_process(cfg)
+        self._give_back = claim_process(cfg)
         self._bytes = 0
 
     def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:
@@ -181,4 +181,4 @@ class DriverServer:
         import torch
 
         self.inbox.clear()
-        torch.set_num_threads(self._threads_before)
+        self._give_back()

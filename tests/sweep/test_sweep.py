@@ -615,15 +615,10 @@ def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
         proc.kill()  # SIGKILL: no handler runs, nothing is saved on the way out
         proc.wait(timeout=60)
     # the local Ray it started goes down with it, but for Ray's dashboard and runtime-env agents, which linger
-    # (stopped here, not to leak them)
+    # until the next local Ray fedray starts (the resume below) stops them
     agents = [p for p, name in started.items() if name.endswith("Agent")]
     _, alive = psutil.wait_procs([p for p in started if p not in agents], timeout=60)
     assert not alive, f"the killed sweep's Ray outlived it: {alive}"
-    for p in agents:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
     for ckpt in sweep.glob("_trial_*/checkpoint_*"):
         subprocess.run(["rm", "-rf", str(ckpt)], check=True)
     # resumed from another folder: the sweep goes on in the default store of the folder it started from
@@ -631,6 +626,8 @@ def test_hard_killed_sweep_resumes_without_failing_a_trial(tmp_path):
     elsewhere.mkdir()
     done = subprocess.run(cmd + ["--resume"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    lingering = [p for p in agents if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not lingering, f"the killed sweep's Ray agents outlived the resumed sweep's start: {lingering}"
     assert not (elsewhere / "mlflow.db").exists()
     assert "its checkpoint in the sweep's saved state was gone" in done.stdout, done.stdout[-3000:]
     best = json.loads((sweep / "best.json").read_text())
