@@ -208,7 +208,7 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
 
 def _resume_target(args: argparse.Namespace):
-    from fedray.record.checkpoint import CheckpointError, load_checkpoint
+    from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE, CheckpointError, load_checkpoint
     from fedray.config import validate_config
     from fedray.overrides import apply_overrides
     from fedray.record.run_dir import SUMMARY_FILE, is_finished
@@ -217,8 +217,10 @@ def _resume_target(args: argparse.Namespace):
     out = Path(args.resume)
     if args.output_dir and Path(args.output_dir) != out:
         raise ConfigError("--output-dir", "a resumed run continues in its own directory; drop --output-dir")
-    if is_finished(out):
-        raise CheckpointError("--resume", f"{out} holds a finished run ({SUMMARY_FILE}); nothing to resume")
+    finished = is_finished(out)
+    if finished and not (out / CHECKPOINT_FILE).is_file():
+        raise CheckpointError("--resume", f"{out} holds a finished run ({SUMMARY_FILE}) without a checkpoint "
+                              "(runtime.checkpoint_every=0): nothing to resume or extend")
     ckpt = load_checkpoint(out)
     if args.config and "=" not in args.config:
         # The command as first typed, with --resume added: CONFIG and its overrides must resolve to the checkpoint's
@@ -229,6 +231,9 @@ def _resume_target(args: argparse.Namespace):
         if args.data_dir:
             overrides.append(f"data.data_dir={args.data_dir}")
         cfg = validate_config(apply_overrides(ckpt["config"], overrides))  # the registries' checks: in cmd_run
+    if finished and cfg.federation.rounds <= ckpt["round"]:
+        raise CheckpointError("--resume", f"{out} holds a finished run of {ckpt['round']} rounds ({SUMMARY_FILE}); "
+                              "to extend it, add federation.rounds=N with N above that")
     check_resumable(cfg, ckpt)
     return cfg, out
 

@@ -24,7 +24,7 @@ from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
-                                   write_run_outputs)
+                                   unmark_finished, write_run_outputs)
 from fedray.methods import Experiment, resolve_experiment
 from fedray.runtime import Runtime, make_runtime
 from fedray.runtime.core import setup_bytes, summarise_clients
@@ -128,6 +128,8 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         if ckpt is not None:
             runtime.import_state(ckpt["server_state"], ckpt["client_states"])
             restore_rng(ckpt["rng"])
+        if output_dir is not None and ckpt is not None and unmark_finished(output_dir):
+            log.info("%s: extending its finished run to %d rounds", output_dir, fed.rounds)
         if output_dir is not None and ckpt is None and (removed := clear_previous_run(output_dir)):
             log.warning("%s held an earlier run: replaced (removed %s)", output_dir, ", ".join(removed))
         # Each evaluation's per-client rows go to disk as they come (clients.parquet at the end); a resume keeps
@@ -148,7 +150,7 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
                     row = _round(cfg, runtime, data, r, client_history)
                     history.append(row)
                     bar.update(row)
-                    if every and r % every == 0:
+                    if every and (r % every == 0 or r == fed.rounds):  # the last one too: a run may be extended
                         folder = _checkpoint(Path(output_dir), cfg, runtime, history)
                         for hook in hooks:
                             getattr(hook, "on_checkpoint", lambda f: None)(folder)
@@ -176,16 +178,34 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
 
 
 def check_resumable(cfg: ExperimentConfig, ckpt: dict[str, Any]) -> None:
-    """Only where the work runs, where the data is read from and how it is tracked may change on resume; the
-    experiment may not."""
+    """Only where the work runs, where the data is read from and how it is tracked may change on resume, and
+    ``federation.rounds`` where nothing depends on it (:func:`check_extension`); the experiment may not."""
     saved = ExperimentConfig.model_validate(ckpt["config"])
     mine, theirs = cfg.flat(), saved.flat()
     changed = sorted(k for k in mine if not k.startswith(("runtime.", "tracking.")) and k not in DATA_SOURCE_KEYS
-                     and mine[k] != theirs.get(k))
+                     and k != "federation.rounds" and mine[k] != theirs.get(k))
     if changed:
         raise CheckpointError("--resume", f"the checkpoint was written by another experiment ({', '.join(changed)} "
-                              "differ); only runtime.*, tracking.* and where the data is read from "
-                              f"({', '.join(DATA_SOURCE_KEYS)}) may change on resume")
+                              "differ); only runtime.*, tracking.*, where the data is read from "
+                              f"({', '.join(DATA_SOURCE_KEYS)}) and federation.rounds may change on resume")
+    if cfg.federation.rounds != saved.federation.rounds:
+        check_extension(saved, cfg.federation.rounds, int(ckpt["round"]))
+
+
+def check_extension(saved: ExperimentConfig, rounds: int, done: int) -> None:
+    """A run of ``saved.federation.rounds`` rounds, checkpointed after round ``done``, goes on to ``rounds``: with
+    exactly the figures of a run started with ``rounds``, or refused naming what in it depends on the total."""
+    fed, key = saved.federation, "federation.rounds"
+    if rounds < done:
+        raise CheckpointError(key, f"the checkpoint holds round {done}; give federation.rounds={done} or more")
+    if fed.lr_schedule != "constant":
+        raise CheckpointError(key, f"federation.lr_schedule={fed.lr_schedule}: every round's learning rate depends "
+                              "on the total rounds, so a run of another length differs from round 2 on")
+    if done == fed.rounds:  # a finished run: its last round was evaluated (and diagnosed) as the last
+        for every, what in ((fed.eval_every, "eval_every"), (fed.diag_every, "diag_every")):
+            if done % every:
+                raise CheckpointError(key, f"federation.{what}={every}: round {done} was evaluated only as the "
+                                      f"last round, which a run of {rounds} rounds would not do")
 
 
 def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]]) -> Path:

@@ -91,7 +91,7 @@ def test_state_classes_named_by_their_former_modules_still_load():
 
 
 class _StopAfterRound2(RunHooks):
-    """Ends a run after its round-2 checkpoint, as a kill would (a finished run drops its checkpoint)."""
+    """Ends a run after its round-2 checkpoint, as a kill would."""
 
     def on_round(self, row):
         if row["round"] == 2:
@@ -132,10 +132,58 @@ def test_corrupt_foreign_and_malicious_checkpoints_are_refused(tmp_path, capsys)
 def test_resume_refuses_another_experiment_and_finished_runs(tmp_path, capsys):
     run_experiment(tiny_config(federation__rounds=2), tmp_path / "done", progress=False)
     assert main(["run", "--resume", str(tmp_path / "done")]) == 2
-    assert "finished run" in capsys.readouterr().err
+    assert "to extend it, add federation.rounds=N" in capsys.readouterr().err
     _unfinished_run(tmp_path / "run")
     assert main(["run", "--resume", str(tmp_path / "run"), "data.alpha=0.3", "tracking.enabled=false"]) == 2
     assert "data.alpha" in capsys.readouterr().err
+
+
+EXTENDED = ["tracking.enabled=true", "algorithm.name=scaffold", "federation.optimizer=sgd", "federation.lr=0.1",
+            "data.num_clients=4", "federation.clients_per_round=2", "--no-progress"]
+
+
+def test_a_finished_run_extended_gives_the_figures_of_the_run_started_that_long(tmp_path):
+    """``fedray run --resume DIR federation.rounds=5`` on a finished 3-round run (SCAFFOLD: server and client
+    state) goes on from its final state: history, summary figures and clients.parquet are those of a run started
+    with 5 rounds, and MLflow holds one run, FINISHED, with rounds 1-5."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["synthetic", *EXTENDED, f"tracking.uri={uri}"]
+    assert main(["run", *args, "federation.rounds=5", "--output-dir", str(tmp_path / "five")]) == 0
+    assert main(["run", *args, "federation.rounds=3", "--output-dir", str(tmp_path / "three")]) == 0
+    assert load_checkpoint(tmp_path / "three")["round"] == 3  # a finished run keeps its last checkpoint
+    assert main(["run", "--resume", str(tmp_path / "three"), "federation.rounds=5", "--no-progress"]) == 0
+    five, three = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("five", "three"))
+    assert {k: three[k] for k in FIGURES} == {k: five[k] for k in FIGURES} and three["rounds"] == 5
+    for name in ("history.parquet", "clients.parquet"):
+        a, b = (pq.read_table(tmp_path / d / name).to_pandas() for d in ("five", "three"))
+        keep = [c for c in a.columns if not c.startswith(("time/", "sys/"))]
+        assert a[keep].equals(b[keep]), name
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("fedray").experiment_id])
+    extended = next(r for r in runs if r.info.run_id == json.loads((tmp_path / "three" / "mlflow_run.json")
+                                                                    .read_text())["run_id"])
+    assert extended.info.status == "FINISHED" and len(runs) == 2
+    assert sorted({m.step for m in client.get_metric_history(extended.info.run_id, "eval/accuracy")}) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("setting, error", [
+    ("federation.rounds=3", "finished run of 3 rounds"),
+    ("federation.rounds=5 federation.lr=0.5", "another experiment (federation.lr differ)"),
+    ("federation.rounds=5", "lr_schedule=cosine"),  # the run was cosine: every round's lr depends on the total
+])
+def test_an_extension_that_cannot_give_the_longer_runs_figures_is_refused_in_one_line(tmp_path, capsys, setting, error):
+    run_experiment(tiny_config(federation__rounds=3, federation__lr_schedule="cosine",
+                               federation__lr_min=0.0), tmp_path / "run", progress=False)
+    assert main(["run", "--resume", str(tmp_path / "run"), *setting.split(), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and error in err[0], err
+
+
+def test_an_extension_past_a_last_round_evaluated_only_as_the_last_is_refused(tmp_path, capsys):
+    run_experiment(tiny_config(federation__rounds=3, federation__eval_every=2), tmp_path / "run", progress=False)
+    assert main(["run", "--resume", str(tmp_path / "run"), "federation.rounds=4", "--no-progress"]) == 2
+    assert "federation.eval_every=2: round 3 was evaluated only as the last round" in capsys.readouterr().err
+    assert (tmp_path / "run" / "summary.json").is_file()  # refused before any work: still the finished run
 
 
 def test_resume_after_the_command_as_first_typed(tmp_path, capsys):

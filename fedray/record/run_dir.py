@@ -229,8 +229,9 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     """Write a finished run's files into ``out``: config, final weights, both plots, history, the
     per-client history (``clients.parquet``, from ``client_history``'s parts of the ``evaluated`` rounds),
     the per-client figures of personalised methods at the last evaluation (``clients.json``), and last
-    ``summary.json``, whose presence marks the run finished. The checkpoint, if any, is removed (a finished
-    run has nothing to resume), then the per-client parts."""
+    ``summary.json``, whose presence marks the run finished. The last round's checkpoint and the per-client parts
+    stay, so that ``fedray run --resume DIR federation.rounds=N`` can extend the run; without a checkpoint the parts
+    go (nothing could use them)."""
     import torch
 
     from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
@@ -250,9 +251,19 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     if clients is not None:
         write_json(out / CLIENTS_FILE, clients)
     write_json(out / SUMMARY_FILE, summary)  # its presence marks a finished run
-    (out / CHECKPOINT_FILE).unlink(missing_ok=True)  # a finished run has nothing to resume
-    if client_history is not None:  # after the checkpoint: a resume needs the parts up to its round
+    if client_history is not None and not (out / CHECKPOINT_FILE).is_file():  # an extension needs them
         client_history.discard()
+
+
+def unmark_finished(out: str | Path) -> bool:
+    """A finished run in ``out`` being extended: its ``summary.json`` goes first, so that stopped midway the folder
+    holds an unfinished run (resumable from its checkpoint), not the shorter run's figures as if they were final.
+    True if there was one."""
+    path = Path(out) / SUMMARY_FILE
+    if not path.is_file():
+        return False
+    path.unlink()
+    return True
 
 
 @contextmanager
