@@ -184,7 +184,7 @@ def test_cifar100_preset_runs_one_tiny_round_on_cifar_shaped_data():
 
     cfg = load_experiment("fedcd_cifar100", [
         "data.dataset=synthetic", "data.synthetic_channels=3", "data.synthetic_image_size=32",
-        "data.synthetic_num_classes=100", "data.synthetic_train_samples=2000", "data.synthetic_test_samples=100",
+        "data.synthetic_num_classes=100", "data.synthetic_train_samples=600", "data.synthetic_test_samples=50",
         "data.server_data.per_class=2", "algorithm.shared_batch=8", "data.alpha=100", "data.min_samples=20",
         "federation.rounds=1", "federation.local_epochs=null", "federation.local_steps=1",
         "federation.batch_size=4", "tracking.enabled=false"])
