@@ -69,6 +69,23 @@ def test_running_and_recording_a_run_import_nothing_of_the_report(package):
     assert not importers, f"{importers} import fedray.report"
 
 
+@pytest.mark.parametrize("method", [m for m in _modules_under("methods") if m not in ("methods", "methods.registry")])
+def test_a_method_imports_nothing_of_where_it_runs(method):
+    """A method is plain PyTorch on the contract (fedray.methods.api) and the learning helpers: never the runtime,
+    the vectorised engine, the round loop, the run's record, the evaluation or the report."""
+    where = ["fedray.runtime", "fedray.vectorized", "fedray.simulation", "fedray.record", "fedray.evaluation",
+             "fedray.report", "fedray.sweep", "fedray.cli", "ray"]
+    assert not [w for w in where if _imports_any(method, w)], f"fedray.{method} imports {where}"
+
+
+def test_scaffold_needs_the_contract_module_alone():
+    """Everything a method needs of the contract comes from fedray.methods.api: SCAFFOLD, built on FedAvg, imports
+    that and its base class, nothing else of fedray."""
+    ours = {n for n in _imported("methods.scaffold") if n.startswith("fedray.")}
+    assert {n.rsplit(".", 1)[0] if n.rsplit(".", 1)[0] in ("fedray.methods.api", "fedray.methods.fedavg") else n
+            for n in ours} == {"fedray.methods.api", "fedray.methods.fedavg"}, ours
+
+
 def test_no_module_imports_another_modules_private_names():
     """A name starting with ``_`` is its module's own: another module importing it would break when it changes."""
     found = []

@@ -60,6 +60,8 @@ NAME = "fedkf_fmnist"
 METHODS: dict[str, dict] = {
     "fedavg": {"algorithm.name": "fedavg", "algorithm.report_model": "oca"},
     "fedprox": {"algorithm.name": "fedprox", "algorithm.mu": 0.001},
+    # SCAFFOLD (option II, eta_g = 1) on the grid's plain SGD: not in FedKF's paper, beside FedAvg and FedProx here
+    "scaffold": {"algorithm.name": "scaffold"},
     "qffl": {"algorithm.name": "qffl", "algorithm.q": 0.0001},
     # FedGen with its authors' MNIST settings (fedray's defaults), but alpha = beta = 2: they ran SGD at lr 0.01 with
     # alpha = beta = 10; at this grid's lr 0.05 the weight 2 keeps the terms' step (lr x weight) at their 0.1
@@ -73,10 +75,11 @@ CHANCE = 0.1  # 10 classes
 LR_CHOICES = (0.005, 0.01, 0.02, 0.05)  # the lr choice for collapsed baselines (the grid's lr is the last)
 VAL_PER_CLASS = 50
 SELECT_SETTING = "alpha0.01val"  # the choice's runs: alpha 0.01 with a validation set
-BASELINES = ("fedavg", "fedprox", "fedgen", "fedgkd", "qffl")
+BASELINES = ("fedavg", "fedprox", "scaffold", "fedgen", "fedgkd", "qffl")
 # table row -> (method run, suffix of the eval keys that hold that row's model)
 ROWS = [
-    ("FedAvg", "fedavg", "_aca"), ("FedProx", "fedprox", ""), ("FedGen", "fedgen", ""), ("FedGKD", "fedgkd", ""),
+    ("FedAvg", "fedavg", "_aca"), ("FedProx", "fedprox", ""), ("SCAFFOLD", "scaffold", ""), ("FedGen", "fedgen", ""),
+    ("FedGKD", "fedgkd", ""),
     ("q-FFL", "qffl", ""),
     ("FedKF- (ACA)", "fedkf_minus", "_aca"), ("FedKF- (OCA)", "fedkf_minus", "_oca"),
     ("FedKF (ACA)", "fedkf", "_aca"), ("FedKF (OCA)", "fedkf", "_oca"),

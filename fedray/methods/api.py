@@ -12,6 +12,11 @@ nn.Modules, built once per process), ``init_server_state``, ``broadcast``, ``cli
 :class:`Payload` (down), :class:`Upload` (up), :class:`ClientState` (kept by the client, never shown to the server)
 and :class:`ServerState`: the privacy boundary is explicit, and checkpoints save them without pickle.
 
+**One import**: everything a method needs of the contract is importable from this module (``__all__``): the base
+classes, the boundary types and contexts, the training plans (``LocalTraining``, ``StepwiseTraining`` with its
+``Update`` s and ``OptimSpec`` s, ``client_inputs``), weight arithmetic and ``ConfigError``. A method imports this
+module, the learning helpers of :mod:`fedray.learning` and the models; nothing of where it runs.
+
 **The one client entry point**, ``client_update``, returns either a finished :class:`ClientResult` or a training
 plan (:class:`~fedray.learning.training.LocalTraining`: start weights, a loss, a finish that builds the result;
 :class:`~fedray.learning.training.StepwiseTraining` for several modules and updates per step). A plan lets the
@@ -48,8 +53,10 @@ from fedray.errors import ConfigError
 from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, DataSpec, DiagnosticProbe, ModelBank,
                                       Payload, PersonalModel, ServerContext, ServerSideData, ServerState, Upload,
                                       local_step_count)
-from fedray.learning.training import ClientUpdate, LocalTraining, is_weights_only, weights_only
-from fedray.learning.weights import Weights, clone_weights
+from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
+                                       StepwiseTraining, Update, is_weights_only, module_dict, row_mean, run_update,
+                                       split_loss, weights_only)
+from fedray.learning.weights import Weights, clone_weights, weighted_average
 from fedray.models import build_model
 from fedray.models.init import apply_init
 from fedray.seeding import derive_seed
@@ -223,6 +230,11 @@ class PersonalisedAlgorithm(Algorithm):
         return PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
 
 
-__all__ = ["Algorithm", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "DataSpec", "DiagnosticProbe",
-           "LocalTraining", "ModelBank", "NoParams", "Payload", "PersonalModel", "PersonalisedAlgorithm",
-           "ServerContext", "ServerSideData", "ServerState", "Upload", "Weights", "local_step_count"]
+# Everything a method needs of the contract, importable from here: the base classes and what crosses the boundary,
+# the contexts, the training plans and their parts, weights and their arithmetic, the config error to raise.
+__all__ = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
+           "DataSpec", "DiagnosticProbe", "IGNORE_LABEL", "LocalTraining", "ModelBank", "NoParams", "OptimSpec",
+           "Payload", "PersonalModel", "PersonalisedAlgorithm", "ServerContext", "ServerSideData", "ServerState",
+           "StepwiseTraining", "Update", "Upload", "Weights", "clone_weights", "derive_seed", "is_weights_only",
+           "local_step_count", "module_dict", "row_mean", "run_update", "split_loss", "weighted_average",
+           "weights_only"]

@@ -131,8 +131,11 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
         """The client's training objective; subclasses add terms (FedProx's proximal term)."""
         return F.cross_entropy(model(x), y)
 
-    def make_anchor(self, model: torch.nn.Module, ctx: ClientContext | None = None, payload: Any = None) -> Any:
-        """What the local loss may compare against (the received global model, a teacher); None for FedAvg."""
+    def make_anchor(self, model: torch.nn.Module, modules: Any = None, payload: Any = None) -> Any:
+        """What the local loss may compare against (the received global model, a teacher), from the received
+        ``model`` and the ``payload`` alone: the same for every client of the round, as the batched runtime calls
+        one client's loss for all. ``modules``: the worker's modules (``ctx.modules``, one object for all its
+        clients), where a teacher module to load lives; no client's data or state is offered. None for FedAvg."""
         return None
 
     def make_upload(self, ctx: ClientContext, weights: Weights) -> ModelUpload:
@@ -146,7 +149,7 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
         model = ctx.modules.model
         model.load_state_dict(payload.weights)
         model.train()
-        anchor = self.make_anchor(model, ctx, payload)  # from the payload alone: the same for every client
+        anchor = self.make_anchor(model, ctx.modules, payload)  # from the payload alone: the same for every client
 
         @weights_only  # the model is read only through clone_weights
         def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:

@@ -127,8 +127,8 @@ class FedFTG(FedAvg):
         return {"avg": state.average} if state.average is not None else {}
 
     # --- client: the base method's local training, the label counts with the upload --------------------------
-    def make_anchor(self, model, ctx=None, payload=None):
-        return FedProx.make_anchor(self, model, ctx, payload) if self.params.base == "fedprox" else None
+    def make_anchor(self, model, modules=None, payload=None):
+        return FedProx.make_anchor(self, model, modules, payload) if self.params.base == "fedprox" else None
 
     local_loss_paddable = True  # FedAvg's CE, plus FedProx's proximal term (weights only)
 

@@ -87,10 +87,10 @@ class FedGKD(FedAvg):
         return GKDPayload(weights=state.weights, teacher=self.teacher_weights(state))
 
     # --- client -----------------------------------------------------------------------------------
-    def make_anchor(self, model, ctx=None, payload: GKDPayload | None = None):
+    def make_anchor(self, model, modules=None, payload: GKDPayload | None = None):
         if payload is None or payload.teacher is None:
             return None
-        teacher = ctx.modules.teacher
+        teacher = modules.teacher
         teacher.load_state_dict(payload.teacher)
         teacher.eval()
         return teacher

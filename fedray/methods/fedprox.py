@@ -22,7 +22,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def make_anchor(self, model: torch.nn.Module, ctx=None, payload=None) -> list[torch.Tensor]:
+    def make_anchor(self, model: torch.nn.Module, modules=None, payload=None) -> list[torch.Tensor]:
         return [p.detach().clone() for p in model.parameters()]
 
     local_loss_paddable = True  # the proximal term reads the weights, not the batch

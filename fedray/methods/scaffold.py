@@ -23,10 +23,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.errors import ConfigError
-from fedray.learning.training import LocalTraining, weights_only
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.methods.api import ClientContext, ClientResult, ClientState, ServerContext, Weights
+from fedray.methods.api import (ClientContext, ClientResult, ClientState, ConfigError, LocalTraining, ServerContext,
+                               Weights, clone_weights, weighted_average, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload, Modules
 
 
