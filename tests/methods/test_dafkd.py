@@ -15,6 +15,7 @@ import torch
 from fedray.methods.api import ServerContext
 from fedray.methods import DataSpec
 from fedray.methods.dafkd import DaFKD, DaFKDUpload
+from fedray.methods.dafkd import losses as dafkd_losses
 from fedray.methods.dafkd.types import DaFKDModules
 from fedray.methods.dafkd.server import alpha_metrics, correlation_weights, ensemble_teacher
 from fedray.config import load_config
@@ -495,10 +496,10 @@ def test_the_discriminator_loss_is_eq2_by_hand_real_labelled_1_generated_0():
     at -40) has a loss near 0; with the targets swapped it would be near 40."""
     real, fake = torch.ones(3, 1, 4, 4), -torch.ones(2, 1, 4, 4)
     algo, m = _adversarial(40.0)
-    loss, d_real, d_fake = algo._disc_loss(m, real, m.model.features(real), fake)
+    loss, d_real, d_fake = dafkd_losses.disc_loss(algo.params, m, real, m.model.features(real), fake)
     assert float(loss.detach()) < 1e-6 and d_real.tolist() == [40.0] * 3 and d_fake.tolist() == [-40.0] * 2
     algo, m = _adversarial(0.7)  # a discriminator half sure: the loss by hand
-    loss, _, _ = algo._disc_loss(m, real, m.model.features(real), fake)
+    loss, _, _ = dafkd_losses.disc_loss(algo.params, m, real, m.model.features(real), fake)
     f_real, f_fake = torch.sigmoid(torch.tensor(0.7)), torch.sigmoid(torch.tensor(-0.7))
     assert float(loss.detach()) == pytest.approx(float(-(3 * f_real.log() + 2 * (1 - f_fake).log()) / 5), rel=1e-5)
 
@@ -514,7 +515,7 @@ def test_the_generator_loss_is_eq3_by_hand_and_falls_as_its_samples_pass_for_rea
         m.generator = _FixedImages(image)
         f = torch.sigmoid(torch.tensor(0.7 * image))
         expected = (1 - f).log() if gen_loss == "minimax" else -f.log()
-        values.append(float(algo._gen_loss(m, z, None).detach()))
+        values.append(float(dafkd_losses.gen_loss(algo.params, m, z, None).detach()))
         assert values[-1] == pytest.approx(float(expected), rel=1e-5)
     assert values[1] < values[0]
 
@@ -533,14 +534,14 @@ def test_the_adversarial_losses_of_a_padded_batch_are_those_of_its_real_rows(sha
     m = algo.build_modules()
     x, fake, z = torch.randn(6, 1, 16, 16), torch.randn(6, 1, 16, 16), torch.randn(6, algo.params.noise_dim)
     real_rows, fake_rows = torch.arange(6) < 4, torch.arange(6) < 3
-    alone, _, _ = algo._disc_loss(m, x[:4], m.model.features(x[:4]), fake[:3])
-    gen_alone = algo._gen_loss(m, z[:3], None)
+    alone, _, _ = dafkd_losses.disc_loss(algo.params, m, x[:4], m.model.features(x[:4]), fake[:3])
+    gen_alone = dafkd_losses.gen_loss(algo.params, m, z[:3], None)
     layers = torch.nn.ModuleList([m.model, m.generator, m.disc])
     with row_masked_batchnorm(layers):
         with batch_rows(real_rows):
             feats = m.model.features(x)
-        padded, d_real, d_fake = algo._disc_loss(m, x, feats, fake, real_rows, fake_rows)
-        gen_padded = algo._gen_loss(m, z, None, fake_rows)
+        padded, d_real, d_fake = dafkd_losses.disc_loss(algo.params, m, x, feats, fake, real_rows, fake_rows)
+        gen_padded = dafkd_losses.gen_loss(algo.params, m, z, None, fake_rows)
     torch.testing.assert_close(padded, alone, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(gen_padded, gen_alone, rtol=1e-4, atol=1e-6)
     assert d_real.shape == (6,) and d_fake.shape == (6,)

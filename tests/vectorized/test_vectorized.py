@@ -160,7 +160,7 @@ COVERED = {
     "dafkd_unequal_gan_epochs": dict(**DAFKD, federation__local_epochs=2, federation__batch_size=48,
                                      algorithm__gan_local_epochs=1),  # D/G stop at different steps per client
     # client 3's 35 samples end a pass on a one-sample batch: the conditional generator's BatchNorm1d still gets
-    # two generated samples (DaFKD.fake_count)
+    # two generated samples (fedray.methods.dafkd.losses.fake_count)
     "dafkd_one_sample_batch": dict(DAFKD, algorithm__generator="conditional", federation__batch_size=17),
     # padded (3 of 4 steps split): the noise too, the generator's BatchNorm and the losses over the drawn rows only;
     # batches of 34 end client 3's passes on one sample, padded to 34 rows, its noise (2 rows) to 34 (more padded

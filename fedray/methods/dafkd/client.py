@@ -2,7 +2,7 @@
 and as data the runtime can batch over clients (:func:`batched_local_step`, ``runtime.vectorize``): per local step
 two updates, (1) classifier and discriminator on Eq. 9, then (2) the generator on Eq. 3 against the just-updated
 discriminator, on the batch and the noise drawn in the order :func:`sequential_update` draws them. The sequential
-update is the reference; both use the same losses (``DaFKD._disc_loss``, ``DaFKD._gen_loss``), metrics
+update is the reference; both use the same losses (:mod:`fedray.methods.dafkd.losses`), metrics
 (:func:`client_metrics`) and upload (:func:`client_result`), so the two cannot drift apart.
 
 The step is ``paddable``: a short batch may come padded to the step's longest (rows labelled ``IGNORE_LABEL``),
@@ -13,8 +13,6 @@ and the discriminator's accuracy counts.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,13 +26,29 @@ from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, frozen_bn_stats
 
-from fedray.methods.dafkd.types import DaFKDClientState, DaFKDModules, DaFKDPayload, DaFKDUpload
-
-if TYPE_CHECKING:
-    from fedray.methods.dafkd.method import DaFKD
+from fedray.methods.dafkd.losses import disc_loss, draw_labels, fake_count, gen_loss, gradient_penalty
+from fedray.methods.dafkd.types import DaFKDClientState, DaFKDMethod, DaFKDModules, DaFKDPayload, DaFKDUpload
 
 
-def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload",
+def adversarial_steps(algo: DaFKDMethod, ctx: ClientContext) -> tuple[bool, bool, int]:
+    """(train D this round, train G this round, local steps with D/G updates)."""
+    p = algo.params
+    round_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
+    round_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
+    adv_steps = ctx.num_local_steps()  # the authors' code: adversarial steps in the first local epochs only
+    if p.gan_local_epochs is not None:
+        adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // ctx.fed.batch_size))
+    return round_d, round_g, adv_steps
+
+
+def local_optimizer(groups: list[dict], fed) -> optim.SGD | optim.Adam:
+    """``federation.*``'s optimizer over the classifier's and the discriminator's parameter groups (each its lr)."""
+    if fed.optimizer == "adam":
+        return optim.Adam(groups, weight_decay=fed.weight_decay)
+    return optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
+
+
+def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayload",
                        state: "DaFKDClientState") -> StepwiseTraining | None:
     """This client's local training as a :class:`StepwiseTraining`; None with the gradient penalty (a gradient
     inside the loss, which ``vmap`` cannot batch here): that runs sequentially."""
@@ -42,18 +56,18 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
     if p.gp_weight > 0:
         return None
     assert state.client_id == ctx.client_id, "a client received another client's discriminator"
-    round_d, round_g, adv_steps = algo._adversarial_steps(ctx, state)
+    round_d, round_g, adv_steps = adversarial_steps(algo, ctx)
     batches, noise = ctx.batch_plan(), ctx.generator("dafkd/noise")
 
     def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
         # x and y are the step's batch (``batches``, gathered by the runtime); the noise is drawn here on the host,
         # in sequential_update's order of draws, and the runtime stacks it over clients before one copy to the device
-        b, inp = algo.fake_count(len(batches.index[step])), {}
+        b, inp = fake_count(len(batches.index[step])), {}
         train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
         for flag, key in ((train_d, "fake"), (train_g, "gen")):
             if flag:
                 inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise)
-                labels = algo._labels(b, noise, torch.device("cpu"))
+                labels = draw_labels(p, algo.spec.num_classes, b, noise, torch.device("cpu"))
                 if labels is not None:
                     inp[f"labels_{key}"] = labels
         return inp, (True, train_g, train_d)
@@ -64,7 +78,7 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
     def rows(inp: dict[str, torch.Tensor], noise: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The real rows of the step's batch and of its generated batch from ``inp[noise]`` (bool masks)."""
         real = inp["y"] != IGNORE_LABEL
-        drawn = algo.fake_count(real.sum())
+        drawn = fake_count(real.sum())
         return real, torch.arange(inp[noise].shape[0], device=real.device) < drawn
 
     def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
@@ -77,12 +91,12 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
             return ce, {"ce": ce}
         with torch.no_grad(), batch_rows(fake_rows):
             fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
-        adv, d_real, d_fake = algo._disc_loss(mm, inp["x"], feats, fake, real, fake_rows)
+        adv, d_real, d_fake = disc_loss(p, mm, inp["x"], feats, fake, real, fake_rows)
         return ce + adv, {"ce": ce, "adv": adv, "real_ok": ((d_real.detach() > 0) & real).sum().float(),
                           "fake_ok": ((d_fake.detach() < 0) & fake_rows).sum().float(), "n": real.sum().float()}
 
     def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
-        g_loss = algo._gen_loss(view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
+        g_loss = gen_loss(p, view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
         return g_loss, {"gen": g_loss}
 
     def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
@@ -101,7 +115,7 @@ def batched_local_step(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload
         steps=ctx.num_local_steps(), inputs=inputs, finish=finish, batches=batches, paddable=True)
 
 
-def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload",
+def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayload",
                       state: "DaFKDClientState") -> ClientResult:
     """Lines 17-26 one client at a time: ``DaFKD.client_update``, the reference :func:`batched_local_step` matches
     (and what runs with the gradient penalty)."""
@@ -112,13 +126,13 @@ def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload"
     m.disc.load_state_dict(_disc_start(payload, state))  # line 18: theta^d_k from this client's previous round
     for module in (m.model, m.generator, m.disc):
         module.train()
-    opt = algo._local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
+    opt = local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
                                  {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
     gen_params = list(m.generator.parameters())
     opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
     noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
     tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
-    round_d, round_g, adv_steps = algo._adversarial_steps(ctx, state)
+    round_d, round_g, adv_steps = adversarial_steps(algo, ctx)
     for x, y in ctx.batches():  # lines 19-25
         train_d = round_d and tot["steps"] < adv_steps
         train_g = round_g and tot["steps"] < adv_steps
@@ -129,13 +143,13 @@ def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload"
         loss = ce
         if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
             with torch.no_grad():
-                nf = algo.fake_count(b)
+                nf = fake_count(b)
                 fake = m.generator(to_device(torch.randn(nf, p.noise_dim, generator=noise), dev),
-                                   algo._labels(nf, noise, dev))
-            adv, d_real, d_fake = algo._disc_loss(m, x, feats, fake)
+                                   draw_labels(p, algo.spec.num_classes, nf, noise, dev))
+            adv, d_real, d_fake = disc_loss(p, m, x, feats, fake)
             if p.gp_weight > 0:
                 with frozen_bn_stats(m.model):
-                    adv = adv + p.gp_weight * algo._gradient_penalty(m, x, fake, gp_rng)
+                    adv = adv + p.gp_weight * gradient_penalty(p, m, x, fake, gp_rng)
             loss = ce + adv
             tot["adv"] += float(adv.detach())
             tot["real_ok"] += float((d_real.detach() > 0).sum())
@@ -144,9 +158,9 @@ def sequential_update(algo: "DaFKD", ctx: ClientContext, payload: "DaFKDPayload"
         loss.backward()
         opt.step()
         if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
-            nf = algo.fake_count(b)
+            nf = fake_count(b)
             z = to_device(torch.randn(nf, p.noise_dim, generator=noise), dev)
-            g_loss = algo._gen_loss(m, z, algo._labels(nf, noise, dev))
+            g_loss = gen_loss(p, m, z, draw_labels(p, algo.spec.num_classes, nf, noise, dev))
             for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
                 prm.grad = g
             opt_g.step()
@@ -176,7 +190,7 @@ def client_metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_step
     return metrics
 
 
-def client_result(algo: "DaFKD", ctx: ClientContext, m: "DaFKDModules", payload: "DaFKDPayload",
+def client_result(algo: DaFKDMethod, ctx: ClientContext, m: "DaFKDModules", payload: "DaFKDPayload",
                   state: "DaFKDClientState", metrics: dict[str, float]) -> ClientResult:
     """Upload and new state from the trained modules ``m`` (Alg. 1 line 26; Appendix B's outputs)."""
     p, dev = algo.params, ctx.device

@@ -54,23 +54,21 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from fedray.learning import optim
 from fedray.methods.api import Algorithm, ClientContext, ClientResult, DiagnosticProbe, ServerContext, Weights
 from fedray.methods.dafkd.server import probe_diagnostics, server_round
 from fedray.methods.dafkd.types import (DaFKDClientState, DaFKDModules, DaFKDParams, DaFKDPayload, DaFKDServerState,
                                         DaFKDUpload)
 from fedray.learning.distill import soft_targets
 from fedray.methods.dafkd.client import batched_local_step, sequential_update
-from fedray.learning.training import StepwiseTraining, row_mean
+from fedray.methods.dafkd.losses import disc_logits
+from fedray.learning.training import StepwiseTraining
 from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_device, to_float
+from fedray.data.federated import to_float
 from fedray.errors import ConfigError
 from fedray.methods.feddf import require_server_data
 from fedray.models import build_model
-from fedray.models.base import batch_rows, frozen_bn_stats
 from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
 from fedray.seeding import derive_seed
 
@@ -155,10 +153,8 @@ class DaFKD(Algorithm):
 
     # --- shared by client (Appendix B) and server ---------------------------------------------------
     def disc_logits(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor | None = None) -> torch.Tensor:
-        """(B,) logit of f(theta^d; x); f = sigmoid(logit) is the probability that x is real."""
-        if self.params.sharing:
-            return m.disc(m.model.features(x) if feats is None else feats).squeeze(1)
-        return m.disc(x).squeeze(1)
+        """(B,) logit of f(theta^d; x) (:func:`~fedray.methods.dafkd.losses.disc_logits`)."""
+        return disc_logits(self.params, m, x, feats)
 
     def distillation_set(self, m: DaFKDModules, generator: Weights, seed: int, device: torch.device) -> torch.Tensor:
         """``distill_samples`` images from ``generator`` with noise from ``seed`` (Alg. 1 line 11).
@@ -216,70 +212,6 @@ class DaFKD(Algorithm):
         return s, (torch.cat(fs) if fs else None)
 
     # --- client (Alg. 1 lines 15-26) ----------------------------------------------------------------
-    def _local_optimizer(self, groups: list[dict], fed) -> optim.SGD | optim.Adam:
-        if fed.optimizer == "adam":
-            return optim.Adam(groups, weight_decay=fed.weight_decay)
-        return optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
-
-    def _gradient_penalty(self, m: DaFKDModules, real: torch.Tensor, fake: torch.Tensor,
-                          rng: torch.Generator) -> torch.Tensor:
-        """(||grad_x f(x_mix)||_2 - 1)^2 on random real/fake mixes, as the authors' code (on the sigmoid
-        output; the norm here is per sample over all pixels, theirs over channels only)."""
-        eps = to_device(torch.rand(real.shape[0], 1, 1, 1, generator=rng), real.device)
-        mix = (eps * real + (1 - eps) * fake[: real.shape[0]]).requires_grad_(True)
-        out = torch.sigmoid(self.disc_logits(m, mix))
-        (grad,) = torch.autograd.grad(out.sum(), mix, create_graph=True)
-        return ((grad.flatten(1).norm(2, dim=1) - 1) ** 2).mean()
-
-    @staticmethod
-    def fake_count(b: int | torch.Tensor) -> int | torch.Tensor:
-        """Generated samples n_hat drawn against a real batch of ``b`` (Eq. 2): as many, but at least 2. The
-        generator's BatchNorm runs on batch statistics, which one sample cannot give (a pass over a client's
-        data may end on a one-sample batch). ``b`` may be a count on the device (a padded batch's real rows)."""
-        return b.clamp_min(2) if isinstance(b, torch.Tensor) else max(b, 2)
-
-    def _labels(self, n: int, rng: torch.Generator, device: torch.device) -> torch.Tensor | None:
-        """Classes for the conditional generator, uniform (class-balanced); None for the DCGAN, which draws
-        nothing more from ``rng``."""
-        if self.params.generator != "conditional":
-            return None
-        return to_device(torch.randint(self.spec.num_classes, (n,), generator=rng), device)
-
-    def _disc_loss(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor, fake: torch.Tensor,
-                   real_rows: torch.Tensor | None = None, fake_rows: torch.Tensor | None = None,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Eq. 9's adversarial part (Eq. 1 + Eq. 2): the discriminator's BCE on real ``x`` (features ``feats``)
-        against generated ``fake``; (loss, real logits, fake logits). ``real_rows``/``fake_rows`` (bool): the
-        rows of padded batches that count (:func:`~fedray.models.base.batch_rows`); None: all of them."""
-        b = x.shape[0]
-        with batch_rows(real_rows):
-            d_real = self.disc_logits(m, x, feats)
-        with frozen_bn_stats(m.model), batch_rows(fake_rows):  # generated images never enter the running statistics
-            d_fake = self.disc_logits(m, fake)
-        target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
-        rows = None if real_rows is None else torch.cat([real_rows, fake_rows])
-        return _bce(torch.cat([d_real, d_fake]), target, rows), d_real, d_fake
-
-    def _gen_loss(self, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None,
-                  rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Eq. 3 (or the non-saturating variant) of generated images against the discriminator; ``rows`` as
-        :meth:`_disc_loss`'s ``fake_rows``."""
-        with frozen_bn_stats(m.model), batch_rows(rows):
-            d_gen = self.disc_logits(m, m.generator(z, labels))
-        if self.params.gen_loss == "nonsaturating":
-            return _bce(d_gen, torch.ones_like(d_gen), rows)  # -log f(G(z))
-        return -_bce(d_gen, torch.zeros_like(d_gen), rows)  # log(1 - f(G(z))), Eq. 3
-
-    def _adversarial_steps(self, ctx: ClientContext, state: DaFKDClientState) -> tuple[bool, bool, int]:
-        """(train D this round, train G this round, local steps with D/G updates)."""
-        p = self.params
-        round_d = p.disc_train_rounds is None or ctx.round <= p.disc_train_rounds
-        round_g = p.gen_train_rounds is None or ctx.round <= p.gen_train_rounds
-        adv_steps = ctx.num_local_steps()  # the authors' code: adversarial steps in the first local epochs only
-        if p.gan_local_epochs is not None:
-            adv_steps = min(adv_steps, p.gan_local_epochs * -(-ctx.num_samples // ctx.fed.batch_size))
-        return round_d, round_g, adv_steps
-
     def client_update(self, ctx: ClientContext, payload: DaFKDPayload,
                       state: DaFKDClientState) -> StepwiseTraining | ClientResult:
         """Lines 17-26: as data (:func:`~fedray.methods.dafkd.client.batched_local_step`) for the runtime to run
@@ -309,10 +241,3 @@ class DaFKD(Algorithm):
         uploads, self._round_uploads = self._round_uploads, None
         return probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}
 
-
-def _bce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    """Binary cross-entropy with logits, the mean over the rows where ``rows`` (bool) holds (a padded batch's real
-    rows); None: over every row."""
-    if rows is None:
-        return F.binary_cross_entropy_with_logits(logits, target)
-    return row_mean(F.binary_cross_entropy_with_logits(logits, target, reduction="none"), rows)

@@ -7,8 +7,6 @@ local models (main variant) or the clients' weighted outputs (Appendix B), and h
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
@@ -22,10 +20,7 @@ from fedray.learning.weights import clone_weights, weighted_average
 from fedray.seeding import derive_seed
 
 from fedray.learning.boundary import DiagnosticProbe
-from fedray.methods.dafkd.types import DaFKDModules, DaFKDServerState, DaFKDUpload
-
-if TYPE_CHECKING:
-    from fedray.methods.dafkd.method import DaFKD
+from fedray.methods.dafkd.types import DaFKDMethod, DaFKDModules, DaFKDServerState, DaFKDUpload
 
 
 def correlation_weights(f: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,7 +59,7 @@ class _ClassifierAndDiscriminator(nn.Module):
     The submodules are the method's own (reparametrised during the call), so the discriminator is applied
     by the method's :meth:`DaFKD.disc_logits`, on the shared extractor's features or on x."""
 
-    def __init__(self, algo: "DaFKD", modules: "DaFKDModules"):
+    def __init__(self, algo: DaFKDMethod, modules: "DaFKDModules"):
         super().__init__()
         self.algo, self.mods = algo, modules
         self.model = modules.model
@@ -80,7 +75,7 @@ class _ClassifierAndDiscriminator(nn.Module):
         return logits, self.algo.disc_logits(self.mods, x, feats)
 
 
-def stacked_client_outputs(algo: "DaFKD", modules: "DaFKDModules", uploads: list["DaFKDUpload"],
+def stacked_client_outputs(algo: DaFKDMethod, modules: "DaFKDModules", uploads: list["DaFKDUpload"],
                            x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """s_k(x_i) (K, N, C) and f_k(x_i) (K, N) (None without correlation) of every upload's classifier and
     discriminator in eval mode: :meth:`DaFKD.client_outputs` for all K clients as one stacked forward per
@@ -99,7 +94,7 @@ def stacked_client_outputs(algo: "DaFKD", modules: "DaFKDModules", uploads: list
     return s, (torch.sigmoid(outs[1]) if pair.with_disc else None)
 
 
-def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tensor, ctx: ServerContext,
+def ensemble_teacher(algo: DaFKDMethod, uploads: list["DaFKDUpload"], x: torch.Tensor, ctx: ServerContext,
                      y: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Teacher targets (N, C): sum_k alpha_{k,i} s_k(x_i), with s = probabilities or logits (``ensemble``) and
     alpha from the discriminators (Eq. 7), the label-count oracle (the samples' classes ``y``) or uniform
@@ -131,7 +126,7 @@ def ensemble_teacher(algo: "DaFKD", uploads: list["DaFKDUpload"], x: torch.Tenso
     return teacher, metrics
 
 
-def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.Tensor,
+def distil(algo: DaFKDMethod, start: Weights, x: torch.Tensor, teacher_probs: torch.Tensor,
            ctx: ServerContext) -> tuple[Weights, dict[str, float]]:
     """Eq. 8: from w_hat, minimise KL(teacher || s(w; x)) (temperature KD, batch mean) over the set.
 
@@ -165,7 +160,7 @@ def distil(algo: "DaFKD", start: Weights, x: torch.Tensor, teacher_probs: torch.
                                   "server/kd_loss_last": float(t[-1])}
 
 
-def server_round(algo: "DaFKD", state: "DaFKDServerState", uploads: list["DaFKDUpload"],
+def server_round(algo: DaFKDMethod, state: "DaFKDServerState", uploads: list["DaFKDUpload"],
                  ctx: ServerContext) -> tuple["DaFKDServerState", dict[str, float]]:
     p = algo.params
     coefs = [1.0] * len(uploads) if p.aggregation == "uniform" else [float(u.num_samples) for u in uploads]
@@ -194,7 +189,7 @@ def _auc(pos: torch.Tensor, neg: torch.Tensor) -> float:
     return float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean())
 
 
-def probe_diagnostics(algo: "DaFKD", uploads: list["DaFKDUpload"], probe: "DiagnosticProbe",
+def probe_diagnostics(algo: DaFKDMethod, uploads: list["DaFKDUpload"], probe: "DiagnosticProbe",
                       client_ids: list[int], ctx: ServerContext) -> dict[str, float]:
     """Does the mechanism work, on real images (simulation-only ``diag/*``; the method never sees them)?
 

@@ -4,13 +4,13 @@ documents the method; the client's and the server's steps import these types).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from fedray.learning.boundary import ClientState, Payload, ServerState, Upload
+from fedray.learning.boundary import ClientState, DataSpec, Payload, ServerState, Upload
 from fedray.learning.weights import Weights
 from fedray.models import FedModel
 
@@ -102,3 +102,25 @@ class DaFKDClientState(ClientState):
     client_id: int
     disc: Weights  # theta^d_k: the head (sharing) or the whole separate network; never averaged, never sent
     rounds: int = 0  # rounds this client has trained in
+
+
+class DaFKDMethod(Protocol):
+    """What DaFKD's client and server steps (:mod:`~fedray.methods.dafkd.client`, :mod:`~fedray.methods.dafkd.server`)
+    read of the method, :class:`fedray.methods.dafkd.method.DaFKD`, so that they need not import it: its settings and
+    the parts of it both sides share."""
+
+    params: DaFKDParams
+    spec: DataSpec
+    cfg: Any  # the run's ExperimentConfig
+
+    @property
+    def weighting(self) -> str: ...
+
+    def disc_logits(self, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def distillation_set(self, m: DaFKDModules, generator: Weights, seed: int, device: torch.device) -> torch.Tensor: ...
+
+    def distillation_data(self, m: DaFKDModules, generator: Weights, round_: int,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def client_outputs(self, m: DaFKDModules, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
