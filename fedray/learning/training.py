@@ -26,9 +26,11 @@ The contract a :class:`LocalTraining` keeps so that batching it is exact:
   c - c_i), by name. The loss is then ``loss(model, x, y, inputs)`` with this client's tensors as ``inputs``: the
   vectorised runtime stacks every client's once per round and hands each its own slice under ``vmap``, so the loss
   stays the same function for every client. Nothing else it reads may differ between clients.
-- ``finish(model, metrics)`` is called with ``model`` holding the client's trained weights and buffers;
-  it builds the :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's
-  logits on the shared batch). A ``finish`` marked :func:`weights_only` reads the model only through
+- ``finish(model, trained)`` is called with ``model`` holding the client's trained weights and buffers and
+  ``trained`` (:class:`Trained`) the figures' sums over the client's steps (``trained.means()``: their means, what
+  a ``ClientResult``'s metrics usually are), its steps and its optimizer's final state; it builds the
+  :class:`ClientResult` (upload, new client state) and may run the model (e.g. FedCD's logits on the shared batch).
+  Both plans' ``finish`` take the same two arguments. A ``finish`` marked :func:`weights_only` reads the model only through
   ``model.state_dict()`` (``clone_weights``): the batched runner may then give it the client's weights on the
   host without loading them into the module.
 """
@@ -52,6 +54,22 @@ CLIENT_INPUTS = "client"
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
+@dataclass
+class Trained:
+    """What a plan's ``finish`` is told of the client's training beside its trained model(s): the sums over its
+    steps of every figure its losses returned (a :class:`LocalTraining`'s ``train/loss`` too), the steps it took,
+    and the state its optimizer ended with, by parameter name as :attr:`StepwiseTraining.optimizer_state` (empty
+    for a :class:`LocalTraining`, whose optimizer starts afresh each round)."""
+
+    sums: dict[str, float]
+    steps: int
+    optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def means(self) -> dict[str, float]:
+        """Each figure's mean over the steps (``{"train/loss": 0.0}`` when the client took none)."""
+        return step_means(self.sums, self.steps)
+
+
 def row_mean(values: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     """The mean of ``values`` (one per row) over the rows where ``rows`` (bool) holds, e.g. a padded batch's real
     rows: their sum divided by their count (at least 1; on all rows, the plain mean's arithmetic). None: every row."""
@@ -68,7 +86,7 @@ class LocalTraining:
     model: torch.nn.Module  # the worker's module of this client's architecture; weights loaded from ``start``
     start: Weights  # the state dict training starts from (parameters and buffers)
     loss: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], LossOut]
-    finish: Callable[[torch.nn.Module, dict[str, float]], ClientResult]
+    finish: Callable[[torch.nn.Module, "Trained"], ClientResult]
     group: Hashable = None  # clients of a round with equal (model, group) share ``loss`` and may be batched
     paddable: bool = False  # every term reading the batch averages over its rows not labelled IGNORE_LABEL
     #: this client's own tensors, by name, handed to ``loss`` as its fourth argument (module docstring)
@@ -115,9 +133,9 @@ class StepwiseTraining:
     ``inputs(step)`` is called for steps 0, 1, ... in order (it may draw from the client's generators) and
     returns the step's tensors and its flags: ``flags[u]`` says whether update ``u`` runs; further entries are
     the method's own (static: clients are batched by equal flags, and every loss sees them).
-    ``finish(modules, sums, optimizer_state)`` gets the
-    per-client sums over steps of every auxiliary figure of the updates that ran, plus ``steps``, and the
-    optimizer state the training ended with, in the form of ``optimizer_state`` (below).
+    ``finish(modules, trained)`` gets the trained modules and :class:`Trained`: the client's sums over its steps of
+    every auxiliary figure of the updates that ran, its steps, and the optimizer state the training ended with, in
+    the form of ``optimizer_state`` (below): :class:`LocalTraining`'s ``finish`` signature.
 
     ``batches``: when set, the ``x`` and ``y`` inputs of step ``s`` are the client's ``s``-th batch, which the
     runtime gathers for all clients of the step at once; ``inputs(step)`` then gives the other inputs only.
@@ -145,7 +163,7 @@ class StepwiseTraining:
     updates: list[Update]
     steps: int
     inputs: Callable[[int], tuple[dict[str, torch.Tensor], tuple[bool, ...]]]
-    finish: Callable[[torch.nn.ModuleDict, dict[str, float], dict[str, dict[str, Any]]], ClientResult]
+    finish: Callable[[torch.nn.ModuleDict, Trained], ClientResult]
     group: Hashable = None
     optimizer_state: dict[str, dict[str, Any]] = field(default_factory=dict)
     batches: ClientBatches | None = None
@@ -195,7 +213,7 @@ def split_loss(out: LossOut) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 
 def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
     """The sequential runner: ``ctx.batches()`` steps of ``plan.loss`` with ``federation.*``'s optimizer
-    then ``plan.finish``. ``train/loss`` is the mean loss."""
+    then ``plan.finish``, told the sums of ``train/loss`` and the loss's other figures over the steps."""
     model = plan.model
     model.load_state_dict(plan.start)
     model.train()
@@ -211,7 +229,7 @@ def run_local_training(ctx: ClientContext, plan: LocalTraining) -> ClientResult:
         for key, value in {"train/loss": loss, **aux}.items():
             sums[key] = sums.get(key, 0.0) + value.detach()
         steps += 1
-    return plan.finish(model, step_means(sums, steps))
+    return plan.finish(model, Trained({key: float(total) for key, total in sums.items()}, steps))
 
 
 def run_update(ctx: ClientContext, update: ClientUpdate) -> ClientResult:

@@ -54,8 +54,8 @@ from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, 
                                       Payload, PersonalModel, ServerContext, ServerSideData, ServerState, Upload,
                                       local_step_count)
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
-                                       StepwiseTraining, Update, is_weights_only, module_dict, row_mean, run_update,
-                                       split_loss, weights_only)
+                                       StepwiseTraining, Trained, Update, is_weights_only, module_dict, row_mean,
+                                       run_update, split_loss, weights_only)
 from fedray.learning.weights import Weights, clone_weights, weighted_average
 from fedray.models import build_model
 from fedray.models.init import apply_init
@@ -216,9 +216,10 @@ class PersonalisedAlgorithm(Algorithm):
     def own_training(self, ctx: ClientContext, state: PersonalModel, loss, finish,
                      paddable: bool = False) -> LocalTraining:
         """A :class:`~fedray.learning.training.LocalTraining` of the client's own model from its state;
-        ``finish(model, metrics, new_state)`` builds the result."""
-        def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
-            return finish(m, metrics, self.keep(ctx, state, m))
+        ``finish(model, metrics, new_state)`` builds the result from the trained model, the figures' means over
+        the steps and the client's new state."""
+        def own_finish(m: torch.nn.Module, trained: Trained) -> ClientResult:
+            return finish(m, trained.means(), self.keep(ctx, state, m))
 
         model = self.load_own_model(ctx, state)
         return LocalTraining(model=model, start=state.weights, loss=loss, paddable=paddable,
@@ -235,6 +236,6 @@ class PersonalisedAlgorithm(Algorithm):
 __all__ = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
            "DataSpec", "DiagnosticProbe", "IGNORE_LABEL", "LocalTraining", "ModelBank", "NoParams", "OptimSpec",
            "Payload", "PersonalModel", "PersonalisedAlgorithm", "ServerContext", "ServerSideData", "ServerState",
-           "StepwiseTraining", "Update", "Upload", "Weights", "clone_weights", "derive_seed", "is_weights_only",
-           "local_step_count", "module_dict", "row_mean", "run_update", "split_loss", "weighted_average",
-           "weights_only"]
+           "StepwiseTraining", "Trained", "Update", "Upload", "Weights", "clone_weights", "derive_seed",
+           "is_weights_only", "local_step_count", "module_dict", "row_mean", "run_update", "split_loss",
+           "weighted_average", "weights_only"]

@@ -29,7 +29,7 @@ from fedray.methods.api import (
     Weights,
 )
 from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
-from fedray.learning.training import LocalTraining, weights_only
+from fedray.learning.training import LocalTraining, Trained, weights_only
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.models import build_model
 
@@ -152,8 +152,8 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
         anchor = self.make_anchor(model, ctx.modules, payload)  # from the payload alone: the same for every client
 
         @weights_only  # the model is read only through clone_weights
-        def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
-            return ClientResult(self.make_upload(ctx, clone_weights(m)), None, metrics)
+        def finish(m: torch.nn.Module, trained: Trained) -> ClientResult:
+            return ClientResult(self.make_upload(ctx, clone_weights(m)), None, trained.means())
 
         return LocalTraining(model=model, start=payload.weights, loss=lambda m, x, y: self.local_loss(m, x, y, anchor),
                              finish=finish, paddable=self.local_loss_paddable)

@@ -58,7 +58,7 @@ from fedray.learning.distill import kd_kl, normalised_entropy, soft_targets
 from fedray.methods.feddf import require_server_data
 from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
 from fedray.learning.subspace import projection_cosine, projector, subspace_weights
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, weights_only
+from fedray.learning.training import IGNORE_LABEL, LocalTraining, Trained, weights_only
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.config import ExperimentConfig
 from fedray.data.federated import to_float
@@ -170,10 +170,10 @@ class FedD3A(Algorithm):
         proj = self.client_projector(ctx, glob)
         if not self.heterogeneous:
             @weights_only
-            def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+            def finish(m: torch.nn.Module, trained: Trained) -> ClientResult:
                 upload = FedD3AUpload(weights=clone_weights(m), architecture=self.cfg.model.name,
                                       num_samples=ctx.num_samples, projector=proj)
-                return ClientResult(upload=upload, state=None, metrics=metrics)
+                return ClientResult(upload=upload, state=None, metrics=trained.means())
 
             return LocalTraining(model=glob, start=payload.weights, loss=lambda m, x, y: F.cross_entropy(m(x), y),
                                  finish=finish, paddable=True)
@@ -189,11 +189,11 @@ class FedD3A(Algorithm):
             return F.cross_entropy(z, y) + w * kd_kl(z, t, self.params.temperature, rows=y != IGNORE_LABEL)
 
         @weights_only
-        def own_finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+        def own_finish(m: torch.nn.Module, trained: Trained) -> ClientResult:
             new = PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(m))
             upload = FedD3AUpload(weights=new.weights, architecture=state.architecture, num_samples=ctx.num_samples,
                                   projector=proj)
-            return ClientResult(upload=upload, state=new, metrics=metrics)
+            return ClientResult(upload=upload, state=new, metrics=trained.means())
 
         return LocalTraining(model=ctx.own_model(), start=state.weights, loss=loss_fn, finish=own_finish,
                              paddable=True)

@@ -50,8 +50,8 @@ from fedray.config import ExperimentConfig
 from fedray.learning import optim
 from fedray.learning.data_free import check_generator_batch, diversity_loss, label_counts, label_shares
 from fedray.learning.distill import kl_rows
-from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, make_optimizer,
-                                      module_dict, row_mean, split_loss, weights_only)
+from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained, Update,
+                                       make_optimizer, module_dict, row_mean, split_loss, weights_only)
 from fedray.learning.weights import clone_weights, weighted_average
 from fedray.methods.api import ClientContext, ClientResult, ServerContext, Weights
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload
@@ -198,13 +198,10 @@ class FedGen(FedAvg):
                 target = F.softmax(model.head(inp["f_real"]), dim=1)
             kl = row_mean(kl_rows(target, F.log_softmax(logits, dim=1)), real)
             total = ce + alpha_t * gen_ratio * gen_ce + beta_t * kl
-            return total, {"loss": total, "ce": ce, "gen_ce": gen_ce, "kl": kl}
+            return total, {"train/loss": total, "train/ce": ce, "train/gen_ce": gen_ce, "train/gen_kl": kl}
 
-        def finish(mods: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
-            steps = max(int(sums.get("steps", 0)), 1)
-            metrics = {"train/loss": float(sums["loss"]) / steps, "train/ce": float(sums["ce"]) / steps,
-                       "train/gen_ce": float(sums["gen_ce"]) / steps, "train/gen_kl": float(sums["kl"]) / steps}
-            return plain.finish(mods["model"], metrics)
+        def finish(mods: torch.nn.ModuleDict, trained: Trained) -> ClientResult:
+            return plain.finish(mods["model"], trained)
 
         if getattr(plain.finish, "weights_only", False):
             weights_only(finish)
@@ -219,7 +216,8 @@ class FedGen(FedAvg):
             model.load_state_dict(payload.weights)
             model.train()
             opt = make_optimizer(model.parameters(), fed)
-            sums: dict[str, float] = {"steps": 0}
+            sums: dict[str, float] = {}
+            steps = 0
             for step, (x, y) in enumerate(batches):
                 extra, flags = inputs(step)
                 opt.zero_grad()
@@ -229,8 +227,8 @@ class FedGen(FedAvg):
                 opt.step()
                 for key, value in aux.items():
                     sums[key] = sums.get(key, 0.0) + value.detach()
-                sums["steps"] += 1
-            return finish(modules, sums, {})
+                steps += 1
+            return finish(modules, Trained({k: float(v) for k, v in sums.items()}, steps))
 
         plan.alone = alone
         return plan

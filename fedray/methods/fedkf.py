@@ -59,7 +59,8 @@ from fedray.methods.api import ClientContext, ClientResult, ClientState, Payload
 from fedray.learning.cached import CacheParams
 from fedray.learning.distill import kd_kl
 from fedray.methods.fedavg import FedAvg, ModelPayload
-from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update, is_weights_only,
+from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained, Update,
+                                       is_weights_only,
                                        make_optimizer, module_dict, weights_only)
 from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_device
@@ -213,8 +214,8 @@ class FedKF(FedAvg):
             plan = super().client_update(ctx, ModelPayload(weights=payload.weights), None)
             fedavg_finish = plan.finish  # FedAvg's result, with the generator state left as it is
 
-            def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
-                return dataclasses.replace(fedavg_finish(m, metrics), state=state)
+            def finish(m: torch.nn.Module, trained: Trained) -> ClientResult:
+                return dataclasses.replace(fedavg_finish(m, trained), state=state)
 
             return dataclasses.replace(plan, finish=weights_only(finish) if is_weights_only(fedavg_finish) else finish)
         p = self.params
@@ -257,19 +258,19 @@ class FedKF(FedAvg):
                 loss = loss - p.gamma * kl_teacher_student(m["model"](x_hat), t_logits.detach())
             return loss, {"train/gen_loss": loss, "train/l_ie": l_ie, "train/l_oh": l_oh, "train/l_a": l_a}
 
-        def finish(m: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
-            steps = max(int(sums.pop("steps")), 1)
+        def finish(m: torch.nn.ModuleDict, trained: Trained) -> ClientResult:
             new = GeneratorState(client_id=state.client_id, weights=clone_weights(m["generator"]),
                                  rounds=state.rounds + 1)
             if p.persist_generator_optimizer:
-                for key, st in optimizer_state.items():
+                for key, st in trained.optimizer_state.items():
                     if key.startswith("generator."):
                         name = key.split(".", 1)[1]
                         new.adam_step = int(st["step"])
                         new.adam_exp_avg[name] = st["exp_avg"].to("cpu", copy=True)
                         new.adam_exp_avg_sq[name] = st["exp_avg_sq"].to("cpu", copy=True)
+            steps = max(trained.steps, 1)
             return ClientResult(self.make_upload(ctx, clone_weights(m["model"])), new,
-                                {k: v / steps for k, v in sums.items()})
+                                {k: v / steps for k, v in trained.sums.items()})
 
         kept = {}
         if p.persist_generator_optimizer and state.adam_step > 0:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState
-from fedray.learning.training import LocalTraining, weights_only
+from fedray.learning.training import LocalTraining, Trained, weights_only
 from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_float
 
@@ -98,9 +98,9 @@ class QFFL(FedAvg):
         plan = super().client_update(ctx, payload, state)  # FedAvg's local SGD from the same w
 
         @weights_only
-        def finish(trained: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
-            delta, h = qffl_terms(payload.weights, clone_weights(trained), loss, self.params.q, ctx.fed.lr)
-            return ClientResult(QFFLUpload(delta=delta, h=h), None, {**metrics, "train/loss_before": loss})
+        def finish(model: torch.nn.Module, trained: Trained) -> ClientResult:
+            delta, h = qffl_terms(payload.weights, clone_weights(model), loss, self.params.q, ctx.fed.lr)
+            return ClientResult(QFFLUpload(delta=delta, h=h), None, {**trained.means(), "train/loss_before": loss})
 
         return dataclasses.replace(plan, finish=finish)
 

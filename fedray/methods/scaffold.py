@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ClientState, ConfigError, LocalTraining, ServerContext,
-                               Weights, clone_weights, weighted_average, weights_only)
+                               Trained, Weights, clone_weights, weighted_average, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload, Modules
 
 
@@ -85,12 +85,12 @@ class Scaffold(FedAvg):
         scale = 1.0 / (ctx.num_local_steps() * ctx.fed.lr)  # 1 / (K eta_l), option II
 
         @weights_only
-        def finish(m: torch.nn.Module, metrics: dict[str, float]) -> ClientResult:
+        def finish(m: torch.nn.Module, trained: Trained) -> ClientResult:
             y = clone_weights(m)
             new = {k: c_i[k] - c[k] + (x[k] - y[k]) * scale for k in c}  # option II (line 12)
             delta = {k: new[k] - c_i[k] for k in c}
             upload = ScaffoldUpload(weights=y, num_samples=ctx.num_samples, control_delta=delta)
-            return ClientResult(upload, ScaffoldClientState(control=new), metrics)
+            return ClientResult(upload, ScaffoldClientState(control=new), trained.means())
 
         correction = {k: (c[k] - c_i[k]).to(ctx.device) for k in c}
         return LocalTraining(model=ctx.modules.model, start=x, loss=self.corrected_loss, finish=finish,

@@ -152,12 +152,28 @@ class ClientHistory:
             shutil.rmtree(self.parts, ignore_errors=True)
             return
         source = Path(resume_from) / CLIENT_PARTS_DIR if resume_from is not None else self.parts
+        finished = source.parent / CLIENT_HISTORY_FILE
+        if not self._found(source) and finished.is_file():  # a finished run being extended: its parts were joined
+            self._split(finished, resume_round)
+            return
         for round_, path in self._found(source).items():
             if round_ > resume_round:
                 path.unlink(missing_ok=True)  # from rounds after the checkpoint, run again now
             elif source != self.parts and not (self.parts / path.name).exists():
                 self.parts.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, self.parts / path.name)
+
+    def _split(self, finished: Path, resume_round: int) -> None:
+        """The parts of rounds up to ``resume_round`` again, from a finished run's ``clients.parquet``."""
+        import pyarrow.compute as pc
+
+        table = pq.read_table(finished)
+        rounds = table.column("round").to_numpy()
+        for round_ in sorted(set(rounds.tolist())):
+            if round_ <= resume_round:
+                part = table.filter(pc.equal(table.column("round"), round_))
+                self.parts.mkdir(parents=True, exist_ok=True)
+                pq.write_table(part, self._part(round_))
 
     @staticmethod
     def _found(folder: Path) -> dict[int, Path]:
@@ -229,9 +245,9 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     """Write a finished run's files into ``out``: config, final weights, both plots, history, the
     per-client history (``clients.parquet``, from ``client_history``'s parts of the ``evaluated`` rounds),
     the per-client figures of personalised methods at the last evaluation (``clients.json``), and last
-    ``summary.json``, whose presence marks the run finished. The last round's checkpoint and the per-client parts
-    stay, so that ``fedray run --resume DIR federation.rounds=N`` can extend the run; without a checkpoint the parts
-    go (nothing could use them)."""
+    ``summary.json``, whose presence marks the run finished. The last round's checkpoint stays, so that
+    ``fedray run --resume DIR federation.rounds=N`` can extend the run (:class:`ClientHistory` then takes the rounds
+    so far from ``clients.parquet``); the per-client parts go."""
     import torch
 
     from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
@@ -251,7 +267,7 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     if clients is not None:
         write_json(out / CLIENTS_FILE, clients)
     write_json(out / SUMMARY_FILE, summary)  # its presence marks a finished run
-    if client_history is not None and not (out / CHECKPOINT_FILE).is_file():  # an extension needs them
+    if client_history is not None:
         client_history.discard()
 
 

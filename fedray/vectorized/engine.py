@@ -37,8 +37,8 @@ import torch
 from torch.func import functional_call, vmap
 
 from fedray.learning.boundary import ClientContext, ClientResult
-from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Update,
-                                       is_weights_only, split_loss, step_means, weights_only)
+from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained,
+                                       Update, is_weights_only, split_loss, weights_only)
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, row_masked_batchnorm
 from fedray.vectorized.phases import Tally, in_phases, reported
@@ -69,7 +69,7 @@ class _LossModule(torch.nn.Module):
 
 def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
     """A :class:`LocalTraining` as the one-update special case: module ``model``, ``federation.*``'s optimizer,
-    the client's batches as inputs; ``finish`` gets the figures' means over the client's steps."""
+    the client's batches as inputs; its ``finish`` gets the model (the one ``finish`` signature of both plans)."""
 
     def loss(modules: torch.nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):
         # the model reads the batch only as model(x) (paddable): its padded rows, if any, are those labelled so
@@ -78,9 +78,8 @@ def as_stepwise(ctx: ClientContext, plan: LocalTraining) -> StepwiseTraining:
             out, aux = split_loss(plan.loss(modules["model"], inp["x"], inp["y"], *own))
         return out, {"train/loss": out, **aux}
 
-    def finish(modules: torch.nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
-        n = int(sums.pop("steps"))
-        return plan.finish(modules["model"], step_means(sums, n))
+    def finish(modules: torch.nn.ModuleDict, trained: Trained) -> ClientResult:
+        return plan.finish(modules["model"], trained)
 
     if is_weights_only(plan.finish):
         weights_only(finish)
@@ -274,9 +273,8 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
             plan.modules.load_state_dict({k: trained[k][i].detach() for k in order})
             model = plan.modules
         figures = {k: v[i] for k, v in sums_cpu.items()}
-        figures["steps"] = float(plan.steps)
         opt_state = {k: v for opt in opts for k, v in opt.client_state(i).items()} if keeps_optimizer[i] else {}
-        results.append(plan.finish(model, figures, opt_state))
+        results.append(plan.finish(model, Trained(figures, plan.steps, opt_state)))
     return results, (group_count, step_count, graph.replays if graph is not None else None, client_steps)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from fedray.learning.boundary import ClientContext, ClientResult
-from fedray.learning.training import StepwiseTraining, is_weights_only, weights_only
+from fedray.learning.training import StepwiseTraining, Trained, is_weights_only, weights_only
 
 #: (vmapped calls, steps, steps replayed from a CUDA graph or None without one, clients' steps) of one lockstep
 Tally = tuple[int, int, int | None, int]
@@ -62,19 +62,19 @@ def _carry(i: int, start: list, optimizer_state: list, sums: list[dict[str, floa
     """A phase's ``finish`` of client ``i`` when it trains on: its weights and optimizer state are where the next
     phase starts, its figures are added to its sums."""
 
-    def finish(modules: torch.nn.ModuleDict, figures: dict[str, float], state: dict) -> None:
+    def finish(modules: torch.nn.ModuleDict, trained: Trained) -> None:
         start[i] = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in modules.items()}
-        optimizer_state[i] = state
-        _add(sums[i], figures)
+        optimizer_state[i] = trained.optimizer_state
+        _add(sums[i], trained.sums)
     return finish
 
 
 def _final(plan: StepwiseTraining, sums: dict[str, float]):
     """The last phase's ``finish`` of ``plan``'s client: its own, with the figures summed over the phases."""
 
-    def finish(modules: Any, figures: dict[str, float], state: dict) -> ClientResult:
-        _add(sums, figures)
-        return plan.finish(modules, {**sums, "steps": float(plan.steps)}, state)
+    def finish(modules: Any, trained: Trained) -> ClientResult:
+        _add(sums, trained.sums)
+        return plan.finish(modules, Trained(dict(sums), plan.steps, trained.optimizer_state))
     if is_weights_only(plan.finish):
         weights_only(finish)
     return finish
@@ -82,8 +82,7 @@ def _final(plan: StepwiseTraining, sums: dict[str, float]):
 
 def _add(sums: dict[str, float], figures: dict[str, float]) -> None:
     for key, value in figures.items():
-        if key != "steps":
-            sums[key] = sums.get(key, 0.0) + value
+        sums[key] = sums.get(key, 0.0) + value
 
 
 def reported(results: list[ClientResult], tallies: list[Tally]) -> list[ClientResult]:

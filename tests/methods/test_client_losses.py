@@ -70,8 +70,8 @@ def test_fedgens_client_loss_is_ce_plus_the_generated_features_ce_plus_the_laten
         ratio = inp["f_hat"].shape[0] / s.ctx.fed.batch_size
         gen_ce = F.cross_entropy(model.head(inp["f_hat"]), inp["y_hat"])
         kl = _kl(model.head(inp["f_real"]), logits)
-        _same(figures["gen_ce"], gen_ce)
-        _same(figures["kl"], kl)
+        _same(figures["train/gen_ce"], gen_ce)
+        _same(figures["train/gen_kl"], kl)
         _same(loss, F.cross_entropy(logits, s.y) + 3.0 * 0.5 * ratio * gen_ce + 2.0 * 0.5 * kl)
 
 

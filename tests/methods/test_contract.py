@@ -62,6 +62,26 @@ def test_run_update_runs_whatever_client_update_returns(tiny_runtime):
         run_update(ctx, StepwiseTraining(modules=None, start={}, updates=[], steps=0, inputs=None, finish=None))
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_both_plans_finish_with_the_model_and_the_sums_over_the_steps(tiny_runtime, batched):
+    """One ``finish(model, trained)`` for both plans: a LocalTraining run alone, or batched (as a StepwiseTraining
+    inside the engine), hands its finish the sums of train/loss and of the loss's own figures over the client's
+    steps, the steps, and (a LocalTraining's optimizer starting afresh each round) no optimizer state."""
+    from fedray.vectorized.engine import train_vectorized
+
+    rt, ctx, payload = tiny_runtime
+    plan = rt.worker.algo.client_update(ctx, payload, None)
+    seen = []
+    inner = plan.finish
+    plan.finish = lambda m, trained: seen.append(trained) or inner(m, trained)
+    plan.loss = (lambda m, x, y, f=plan.loss: (f(m, x, y), {"train/rows": (y >= 0).sum().float()}))
+    (train_vectorized([ctx], [plan]) if batched else [run_update(ctx, plan)])[0]
+    (trained,) = seen
+    assert trained.steps == ctx.num_local_steps() and trained.optimizer_state == {}
+    assert trained.sums["train/rows"] == sum(len(y) for _, y in ctx.batches())
+    assert trained.means()["train/loss"] == pytest.approx(trained.sums["train/loss"] / trained.steps)
+
+
 def test_an_experiment_is_resolved_once_per_run(monkeypatch):
     """The method's parameters are parsed once (by resolve_experiment) and handed down: no Algorithm.__init__,
     runtime or worker parses them or looks the method up by name again."""

@@ -71,10 +71,10 @@ def test_no_tuning_off_glibc_or_when_disabled(monkeypatch):
 
 
 def test_the_local_runtime_applies_the_configs_choice(monkeypatch):
-    from fedray.runtime import core, local
+    from fedray.runtime import local, process
 
     seen = []
-    monkeypatch.setattr(core, "keep_freed_memory", seen.append)
+    monkeypatch.setattr(process, "keep_freed_memory", seen.append)
     for choice in (True, False):
         cfg = tiny_config(runtime__malloc_tuning=choice)
         local.LocalRuntime(cfg).close()

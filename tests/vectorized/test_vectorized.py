@@ -332,7 +332,7 @@ def test_a_weights_only_finish_gets_each_clients_weights_from_one_host_copy():
         with rt:
             for p in plans:
                 inner = p.finish
-                p.finish = (lambda m, metrics, f=inner: given.append((marked, m)) or f(m, metrics))
+                p.finish = (lambda m, trained, f=inner: given.append((marked, m)) or f(m, trained))
                 if marked:
                     weights_only(p.finish)
             uploads.append([r.upload.weights for r in train_vectorized(ctxs, plans)])

@@ -21,7 +21,8 @@ from torch import nn
 from fedray.learning import optim
 from fedray.learning.boundary import ClientContext, ClientResult
 from fedray.learning.data_free import label_counts
-from fedray.learning.training import IGNORE_LABEL, OptimSpec, StepwiseTraining, Update, module_dict, weights_only
+from fedray.learning.training import (IGNORE_LABEL, OptimSpec, StepwiseTraining, Trained, Update, module_dict,
+                                       weights_only)
 from fedray.learning.weights import clone_weights
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, frozen_bn_stats
@@ -99,8 +100,9 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
         g_loss = gen_loss(p, view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
         return g_loss, {"gen": g_loss}
 
-    def finish(mods: nn.ModuleDict, sums: dict[str, float], optimizer_state: dict) -> ClientResult:
-        return client_result(algo, ctx, view(mods), payload, state, client_metrics(sums, round_d, round_g, adv_steps))
+    def finish(mods: nn.ModuleDict, trained: Trained) -> ClientResult:
+        metrics = client_metrics({**trained.sums, "steps": trained.steps}, round_d, round_g, adv_steps)
+        return client_result(algo, ctx, view(mods), payload, state, metrics)
 
     if not p.private_discriminator:  # then client_result only clones the weights; else it runs the trained modules
         weights_only(finish)
