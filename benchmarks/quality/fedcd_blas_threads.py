@@ -2,7 +2,7 @@
 machine's default threads (as FedCD's recorded benchmark ran): the first rounds of its Fashion-MNIST benchmark run,
 each in a process of its own, every history figure compared.
 
-    .venv/bin/python benchmarks/papers/fedcd_blas_threads.py [--rounds 2] [--setting alpha0.5]
+    .venv/bin/python benchmarks/quality/fedcd_blas_threads.py [--rounds 2] [--setting alpha0.5]
 
 Record: benchmarks/results/fedcd_blas_threads.md.
 """
@@ -20,11 +20,12 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-OUT = HERE.parents[0] / "results" / "fedcd_blas_threads.md"
+PAPERS = HERE.parent / "papers"  # fedcd_fmnist.py: the benchmark's own configs
+OUT = HERE.parent / "results" / "fedcd_blas_threads.md"
 
 
 def one_run(default_threads: bool, setting: str, rounds: int) -> list[dict]:
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(PAPERS))
     from fedcd_fmnist import make_config
 
     import fedray.runtime.process as process
@@ -64,7 +65,7 @@ def main() -> None:
     keys = sum(1 for row in hist["one"] for k in row if not k.startswith(("time/", "sys/")))
     lines = [f"# FedCD with one BLAS thread against the default threads ({args.setting}, {args.rounds} rounds)", "",
              f"{date.today()}, this CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores). "
-             f"Command: `.venv/bin/python benchmarks/papers/fedcd_blas_threads.py --rounds {args.rounds} "
+             f"Command: `.venv/bin/python benchmarks/quality/fedcd_blas_threads.py --rounds {args.rounds} "
              f"--setting {args.setting}`", "",
              f"{keys} history figures compared (rounds 1-{args.rounds}, time/* left out): "
              f"{len(rows)} differ." + (" Those that differ:" if rows else ""), ""]
