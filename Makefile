@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 # here). A file that does not compile on this Python (torch's Python 3.12 test snippets) is left without one, as
 # pip leaves it.
 site-bytecode:
-	-$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 
 # Real Fashion-MNIST: Debian's package where we may install it; otherwise fedray downloads it through
 # torchvision on first use (into $$FEDRAY_DATA_DIR or ~/.cache/fedray/data).

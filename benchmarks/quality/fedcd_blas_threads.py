@@ -49,11 +49,15 @@ def main() -> None:
         print(json.dumps(one_run(args.child == "default", args.setting, args.rounds)))
         return
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    procs = {child: subprocess.Popen([sys.executable, __file__, "--child", child, "--rounds", str(args.rounds),
+                                      "--setting", args.setting], stdout=subprocess.PIPE, text=True, env=env)
+             for child in ("default", "one")}  # side by side: each run's threads are set, its figures its own
     hist = {}
-    for child in ("default", "one"):
-        done = subprocess.run([sys.executable, __file__, "--child", child, "--rounds", str(args.rounds), "--setting",
-                               args.setting], capture_output=True, text=True, env=env, check=True)
-        hist[child] = json.loads(done.stdout.strip().splitlines()[-1])
+    for child, proc in procs.items():
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"the {child} run failed ({proc.returncode})")
+        hist[child] = json.loads(out.strip().splitlines()[-1])
     rows = []
     for a, b in zip(hist["default"], hist["one"]):
         for key in sorted(a):

@@ -20,6 +20,11 @@ distillation teacher or its weights (LOSS below); every survivor in a loss must 
 ``benchmarks/quality/equivalent_mutants.json`` with the reason it changes nothing a test could see. That file
 keys a mutant by its function and its changed line (``fedray.methods.fedkf:FedKF._load_generator: <old> -> <new>``),
 so renumbered mutants keep their verdict.
+
+mutmut keeps which tests reach which function (``mutants/mutmut-stats.json``) by test id, and collects it again only
+for ids it has not seen: a case inserted into the middle of a ``parametrize`` list shifts the automatic ids after it,
+so mutmut would run the old tests' reach under the new ids. Give a new case an explicit ``id`` (or put it last), or
+delete the stats file to have them all collected again.
 """
 
 from __future__ import annotations
