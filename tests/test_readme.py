@@ -184,6 +184,8 @@ def check_command(argv: list[str], expected_error: str | None) -> str | None:
     except SystemExit:
         return f"does not parse: {err.getvalue().strip()}"
     config = getattr(args, "config", None)
+    if getattr(args, "resume", None) and config is not None and "=" in config:
+        config = None  # `run --resume DIR key=value ...`: overrides of the checkpoint's config, as fedray reads them
     if cmd == "tune" and not (ROOT / args.spec).is_file():
         return f"sweep spec {args.spec} does not exist"
     if config is not None and config not in preset_names() and not (ROOT / config).is_file():

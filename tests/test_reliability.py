@@ -179,6 +179,13 @@ def test_an_extension_that_cannot_give_the_longer_runs_figures_is_refused_in_one
     assert len(err) == 1 and error in err[0], err
 
 
+def test_a_finished_run_without_a_checkpoint_cannot_be_extended(tmp_path, capsys):
+    run_experiment(tiny_config(federation__rounds=2, runtime__checkpoint_every=0), tmp_path / "run", progress=False)
+    assert main(["run", "--resume", str(tmp_path / "run"), "federation.rounds=3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "without a checkpoint (runtime.checkpoint_every=0)" in err[0], err
+
+
 def test_an_extension_past_a_last_round_evaluated_only_as_the_last_is_refused(tmp_path, capsys):
     run_experiment(tiny_config(federation__rounds=3, federation__eval_every=2), tmp_path / "run", progress=False)
     assert main(["run", "--resume", str(tmp_path / "run"), "federation.rounds=4", "--no-progress"]) == 2
