@@ -23,8 +23,9 @@ so renumbered mutants keep their verdict.
 
 mutmut keeps which tests reach which function (``mutants/mutmut-stats.json``) by test id, and collects it again only
 for ids it has not seen: a case inserted into the middle of a ``parametrize`` list shifts the automatic ids after it,
-so mutmut would run the old tests' reach under the new ids. Give a new case an explicit ``id`` (or put it last), or
-delete the stats file to have them all collected again.
+so mutmut would run the old tests' reach under the new ids; and a function moved to a module of its own has no entry
+at all, so its mutants are marked "no tests" without running. Give a new case an explicit ``id`` (or put it last),
+and after moving functions delete the stats file to have it collected again.
 """
 
 from __future__ import annotations
