@@ -240,21 +240,9 @@ def test_ctrl_c_dropped_in_a_finaliser_still_stops_the_run():
 # --- SIGKILL and exact resume -----------------------------------------------------------------------
 
 def _orphaned_ray_agents() -> list[int]:
-    """Running Ray agents whose raylet is gone (killed ones may linger as zombies: not counted)."""
-    import psutil
+    from fedray.runtime.ray_start import orphaned_ray_agents
 
-    from fedray.runtime.ray_start import RAY_AGENTS
-
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            parent = proc.parent()
-            if (proc.info["cmdline"] or [""])[0] in RAY_AGENTS and proc.info["status"] != psutil.STATUS_ZOMBIE and (
-                    parent is None or "raylet" not in (parent.cmdline() or [""])[0]):
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
+    return [p.pid for p in orphaned_ray_agents()]
 
 
 # Per-client models (each client's own weights are its state): isolated training, two architectures.

@@ -60,27 +60,41 @@ def start_ray(cfg: ExperimentConfig, address_key: str = "runtime.address") -> bo
 RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
+def orphaned_ray_agents() -> list:
+    """This user's running Ray agents whose raylet is gone (psutil processes): what a SIGKILLed driver's Ray leaves.
+    An agent whose parent is a raylet belongs to a live cluster (another run's, a ``ray start`` one); a stopped
+    one that lingers as a zombie is not counted."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline", "uids", "status"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if (not cmdline or cmdline[0] not in RAY_AGENTS or proc.info["uids"].real != os.getuid()
+                    or proc.info["status"] == psutil.STATUS_ZOMBIE):
+                continue
+            parent = proc.parent()
+            if parent is None or "raylet" not in (parent.cmdline() or [""])[0]:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def reap_orphaned_ray_agents() -> list[int]:
-    """Stop this user's Ray agents whose raylet is gone, and return their pids.
+    """Stop :func:`orphaned_ray_agents`, and return their pids.
 
     A local Ray dies with its driver, but for two of its processes: a driver killed by SIGKILL (an out-of-memory
     killer, ``kill -9``, a cluster's preemption) leaves Ray's DashboardAgent and RuntimeEnvAgent running, orphaned,
-    ~150 MB each, for good. Every local Ray that fedray starts first stops the orphans left by earlier ones. An agent
-    whose parent is a raylet belongs to a live cluster (another run's, a ``ray start`` one) and is left alone."""
+    ~150 MB each, for good. Every local Ray that fedray starts first stops the orphans left by earlier ones."""
     import psutil
 
     reaped = []
-    for proc in psutil.process_iter(["cmdline", "uids"]):
+    for proc in orphaned_ray_agents():
         try:
-            cmdline = proc.info["cmdline"] or []
-            if not cmdline or cmdline[0] not in RAY_AGENTS or proc.info["uids"].real != os.getuid():
-                continue
-            parent = proc.parent()
-            if parent is not None and "raylet" in (parent.cmdline() or [""])[0]:
-                continue
             proc.kill()
             reaped.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except psutil.NoSuchProcess:
             continue
     return reaped
 
