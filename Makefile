@@ -45,10 +45,11 @@ run: install data bytecode
 	$(BIN)/fedray report runs/make_run/fedavg runs/make_run/dafkd --target 0.6 --plot runs/make_run/curves.png
 
 # Two test processes (pytest-xdist): much of the suite waits on Ray, subprocesses and sweeps rather than computing,
-# so two share this 2-core machine well (the suite: 10.6 min in one process, 7.8 in two). TEST_WORKERS=0: one.
+# so two share this 2-core machine well. Work stealing with the slow tests first (tests/conftest.py) keeps both
+# busy to the end. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: install bytecode
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Mutation testing of fedray/methods/ and fedray/learning/ against the fast tests (outside `make test` and CI: hours
 # on a 2-core CPU; a stopped run resumes): the record is benchmarks/results/mutation.md.

@@ -18,15 +18,20 @@ def _blas_threads() -> set[int]:
 
 
 def test_a_claimed_process_runs_blas_on_one_thread_and_gives_back_what_it_had():
-    before_torch, before_blas, before_env = torch.get_num_threads(), _blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS")
-    give_back = claim_process(tiny_config(runtime__num_cpus_per_worker=1))
+    suite_threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # not the claim's 1 (tests/conftest.py may have set 1): the give-back must show
     try:
-        assert torch.get_num_threads() == 1 and _blas_threads() == {1}
-        assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        before_blas, before_env = _blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS")
+        give_back = claim_process(tiny_config(runtime__num_cpus_per_worker=1))
+        try:
+            assert torch.get_num_threads() == 1 and _blas_threads() == {1}
+            assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        finally:
+            give_back()
+        assert torch.get_num_threads() == 3 and _blas_threads() == before_blas
+        assert os.environ.get("OPENBLAS_NUM_THREADS") == before_env
     finally:
-        give_back()
-    assert torch.get_num_threads() == before_torch and _blas_threads() == before_blas
-    assert os.environ.get("OPENBLAS_NUM_THREADS") == before_env
+        torch.set_num_threads(suite_threads)
 
 
 def test_a_blas_library_loaded_after_the_claim_runs_on_one_thread_too():
