@@ -160,7 +160,7 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             final_weights = runtime.global_weights() if output_dir is not None else None
             clients = runtime.client_evaluation()
             summary = summarise(cfg, history, where, time.perf_counter() - start,
-                                setup_bytes(exp.method, data))
+                                setup_bytes(exp, data))
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
                 write_run_outputs(out, cfg, data, history, summary, final_weights, clients, client_history,

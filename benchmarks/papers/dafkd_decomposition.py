@@ -6,7 +6,8 @@ A 2 x 3 grid of DaFKD (``algorithm.alpha_source`` x ``algorithm.distill_data``) 
 the paper's conditional generator (the oracle needs each generated sample's class):
 
 - ``disc_generated``: the method (Eq. 7 from the discriminators, on generated samples);
-- ``oracle_generated`` / ``uniform_generated``: Theorem 1's label-count oracle / uniform weights, generated;
+- ``oracle_generated`` / ``uniform_generated``: the label-share oracle (``alpha_source=label_share``: each client's
+  share of the sample's class, not Theorem 1's optimum) / uniform weights, generated;
 - ``disc_proxy`` / ``oracle_proxy`` / ``uniform_proxy``: the same weights, distilled on real unlabelled images
   (500 a class held by the server, copied so that the clients' data is FedAvg's; labelled only for the
   oracle, which reads the labels; the distillation never does);
@@ -43,10 +44,10 @@ PROXY = dict(dafkd_fmnist.FEDDF_PROXY)
 CELLS: dict[str, dict[str, Any]] = {
     "fedavg": {},
     "disc_generated": {"alpha_source": "discriminator", "distill_data": "generated"},
-    "oracle_generated": {"alpha_source": "oracle", "distill_data": "generated"},
+    "oracle_generated": {"alpha_source": "label_share", "distill_data": "generated"},
     "uniform_generated": {"alpha_source": "uniform", "distill_data": "generated"},
     "disc_proxy": {"alpha_source": "discriminator", "distill_data": "proxy"},
-    "oracle_proxy": {"alpha_source": "oracle", "distill_data": "proxy"},
+    "oracle_proxy": {"alpha_source": "label_share", "distill_data": "proxy"},
     "uniform_proxy": {"alpha_source": "uniform", "distill_data": "proxy"},
     # the authors' code: one averaged head, adversarial training in the first rounds only
     "authors_head": {"disc_head": "averaged", "disc_train_rounds": 3, "gen_train_rounds": 5},
@@ -84,7 +85,7 @@ def make_config(cell: str, setting: str, seed: int, rounds: int, data_dir: str |
                             **{f"algorithm.{k}": v for k, v in CELLS[cell].items()}}
     if CELLS[cell].get("distill_data") == "proxy":
         over.update(PROXY)
-        over["data.server_data.labelled"] = CELLS[cell]["alpha_source"] == "oracle"  # only the oracle reads them
+        over["data.server_data.labelled"] = CELLS[cell]["alpha_source"] == "label_share"  # only the oracle reads them
     return validate_config(apply_overrides(base.model_dump(mode="json"), over))
 
 
@@ -156,11 +157,11 @@ def markdown(figs, meta: dict, runs_dir: Path, planned_runs: list[Run], rounds: 
     lines += ["", "## Which part loses the points", "",
               "Each contrast changes one part and keeps the rest (paired by seed, points of last-5 accuracy).", "",
               "| setting | contrast | what it isolates | difference |", "|---|---|---|---:|"]
-    contrasts = [("oracle_generated", "disc_generated", "perfect weights instead of the discriminators'"),
+    contrasts = [("oracle_generated", "disc_generated", "label-share weights instead of the discriminators'"),
                  ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
                  ("uniform_proxy", "disc_proxy", "uniform weights instead of the discriminators', on real images"),
                  ("disc_proxy", "disc_generated", "real images instead of generated ones"),
-                 ("oracle_proxy", "oracle_generated", "real images instead of generated ones, perfect weights"),
+                 ("oracle_proxy", "oracle_generated", "real images instead of generated ones, label-share weights"),
                  ("oracle_proxy", "fedavg", "the best distillation can do here against FedAvg"),
                  ("authors_head", "disc_generated", "the authors' averaged head and early-only adversarial training")]
     for setting in SETTINGS:

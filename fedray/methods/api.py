@@ -96,11 +96,21 @@ class Algorithm(ABC, Generic[Params, Modules]):
         self.params: Params = params  # type: ignore[assignment]
         #: The server's data (``data.server_data``) on the server's instance; always None on clients.
         self.server_data: ServerSideData | None = None
+        #: Every registered client's training label counts (num_clients, num_classes), int64, on the server's
+        #: instance of a method whose :meth:`sends_label_counts` says so (else None): each client sends its counts
+        #: once before round 1, counted in ``comm/bytes_setup``.
+        self.client_label_counts: torch.Tensor | None = None
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
         """What the method needs of the rest of the config (e.g. labelled server data), given its parsed
         ``params``; raise :class:`ConfigError` naming the key. Called by ``resolve_experiment`` before any work."""
+
+    @classmethod
+    def sends_label_counts(cls, params: BaseModel) -> bool:
+        """True when every registered client sends its training label counts once before round 1 (they arrive as
+        :attr:`client_label_counts` on the server's instance), e.g. an oracle of Theorem 1's weights."""
+        return False
 
     @classmethod
     def parse_params(cls, values: dict[str, Any]) -> BaseModel:

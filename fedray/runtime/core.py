@@ -219,6 +219,8 @@ class ServerCore:
         self.cfg, self.device = exp.cfg, device
         self.algo, self.modules = _build(exp, data, device)
         self.algo.server_data = server_side_data(data, device)
+        if exp.method.sends_label_counts(exp.params):
+            self.algo.client_label_counts = torch.from_numpy(client_label_counts(data)).to(device)
         # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
@@ -337,17 +339,26 @@ def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: to
     test = np.sort(rng.choice(len(data.test_y), size=min(10 * n, len(data.test_y)), replace=False))
     clients = {cid: images(data.train_x[np.sort(rng.choice(idx, size=min(n, len(idx)), replace=False))])
                for cid, idx in enumerate(data.client_train)}
-    counts = np.stack([np.bincount(data.train_y[idx], minlength=data.num_classes) for idx in data.client_train])
     return DiagnosticProbe(test_x=images(data.test_x[test]), test_y=torch.from_numpy(data.test_y[test]).long().to(device),
-                           client_x=clients, label_counts=torch.from_numpy(counts).float().to(device))
+                           client_x=clients, label_counts=torch.from_numpy(client_label_counts(data)).float().to(device))
 
 
-def setup_bytes(algo_cls: type[Algorithm], data: FederatedData) -> int:
-    """One-time communication before round 1: the server data's images sent to every registered client,
-    for methods whose clients hold them (``Algorithm.clients_hold_server_images``); else 0."""
-    if not algo_cls.clients_hold_server_images or data.server is None:
-        return 0
-    return int(data.server.x.nbytes) * data.num_clients
+def client_label_counts(data: FederatedData) -> np.ndarray:
+    """Every client's training images per class, (num_clients, num_classes) int64."""
+    return np.stack([np.bincount(data.train_y[idx], minlength=data.num_classes)
+                     for idx in data.client_train]).astype(np.int64)
+
+
+def setup_bytes(exp: Experiment, data: FederatedData) -> int:
+    """One-time communication before round 1: the server data's images sent to every registered client, for
+    methods whose clients hold them (``Algorithm.clients_hold_server_images``), and every client's label counts
+    (int64) sent to the server, for methods that ask for them (``Algorithm.sends_label_counts``)."""
+    total = 0
+    if exp.method.clients_hold_server_images and data.server is not None:
+        total += int(data.server.x.nbytes) * data.num_clients
+    if exp.method.sends_label_counts(exp.params):
+        total += 8 * data.num_classes * data.num_clients
+    return total
 
 
 _NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)

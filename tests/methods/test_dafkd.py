@@ -367,7 +367,7 @@ def test_mechanism_diagnostics_by_hand():
     """Two clients, two test images of classes 0 and 1. Client 0 holds class 0 and predicts 0 for both;
     client 1 holds class 1 and predicts 1 for both. Discriminators that say 'mine' for the own client's
     class make Eq. 7 pick the right expert (accuracy 1), the uniform ensemble ties and falls to class 0 (0.5),
-    the oracle (label counts) picks the expert (1)."""
+    the label-share oracle picks the expert (1), as do Theorem 1's weights."""
     from fedray.methods.dafkd.server import _auc, mechanism_figures
 
     assert _auc(torch.tensor([0.9, 0.8]), torch.tensor([0.1, 0.8])) == pytest.approx(0.875)  # 3 wins, 1 tie of 4
@@ -379,11 +379,14 @@ def test_mechanism_diagnostics_by_hand():
              [torch.tensor([0.3, 0.4]), torch.tensor([0.6, 0.7])]]   # f_1 on them
     counts = torch.tensor([[50.0, 0.0], [0.0, 50.0]])  # image i's class: client 0 holds class 0 only
     y = torch.tensor([0, 1])
-    d = mechanism_figures(s, f, f_own, counts, y, eps=1e-8)
+    theorem1 = torch.tensor([[0.6, 0.4], [0.4, 0.6]])  # Eq. 7 at Theorem 1's optimum leans on the expert
+    d = mechanism_figures(s, f, f_own, counts, y, 1e-8, theorem1)
     assert d["diag/domain_auc"] == pytest.approx(1.0)
-    assert d["diag/ens_acc_eq7"] == 1.0 and d["diag/ens_acc_oracle"] == 1.0 and d["diag/ens_acc_uniform"] == 0.5
+    assert d["diag/ens_acc_eq7"] == 1.0 and d["diag/ens_acc_label_share"] == 1.0 and d["diag/ens_acc_uniform"] == 0.5
+    assert d["diag/ens_acc_theorem1"] == 1.0
+    assert mechanism_figures(s, f, f_own, counts, y, 1e-8, theorem1.flip(0))["diag/ens_acc_theorem1"] == 0.0
     assert d["diag/alpha_entropy_real"] == pytest.approx(0.469, abs=1e-3)  # H(0.9, 0.1) / log 2
-    flipped = mechanism_figures(s, f.flip(0), [f_own[1], f_own[0]], counts, y, eps=1e-8)
+    flipped = mechanism_figures(s, f.flip(0), [f_own[1], f_own[0]], counts, y, 1e-8, theorem1)
     assert flipped["diag/ens_acc_eq7"] == 0.0 and flipped["diag/domain_auc"] == pytest.approx(0.0)
 
 
@@ -392,7 +395,7 @@ def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
     with_diag = run_experiment(cfg, progress=False)
     without = run_experiment(dafkd_config(algorithm__diag_samples=0), progress=False)
     keys = ("diag/domain_auc", "diag/alpha_entropy_real", "diag/ens_acc_eq7", "diag/ens_acc_uniform",
-            "diag/ens_acc_oracle")
+            "diag/ens_acc_theorem1", "diag/ens_acc_label_share")
     for row in with_diag.history:
         assert all(0.0 <= row[k] <= 1.0 for k in keys), row
     assert not any(k in row for row in without.history for k in keys)

@@ -1,29 +1,79 @@
-"""DaFKD decomposed: where Eq. 7's weights come from (alpha_source: discriminator | oracle | uniform), what is
+"""DaFKD decomposed: where Eq. 7's weights come from (alpha_source: discriminator | theorem1 | label_share | uniform), what is
 distilled on (distill_data: generated | proxy) and the authors' averaged discriminator head (disc_head)."""
 
 import pytest
 import torch
 
-from fedray.config import load_config
 from fedray.errors import ConfigError
 from fedray.methods import resolve_experiment
-from fedray.methods.dafkd.server import oracle_weights
+from fedray.methods.dafkd.server import label_share_weights, theorem1_weights
 from fedray.simulation import run_experiment
-from tests.methods.test_dafkd import _bytes, _run_rounds, dafkd_config
+from tests.methods.test_dafkd import _run_rounds, dafkd_config
 
 PROXY = {"data__server_data__kind": "holdout", "data__server_data__per_class": 10,
          "data__server_data__labelled": False, "data__server_data__keep_in_training": True}
 
 
-def test_oracle_weights_are_the_clients_shares_of_each_samples_class():
+def test_label_share_weights_are_the_clients_shares_of_each_samples_class():
     counts = torch.tensor([[30, 0, 5],   # client 1's label counts
                            [10, 0, 15],  # client 2
                            [0, 0, 0]])   # client 3 holds none of these classes
     y = torch.tensor([0, 2, 2, 1])
-    alpha = oracle_weights(counts, y)
+    alpha = label_share_weights(counts, y)
     expected = torch.tensor([[0.75, 0.25, 0.25, 1 / 3], [0.25, 0.75, 0.75, 1 / 3], [0.0, 0.0, 0.0, 1 / 3]])
     assert torch.allclose(alpha, expected)  # class 1: held by no client of the round, so uniform
     assert torch.allclose(alpha.sum(0), torch.ones(4))
+
+
+def test_theorem1_weights_by_hand_for_three_clients_and_three_classes():
+    """f*_k = pi_k(y) / (pi_k(y) + pi(y)), pi the mean of all K clients' class distributions (Appendix C's p),
+    normalised over the round's clients (Eq. 7)."""
+    counts = torch.tensor([[6, 3, 1],    # pi_0 = (0.6, 0.3, 0.1)
+                           [0, 5, 5],    # pi_1 = (0, 0.5, 0.5)
+                           [2, 0, 18]])  # pi_2 = (0.1, 0, 0.9): 20 images, weighing as much as the others in pi
+    pi = torch.tensor([0.7, 0.8, 1.5], dtype=torch.float64) / 3
+    y = torch.tensor([0, 1, 2])
+    f = torch.tensor([[0.6 / (0.6 + pi[0]), 0.3 / (0.3 + pi[1]), 0.1 / (0.1 + pi[2])],
+                      [0.0, 0.5 / (0.5 + pi[1]), 0.5 / (0.5 + pi[2])],
+                      [0.1 / (0.1 + pi[0]), 0.0, 0.9 / (0.9 + pi[2])]], dtype=torch.float64)
+    assert torch.allclose(theorem1_weights(counts, [0, 1, 2], y, 1e-12), (f / f.sum(0)).float())
+    # a round of clients 0 and 1 only: the same f*, normalised over them; pi still over all three
+    assert torch.allclose(theorem1_weights(counts, [0, 1], y, 1e-12), (f[:2] / f[:2].sum(0)).float())
+    # flatter than the shares: client 0 holds 3/4 of the round's class-0 images but gets less than 3/4 weight
+    shares = label_share_weights(counts[[0, 2]], y)
+    assert shares[0, 0] == pytest.approx(0.75) and theorem1_weights(counts, [0, 2], y, 1e-12)[0, 0] < 0.75
+    # a class no client of the round holds: uniform
+    none = theorem1_weights(torch.tensor([[1, 0], [1, 0], [0, 4]]), [0, 1], torch.tensor([1]), 1e-8)
+    assert torch.allclose(none, torch.full((2, 1), 0.5))
+
+
+def test_a_theorem1_run_weighs_by_every_clients_counts_sent_once(monkeypatch):
+    """The server holds every registered client's label counts from the start (counted in comm/bytes_setup, not
+    in each round's uploads), and weighs the round's clients by them at the generated samples' classes."""
+    from fedray.methods.dafkd import server
+
+    seen = {}
+    original = server.theorem1_weights
+
+    def spy(counts, client_ids, y, eps):
+        seen.update(counts=counts.clone(), ids=list(client_ids), y=y.clone())
+        return original(counts, client_ids, y, eps)
+
+    monkeypatch.setattr(server, "theorem1_weights", spy)
+    cfg = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="theorem1")
+    label = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="label_share")
+    result, shares = run_experiment(cfg, progress=False), run_experiment(label, progress=False)
+    every = torch.stack([torch.bincount(torch.as_tensor(_client_labels(cfg, c)), minlength=10)
+                         for c in range(cfg.data.num_clients)])
+    assert torch.equal(seen["counts"].cpu(), every) and seen["ids"] == _round_clients(cfg, 2)
+    assert seen["y"].tolist() == (torch.arange(48) % 10).tolist()
+    assert result.summary["comm/bytes_setup"] == cfg.data.num_clients * 10 * 8
+    assert shares.summary.get("comm/bytes_setup", 0) == 0
+    # its uploads: a client id where label_share sends ten counts
+    k = cfg.federation.clients_per_round
+    assert shares.history[0]["comm/bytes_up"] - result.history[0]["comm/bytes_up"] == k * (8 * 10 - 8)
+    entropy = [r["server/alpha_entropy"] for r in (result.history[-1], shares.history[-1])]
+    assert entropy[0] < 0.99 and entropy[0] != entropy[1]  # not uniform, and not the shares
 
 
 def test_an_oracle_run_weighs_the_generated_classes_by_the_uploaded_label_counts(monkeypatch):
@@ -32,14 +82,14 @@ def test_an_oracle_run_weighs_the_generated_classes_by_the_uploaded_label_counts
     from fedray.methods.dafkd import server
 
     seen = {}
-    original = server.oracle_weights
+    original = server.label_share_weights
 
     def spy(counts, y):
         seen["counts"], seen["y"], seen["alpha"] = counts.clone(), y.clone(), original(counts, y)
         return seen["alpha"]
 
-    monkeypatch.setattr(server, "oracle_weights", spy)
-    cfg = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="oracle")
+    monkeypatch.setattr(server, "label_share_weights", spy)
+    cfg = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="label_share")
     base = dafkd_config(algorithm__generator="conditional")
     result, reference = run_experiment(cfg, progress=False), run_experiment(base, progress=False)
     assert seen["y"].tolist() == (torch.arange(48) % 10).tolist()  # distill_samples=48, every class in turn
@@ -118,12 +168,14 @@ def test_an_averaged_head_is_the_mean_of_the_uploaded_heads_and_every_client_sta
 
 
 @pytest.mark.parametrize("over, key", [
-    ({"algorithm__alpha_source": "oracle"}, "algorithm.alpha_source"),  # dcgan samples have no class
-    ({"algorithm__alpha_source": "oracle", "algorithm__distill_data": "proxy", **PROXY}, "algorithm.alpha_source"),
+    ({"algorithm__alpha_source": "label_share"}, "algorithm.alpha_source"),  # dcgan samples have no class
+    ({"algorithm__alpha_source": "theorem1"}, "algorithm.alpha_source"),
+    ({"algorithm__alpha_source": "label_share", "algorithm__distill_data": "proxy", **PROXY},
+     "algorithm.alpha_source"),
     ({"algorithm__distill_data": "proxy"}, "data.server_data.kind"),
     ({"algorithm__private_discriminator": True, "algorithm__alpha_source": "uniform"},
      "algorithm.private_discriminator"),
-    ({"algorithm__correlation": False, "algorithm__alpha_source": "oracle", "algorithm__generator": "conditional"},
+    ({"algorithm__correlation": False, "algorithm__alpha_source": "theorem1", "algorithm__generator": "conditional"},
      "algorithm.alpha_source"),
     ({"algorithm__disc_head": "averaged", "algorithm__sharing": False}, "algorithm.disc_head"),
 ])
@@ -133,8 +185,14 @@ def test_combinations_that_cannot_run_are_refused_naming_the_key(over, key):
     assert e.value.key == key
 
 
+def test_the_former_name_oracle_loads_as_label_share():
+    """Configs (and the checkpoints that hold them) written when label_share was called oracle still load."""
+    assert resolve_experiment(dafkd_config(algorithm__alpha_source="oracle", algorithm__generator="conditional")
+                              ).params.alpha_source == "label_share"
+
+
 def test_oracle_on_labelled_proxy_images_runs():
-    cfg = dafkd_config(algorithm__alpha_source="oracle", algorithm__distill_data="proxy",
+    cfg = dafkd_config(algorithm__alpha_source="label_share", algorithm__distill_data="proxy",
                        **{**PROXY, "data__server_data__labelled": True})
     h = run_experiment(cfg, progress=False).history
     assert h[-1]["server/alpha_entropy"] < 0.99 and "server/disc_score_mean" not in h[-1]

@@ -207,7 +207,9 @@ def client_result(algo: DaFKDMethod, ctx: ClientContext, m: "DaFKDModules", payl
         upload.output_weights = None if w is None else w.cpu()
     elif algo.weighting == "discriminator" or p.disc_head == "averaged":
         upload.disc = disc_w
-    if algo.weighting == "oracle":  # Theorem 1's oracle weighs by them (sent, so counted in comm/bytes_up)
+    if algo.weighting == "label_share":  # the label-share oracle weighs by them (sent, so counted in comm/bytes_up)
         upload.label_counts = label_counts(ctx.y, algo.spec.num_classes)
+    elif algo.weighting == "theorem1":  # the server holds every client's counts (sent once, before round 1)
+        upload.client_id = ctx.client_id
     new_state = DaFKDClientState(client_id=ctx.client_id, disc=disc_w, rounds=state.rounds + 1)
     return ClientResult(upload=upload, state=new_state, metrics=metrics)

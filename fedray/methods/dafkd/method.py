@@ -45,8 +45,12 @@ distillation from round 1 (code: from round 2, ``distill_start_round``), tempera
 ``distill_lr``); each client's own discriminator head across rounds, Alg. 1 line 18 (code: one head averaged
 by the server, ``disc_head=averaged``).
 
-To take the method apart: ``alpha_source`` (Eq. 7 from the discriminators, from Theorem 1's label-count oracle,
-or uniform) and ``distill_data`` (the generator's samples, or real unlabelled images of ``data.server_data``).
+To take the method apart: ``alpha_source`` (Eq. 7 from the discriminators; from Theorem 1's optimal
+discriminators under the run's label distributions, ``theorem1``, the weights a discriminator at its optimum would
+give; from each client's share of the sample's class, ``label_share``; or uniform) and ``distill_data`` (the
+generator's samples, or real unlabelled images of ``data.server_data``). Both oracles weigh a sample by its class
+(the class a conditional generator was asked for, or a labelled proxy image's): they measure the weights, not the
+samples.
 """
 
 from __future__ import annotations
@@ -85,23 +89,29 @@ class DaFKD(Algorithm):
             raise ConfigError("algorithm.private_discriminator", "Appendix B's variant weighs by its clients' "
                               "discriminators on generated samples with their own heads; set it false to change "
                               "alpha_source, distill_data or disc_head")
-        if not params.correlation and params.alpha_source == "oracle":
+        oracle = params.alpha_source in ("theorem1", "label_share")
+        if not params.correlation and oracle:
             raise ConfigError("algorithm.alpha_source", "correlation=false already means uniform weights; drop it "
-                              "to weigh by the oracle")
+                              f"to weigh by {params.alpha_source}")
         if params.disc_head == "averaged" and not params.sharing:
             raise ConfigError("algorithm.disc_head", "an averaged head needs sharing=true (the head on the "
                               "classifier's extractor); without sharing the discriminator is a whole network")
         if params.distill_data == "proxy":
             require_server_data(cls.name, cfg)
-        if params.alpha_source == "oracle":
+        if oracle:
             if params.distill_data == "generated" and params.generator != "conditional":
-                raise ConfigError("algorithm.alpha_source", "the oracle weighs a sample by its class, which a "
-                                  "dcgan sample does not have; set algorithm.generator=conditional or "
+                raise ConfigError("algorithm.alpha_source", f"{params.alpha_source} weighs a sample by its class, "
+                                  "which a dcgan sample does not have; set algorithm.generator=conditional or "
                                   "algorithm.distill_data=proxy")
             if params.distill_data == "proxy" and not cfg.data.server_data.labelled:
-                raise ConfigError("algorithm.alpha_source", "the oracle weighs a proxy image by its class, so the "
-                                  "server's data must be labelled (data.server_data.labelled=true); the "
-                                  "distillation itself never reads the labels")
+                raise ConfigError("algorithm.alpha_source", f"{params.alpha_source} weighs a proxy image by its "
+                                  "class, so the server's data must be labelled (data.server_data.labelled=true); "
+                                  "the distillation itself never reads the labels")
+
+    @classmethod
+    def sends_label_counts(cls, params: DaFKDParams) -> bool:
+        """Theorem 1's weights need every registered client's class distribution (the mixture p)."""
+        return params.correlation and params.alpha_source == "theorem1"
 
     @property
     def weighting(self) -> str:
@@ -181,9 +191,9 @@ class DaFKD(Algorithm):
 
     def distillation_data(self, m: DaFKDModules, generator: Weights, round_: int,
                           device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Round ``round_``'s distillation images and, for the oracle, their classes: the generator's samples
+        """Round ``round_``'s distillation images and, for the oracles, their classes: the generator's samples
         (``distill_data=generated``) or ``distill_samples`` real images of the server's data drawn anew each round
-        (``proxy``: its labels only when it is labelled, which only the oracle reads)."""
+        (``proxy``: its labels only when it is labelled, which only the oracles read)."""
         if self.params.distill_data == "generated":
             labels = self.distillation_labels()
             return (self.distillation_set(m, generator, self.distill_seed(round_), device),

@@ -34,14 +34,34 @@ def correlation_weights(f: torch.Tensor, eps: float) -> torch.Tensor:
     return w / w.sum(0, keepdim=True)
 
 
-def oracle_weights(counts: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Theorem 1's oracle of Eq. 7's weights: alpha_{k,i} = client k's share of the round's training images of
-    class y_i, from the clients' label counts (K, C) and the samples' classes y (N,); (K, N), uniform for a
-    class no client of the round holds. What a perfect domain discriminator could give at best."""
+def label_share_weights(counts: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The label-share oracle (``alpha_source=label_share``): alpha_{k,i} = client k's share of the round's
+    training images of class y_i, from the clients' label counts (K, C) and the samples' classes y (N,); (K, N),
+    uniform for a class no client of the round holds. Which client an image of class y most likely comes from:
+    not Eq. 7 at Theorem 1's optimum (:func:`theorem1_weights`), which is flatter."""
     shares, held = label_shares(counts)
     alpha = shares[:, y.to(shares.device)]
     uniform = torch.full_like(alpha, 1.0 / counts.shape[0])
     return torch.where(held[y.to(held.device)].unsqueeze(0), alpha, uniform)
+
+
+def theorem1_weights(counts: torch.Tensor, client_ids: list[int], y: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 7 from Theorem 1's optimal discriminators f*_k(x) = p_k(x) / (p_k(x) + p(x)) under the run's label
+    distributions: (K_t, N) weights of the round's clients ``client_ids`` for samples of classes ``y`` (N,).
+
+    p is the generator's optimum in the proof of Theorem 1 (Appendix C): the centroid p = (1/K) sum_k p_k of all
+    K registered clients' distributions, each weighing 1/K as in Eq. 5 whatever its size. Under label skew the
+    clients share the class-conditionals q(x | y) and differ in their class distributions pi_k, p_k(x) =
+    sum_y pi_k(y) q(x | y); for an x of class y, the classes' supports apart, f*_k(x) = pi_k(y) / (pi_k(y) + pi(y))
+    with pi = (1/K) sum_k pi_k. ``counts`` (K, C): every registered client's training images per class. Eq. 7
+    then normalises f*_k + eps over the round's clients as it does the discriminators' f: uniform for a class none
+    of them holds."""
+    counts = counts.to(torch.float64)
+    pi_k = counts / counts.sum(1, keepdim=True).clamp_min(1.0)
+    pi = pi_k.mean(0)
+    own, mixture = pi_k[client_ids][:, y.to(counts.device)], pi[y.to(counts.device)]
+    f = torch.where(mixture > 0, own / (own + mixture).clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    return correlation_weights(f, eps).float()
 
 
 def alpha_metrics(alpha: torch.Tensor) -> dict[str, float]:
@@ -97,8 +117,8 @@ def stacked_client_outputs(algo: DaFKDMethod, modules: "DaFKDModules", uploads: 
 def ensemble_teacher(algo: DaFKDMethod, uploads: list["DaFKDUpload"], x: torch.Tensor, ctx: ServerContext,
                      y: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Teacher targets (N, C): sum_k alpha_{k,i} s_k(x_i), with s = probabilities or logits (``ensemble``) and
-    alpha from the discriminators (Eq. 7), the label-count oracle (the samples' classes ``y``) or uniform
-    (:attr:`DaFKD.weighting`)."""
+    alpha from the discriminators (Eq. 7), Theorem 1's optimal discriminators or the label-share oracle (both from
+    the samples' classes ``y``), or uniform (:attr:`DaFKD.weighting`)."""
     p = algo.params
     if p.private_discriminator:  # Appendix B: sum_k (f_k + eps) s_k / sum_k (f_k + eps)
         num = torch.stack([u.weighted_outputs.to(ctx.device) for u in uploads]).sum(0)
@@ -114,9 +134,14 @@ def ensemble_teacher(algo: DaFKDMethod, uploads: list["DaFKDUpload"], x: torch.T
         if algo.weighting == "discriminator":
             scores = f
             alpha = correlation_weights(scores, p.alpha_eps)  # Eq. 7
-        elif algo.weighting == "oracle":
+        elif algo.weighting == "label_share":
             assert y is not None, "the oracle needs the distillation samples' classes (check_config)"
-            scores, alpha = None, oracle_weights(torch.stack([u.label_counts for u in uploads]), y).to(s.device)
+            scores, alpha = None, label_share_weights(torch.stack([u.label_counts for u in uploads]), y).to(s.device)
+        elif algo.weighting == "theorem1":
+            assert y is not None and algo.client_label_counts is not None, "theorem1 needs classes and counts"
+            scores = None
+            alpha = theorem1_weights(algo.client_label_counts, [u.client_id for u in uploads], y,
+                                     p.alpha_eps).to(s.device)
         else:  # Table 3 no-correlation: plain ensemble
             scores, alpha = None, torch.full(s.shape[:2], 1.0 / len(uploads), device=ctx.device)
         teacher = (alpha.unsqueeze(2) * s).sum(0)
@@ -196,9 +221,10 @@ def probe_diagnostics(algo: DaFKDMethod, uploads: list["DaFKDUpload"], probe: "D
     - ``diag/domain_auc``: how well each client's discriminator ranks its own real training images above the
       other aggregated clients' (mean over clients; 0.5 = cannot tell them apart).
     - ``diag/alpha_entropy_real``: Eq. 7's normalised weight entropy on real test images (1 = uniform).
-    - ``diag/ens_acc_eq7`` / ``_uniform`` / ``_oracle``: test accuracy of the ensemble of this round's local
-      models weighted by Eq. 7, uniformly, and by the oracle of Theorem 1 (client k's share of the training
-      images of the test image's true class: which client the image most likely comes from).
+    - ``diag/ens_acc_eq7`` / ``_uniform`` / ``_theorem1`` / ``_label_share``: test accuracy of the ensemble of
+      this round's local models weighted by Eq. 7, uniformly, by Eq. 7 at Theorem 1's optimal discriminators
+      (:func:`theorem1_weights`, from the test image's true class), and by client k's share of the training
+      images of that class (which client the image most likely comes from).
     """
     p = algo.params
     if algo.weighting != "discriminator" or p.private_discriminator or len(uploads) < 2:
@@ -209,18 +235,19 @@ def probe_diagnostics(algo: DaFKDMethod, uploads: list["DaFKDUpload"], probe: "D
     f_all = stacked_client_outputs(algo, ctx.modules, uploads, torch.cat(own_x))[1]
     f_own = [list(f_k.split([len(xj) for xj in own_x])) for f_k in f_all]
     counts = probe.label_counts[client_ids][:, probe.test_y]  # (K, N): client k's images of x_i's class
-    return mechanism_figures(s, f_test, f_own, counts, probe.test_y, p.alpha_eps)
+    theorem1 = theorem1_weights(probe.label_counts, client_ids, probe.test_y, p.alpha_eps).to(s.device)
+    return mechanism_figures(s, f_test, f_own, counts, probe.test_y, p.alpha_eps, theorem1)
 
 
 def mechanism_figures(s: torch.Tensor, f: torch.Tensor, f_own: list[list[torch.Tensor]], counts: torch.Tensor,
-                      y: torch.Tensor, eps: float) -> dict[str, float]:
+                      y: torch.Tensor, eps: float, theorem1: torch.Tensor) -> dict[str, float]:
     """The figures of :func:`probe_diagnostics` from the K clients' outputs s (K, N, C) and discriminator
-    scores f (K, N) on N test images of labels y, their scores ``f_own[k][j]`` on client j's images, and
-    ``counts`` (K, N): client k's training images of image i's class."""
+    scores f (K, N) on N test images of labels y, their scores ``f_own[k][j]`` on client j's images,
+    ``counts`` (K, N): client k's training images of image i's class, and Theorem 1's weights (K, N)."""
     k_ = len(f_own)
     aucs = [_auc(f_own[k][k], torch.cat([f_own[k][j] for j in range(k_) if j != k])) for k in range(k_)]
     alpha = correlation_weights(f, eps)
-    oracle = counts / counts.sum(0, keepdim=True).clamp_min(1.0)
+    shares = counts / counts.sum(0, keepdim=True).clamp_min(1.0)
 
     def accuracy(weights: torch.Tensor) -> float:
         return float(((weights.unsqueeze(2) * s).sum(0).argmax(1) == y).float().mean())
@@ -229,4 +256,5 @@ def mechanism_figures(s: torch.Tensor, f: torch.Tensor, f_own: list[list[torch.T
             "diag/alpha_entropy_real": float(normalised_entropy(alpha, dim=0).mean()),
             "diag/ens_acc_eq7": accuracy(alpha),
             "diag/ens_acc_uniform": accuracy(torch.full_like(alpha, 1.0 / k_)),
-            "diag/ens_acc_oracle": accuracy(oracle)}
+            "diag/ens_acc_theorem1": accuracy(theorem1),
+            "diag/ens_acc_label_share": accuracy(shares)}

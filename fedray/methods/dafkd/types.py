@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from fedray.learning.boundary import ClientState, DataSpec, Payload, ServerState, Upload
@@ -45,10 +45,11 @@ class DaFKDParams(BaseModel):
     temperature: float = Field(default=1.0, gt=0)
     distill_start_round: int = Field(default=1, ge=1, description="authors' code: 2 (no distillation in round 1)")
     alpha_eps: float = Field(default=1e-8, gt=0, description="added to every f_k in Eq. 7")
-    alpha_source: Literal["discriminator", "oracle", "uniform"] = Field(
+    alpha_source: Literal["discriminator", "theorem1", "label_share", "uniform"] = Field(
         default="discriminator", description="Eq. 7's weights from the clients' discriminators (the method), from "
-        "the label-count oracle of Theorem 1 (each client's share of the sample's class; the clients upload their "
-        "label counts), or uniform (no correlation)")
+        "Theorem 1's optimal discriminators under the run's label distributions (every client's label counts sent "
+        "once before round 1), from each client's share of the sample's class (the clients upload their label "
+        "counts; 'oracle' before), or uniform (no correlation)")
     distill_data: Literal["generated", "proxy"] = Field(
         default="generated", description="distil on the generator's samples (the method) or on distill_samples "
         "real images a round from the server's unlabelled data.server_data (isolates the generator)")
@@ -58,6 +59,12 @@ class DaFKDParams(BaseModel):
     eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
     diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
                               "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
+
+    @field_validator("alpha_source", mode="before")
+    @classmethod
+    def _former_name(cls, value: Any) -> Any:
+        """``oracle`` is the label-share weighting's former name: configs and checkpoints written with it load."""
+        return "label_share" if value == "oracle" else value
 
 
 # --- typed state (tensors, dicts of tensors, ints, None: checkpointable without pickle) ---------------
@@ -94,7 +101,8 @@ class DaFKDUpload(Upload):
     disc: Weights | None = None  # main variant with correlation: theta^d_k (the head only with sharing)
     weighted_outputs: torch.Tensor | None = None  # private: (f_k + eps) * s_k on the distillation set (N, C)
     output_weights: torch.Tensor | None = None  # private with correlation: f_k + eps (N,)
-    label_counts: torch.Tensor | None = None  # alpha_source=oracle: the client's label counts (C,) int64
+    label_counts: torch.Tensor | None = None  # alpha_source=label_share: the client's label counts (C,) int64
+    client_id: int | None = None  # alpha_source=theorem1: whose upload (the server holds every client's counts)
 
 
 @dataclass
@@ -112,6 +120,7 @@ class DaFKDMethod(Protocol):
     params: DaFKDParams
     spec: DataSpec
     cfg: Any  # the run's ExperimentConfig
+    client_label_counts: torch.Tensor | None  # the server's, with alpha_source=theorem1 (Algorithm.sends_label_counts)
 
     @property
     def weighting(self) -> str: ...
