@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from fedray.errors import ConfigError
 from fedray.methods.api import ServerContext
+from fedray.methods import resolve_experiment
 from fedray.methods import DataSpec
 from fedray.methods.dafkd import DaFKD, DaFKDUpload
 from fedray.methods.dafkd import losses as dafkd_losses
@@ -518,9 +521,47 @@ def test_the_generator_loss_is_eq3_by_hand_and_falls_as_its_samples_pass_for_rea
         m.generator = _FixedImages(image)
         f = torch.sigmoid(torch.tensor(0.7 * image))
         expected = (1 - f).log() if gen_loss == "minimax" else -f.log()
-        values.append(float(dafkd_losses.gen_loss(algo.params, m, z, None).detach()))
+        values.append(float(dafkd_losses.gen_loss(algo.params, m, z, None)[0].detach()))
         assert values[-1] == pytest.approx(float(expected), rel=1e-5)
     assert values[1] < values[0]
+
+
+def test_the_class_term_is_the_classifiers_cross_entropy_on_the_asked_class_and_moves_only_the_generator():
+    """gen_class_weight (an extension): Eq. 3 + w CE(classifier(G(z, y)), y), by hand; the term alone moves the
+    generator, and its target is the asked class (another class gives another value). Off (0): Eq. 3 alone."""
+    from fedray.models.base import frozen_bn_stats
+
+    algo = DaFKD(dafkd_config(algorithm__generator="conditional", algorithm__gen_class_weight=0.5), SPEC_TINY)
+    plain = DaFKD(dafkd_config(algorithm__generator="conditional"), SPEC_TINY)
+    torch.manual_seed(0)
+    m = algo.build_modules()
+    z, y = torch.randn(6, algo.params.noise_dim), torch.tensor([0, 1, 2, 3, 4, 5])
+    total, visible = dafkd_losses.gen_loss(algo.params, m, z, y)
+    adversarial, none = dafkd_losses.gen_loss(plain.params, m, z, y)
+    with frozen_bn_stats(m.model):
+        by_hand = F.cross_entropy(m.model(m.generator(z, y)), y)
+    assert none is None and float(visible.detach()) == pytest.approx(float(by_hand.detach()), rel=1e-5)
+    assert float(total.detach()) == pytest.approx(float(adversarial.detach()) + 0.5 * float(by_hand.detach()), rel=1e-5)
+    wrong = dafkd_losses.gen_loss(algo.params, m, z, (y + 1) % 10)[1]  # the target is the asked class
+    assert abs(float(wrong.detach()) - float(visible.detach())) > 1e-3
+    gen_params = list(m.generator.parameters())
+    grads = torch.autograd.grad(visible, gen_params + list(m.model.parameters()), allow_unused=True)
+    assert any(g is not None and g.abs().sum() > 0 for g in grads[: len(gen_params)])  # the term moves G
+    with pytest.raises(ConfigError) as e:  # a dcgan sample has no asked class
+        resolve_experiment(dafkd_config(algorithm__gen_class_weight=0.5))
+    assert e.value.key == "algorithm.gen_class_weight"
+
+
+def test_a_run_with_the_class_term_logs_it_and_one_without_is_unchanged():
+    on = run_experiment(dafkd_config(algorithm__generator="conditional", algorithm__gen_class_weight=1.0),
+                        progress=False).history
+    off = run_experiment(dafkd_config(algorithm__generator="conditional"), progress=False).history
+    zero = run_experiment(dafkd_config(algorithm__generator="conditional", algorithm__gen_class_weight=0.0),
+                          progress=False).history
+    assert all(row["train/gen_class_loss"] > 0 for row in on) and not any("train/gen_class_loss" in r for r in off)
+    assert [r["train/gen_loss"] for r in on] != [r["train/gen_loss"] for r in off]
+    strip = lambda h: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in h]  # noqa: E731
+    assert strip(zero) == strip(off)
 
 
 @pytest.mark.parametrize("sharing", [True, False])
@@ -538,13 +579,13 @@ def test_the_adversarial_losses_of_a_padded_batch_are_those_of_its_real_rows(sha
     x, fake, z = torch.randn(6, 1, 16, 16), torch.randn(6, 1, 16, 16), torch.randn(6, algo.params.noise_dim)
     real_rows, fake_rows = torch.arange(6) < 4, torch.arange(6) < 3
     alone, _, _ = dafkd_losses.disc_loss(algo.params, m, x[:4], m.model.features(x[:4]), fake[:3])
-    gen_alone = dafkd_losses.gen_loss(algo.params, m, z[:3], None)
+    gen_alone = dafkd_losses.gen_loss(algo.params, m, z[:3], None)[0]
     layers = torch.nn.ModuleList([m.model, m.generator, m.disc])
     with row_masked_batchnorm(layers):
         with batch_rows(real_rows):
             feats = m.model.features(x)
         padded, d_real, d_fake = dafkd_losses.disc_loss(algo.params, m, x, feats, fake, real_rows, fake_rows)
-        gen_padded = dafkd_losses.gen_loss(algo.params, m, z, None, fake_rows)
+        gen_padded = dafkd_losses.gen_loss(algo.params, m, z, None, fake_rows)[0]
     torch.testing.assert_close(padded, alone, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(gen_padded, gen_alone, rtol=1e-4, atol=1e-6)
     assert d_real.shape == (6,) and d_fake.shape == (6,)

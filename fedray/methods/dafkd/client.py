@@ -97,8 +97,8 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
                           "fake_ok": ((d_fake.detach() < 0) & fake_rows).sum().float(), "n": real.sum().float()}
 
     def generator_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 3
-        g_loss = gen_loss(p, view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
-        return g_loss, {"gen": g_loss}
+        g_loss, visible = gen_loss(p, view(mods), inp["z_gen"], inp.get("labels_gen"), rows(inp, "z_gen")[1])
+        return g_loss, ({"gen": g_loss} if visible is None else {"gen": g_loss, "gen_class": visible})
 
     def finish(mods: nn.ModuleDict, trained: Trained) -> ClientResult:
         metrics = client_metrics({**trained.sums, "steps": trained.steps}, round_d, round_g, adv_steps)
@@ -162,11 +162,13 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
         if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
             nf = fake_count(b)
             z = to_device(torch.randn(nf, p.noise_dim, generator=noise), dev)
-            g_loss = gen_loss(p, m, z, draw_labels(p, algo.spec.num_classes, nf, noise, dev))
+            g_loss, visible = gen_loss(p, m, z, draw_labels(p, algo.spec.num_classes, nf, noise, dev))
             for prm, g in zip(gen_params, torch.autograd.grad(g_loss, gen_params)):
                 prm.grad = g
             opt_g.step()
             tot["gen"] += float(g_loss.detach())
+            if visible is not None:
+                tot["gen_class"] = tot.get("gen_class", 0.0) + float(visible.detach())
         tot["ce"] += float(ce.detach())
         tot["steps"] += 1
 
@@ -180,7 +182,7 @@ def _disc_start(payload: "DaFKDPayload", state: "DaFKDClientState"):
 
 
 def client_metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_steps: int) -> dict[str, float]:
-    """``train/*`` from the local steps' sums (ce, adv, gen, real_ok, fake_ok, n; steps)."""
+    """``train/*`` from the local steps' sums (ce, adv, gen, real_ok, fake_ok, n, gen_class if any; steps)."""
     steps = max(int(tot["steps"]), 1)
     metrics = {"train/loss": tot["ce"] / steps}
     if round_d and tot.get("n"):
@@ -189,6 +191,8 @@ def client_metrics(tot: dict[str, float], round_d: bool, round_g: bool, adv_step
                         "train/disc_acc_fake": tot["fake_ok"] / tot["n"]})
     if round_g and adv_steps:
         metrics["train/gen_loss"] = tot["gen"] / min(steps, adv_steps)
+        if "gen_class" in tot:  # gen_class_weight > 0: the classifier's cross-entropy on G(z, y), inside gen_loss
+            metrics["train/gen_class_loss"] = tot["gen_class"] / min(steps, adv_steps)
     return metrics
 
 

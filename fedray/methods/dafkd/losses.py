@@ -66,14 +66,23 @@ def disc_loss(p: DaFKDParams, m: DaFKDModules, x: torch.Tensor, feats: torch.Ten
 
 
 def gen_loss(p: DaFKDParams, m: DaFKDModules, z: torch.Tensor, labels: torch.Tensor | None,
-             rows: torch.Tensor | None = None) -> torch.Tensor:
+             rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eq. 3, mean log(1 - f(G(z))) (``gen_loss=minimax``), or the non-saturating -mean log f(G(z)), of generated
-    images against the discriminator; ``rows`` as :func:`disc_loss`'s ``fake_rows``."""
+    images against the discriminator; ``rows`` as :func:`disc_loss`'s ``fake_rows``. With ``gen_class_weight`` > 0
+    (an extension, not the paper's) plus that weight times the cross-entropy of the client's classifier on
+    G(z, y) against the asked class y. (loss, that cross-entropy or None)."""
     with frozen_bn_stats(m.model), batch_rows(rows):
-        d_gen = disc_logits(p, m, m.generator(z, labels))
+        fake = m.generator(z, labels)
+        d_gen = disc_logits(p, m, fake)
+        visible = None
+        if p.gen_class_weight > 0:  # the classifier reads the sample: its class must show (only G is stepped)
+            ce = F.cross_entropy(m.model(fake), labels, reduction="none")
+            visible = ce.mean() if rows is None else row_mean(ce, rows)
     if p.gen_loss == "nonsaturating":
-        return bce(d_gen, torch.ones_like(d_gen), rows)  # -log f(G(z))
-    return -bce(d_gen, torch.zeros_like(d_gen), rows)  # log(1 - f(G(z))), Eq. 3
+        adv = bce(d_gen, torch.ones_like(d_gen), rows)  # -log f(G(z))
+    else:
+        adv = -bce(d_gen, torch.zeros_like(d_gen), rows)  # log(1 - f(G(z))), Eq. 3
+    return (adv, None) if visible is None else (adv + p.gen_class_weight * visible, visible)
 
 
 def gradient_penalty(p: DaFKDParams, m: DaFKDModules, real: torch.Tensor, fake: torch.Tensor,

@@ -93,6 +93,9 @@ class DaFKD(Algorithm):
         if not params.correlation and oracle:
             raise ConfigError("algorithm.alpha_source", "correlation=false already means uniform weights; drop it "
                               f"to weigh by {params.alpha_source}")
+        if params.gen_class_weight > 0 and params.generator != "conditional":
+            raise ConfigError("algorithm.gen_class_weight", "the class term reads G(z, y) against the asked class y, "
+                              "which a dcgan sample does not have; set algorithm.generator=conditional")
         if params.disc_head == "averaged" and not params.sharing:
             raise ConfigError("algorithm.disc_head", "an averaged head needs sharing=true (the head on the "
                               "classifier's extractor); without sharing the discriminator is a whole network")

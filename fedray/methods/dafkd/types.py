@@ -30,6 +30,9 @@ class DaFKDParams(BaseModel):
     gen_lr: float = Field(default=0.001, gt=0, description="generator Adam lr (betas 0.5, 0.999)")
     disc_lr: float = Field(default=0.001, gt=0, description="discriminator head / network lr")
     gen_loss: Literal["nonsaturating", "minimax"] = "nonsaturating"
+    gen_class_weight: float = Field(default=0.0, ge=0, description="an extension, not the paper's: Eq. 3 plus this "
+                                    "weight times the cross-entropy of the client's classifier on G(z, y) against y, "
+                                    "so that a conditional generator's samples carry their class; 0 = the paper's")
     gp_weight: float = Field(default=0.0, ge=0, description="gradient penalty weight (authors' code: 0.3)")
     disc_train_rounds: int | None = Field(default=None, ge=0, description="train D only in rounds 1..N (code: 3)")
     gen_train_rounds: int | None = Field(default=None, ge=0, description="train G only in rounds 1..N (code: 5)")
