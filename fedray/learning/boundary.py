@@ -11,7 +11,7 @@ uses them is :mod:`fedray.methods.api`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, Iterator, TypeVar
+from typing import Any, Generic, Iterator, TypeVar
 
 import torch
 
@@ -68,6 +68,7 @@ class DiagnosticProbe:
     test_y: torch.Tensor  # int64 (N,)
     client_x: dict[int, torch.Tensor]  # client id -> float, normalised (<= n, C, H, W) of its training images
     label_counts: torch.Tensor  # float (num_clients, num_classes): training samples per client and class
+    reader: Any = None  # fedray.reader.Reader when the method scores generated samples (Algorithm.wants_reader)
 
 
 @dataclass

@@ -155,6 +155,11 @@ class Algorithm(ABC, Generic[Params, Modules]):
         default): none, and the method is never probed."""
         return 0
 
+    def wants_reader(self) -> bool:
+        """True when :meth:`probe_diagnostics` scores generated samples with the fixed reader (:mod:`fedray.reader`,
+        trained once per dataset, then cached): the probe then holds it as ``probe.reader``."""
+        return False
+
     def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
         """Simulation-only figures (``diag/*``) of the round just aggregated, from real data the method never
         trains on (:class:`DiagnosticProbe`); ``client_ids`` are this round's aggregated clients, in the order

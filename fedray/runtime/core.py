@@ -326,9 +326,10 @@ def server_side_data(data: FederatedData, device: torch.device) -> ServerSideDat
 
 def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: torch.device) -> DiagnosticProbe | None:
     """The real data of :class:`DiagnosticProbe` for a method that asks for some (``probe_size``): 10n test
-    images and n training images of each client, drawn from (run seed) alone."""
+    images and n training images of each client, drawn from (run seed) alone; and the fixed reader for a method
+    that scores generated samples (``wants_reader``)."""
     n = algo.probe_size()
-    if n <= 0:
+    if n <= 0 and not algo.wants_reader():
         return None
     rng = np.random.default_rng(derive_seed(seed, "diagnostic-probe"))
     spec = algo.spec
@@ -339,8 +340,14 @@ def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: to
     test = np.sort(rng.choice(len(data.test_y), size=min(10 * n, len(data.test_y)), replace=False))
     clients = {cid: images(data.train_x[np.sort(rng.choice(idx, size=min(n, len(idx)), replace=False))])
                for cid, idx in enumerate(data.client_train)}
+    reader = None
+    if algo.wants_reader():
+        from fedray.reader import load_reader  # only a run that scores generated samples loads (or trains) it
+
+        reader = load_reader(data, device)
     return DiagnosticProbe(test_x=images(data.test_x[test]), test_y=torch.from_numpy(data.test_y[test]).long().to(device),
-                           client_x=clients, label_counts=torch.from_numpy(client_label_counts(data)).float().to(device))
+                           client_x=clients, label_counts=torch.from_numpy(client_label_counts(data)).float().to(device),
+                           reader=reader)
 
 
 def client_label_counts(data: FederatedData) -> np.ndarray:

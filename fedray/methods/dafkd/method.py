@@ -93,6 +93,9 @@ class DaFKD(Algorithm):
         if not params.correlation and oracle:
             raise ConfigError("algorithm.alpha_source", "correlation=false already means uniform weights; drop it "
                               f"to weigh by {params.alpha_source}")
+        if params.diag_reader and params.distill_data != "generated":
+            raise ConfigError("algorithm.diag_reader", "the reader scores generated samples, and distill_data=proxy "
+                              "distils on real images; set algorithm.distill_data=generated")
         if params.gen_class_weight > 0 and params.generator != "conditional":
             raise ConfigError("algorithm.gen_class_weight", "the class term reads G(z, y) against the asked class y, "
                               "which a dcgan sample does not have; set algorithm.generator=conditional")
@@ -237,20 +240,31 @@ class DaFKD(Algorithm):
         return dataclasses.replace(plan, alone=lambda: sequential_update(self, ctx, payload, state))
 
     # --- server (Alg. 1 lines 9-13) -----------------------------------------------------------------
-    #: This round's uploads, kept for probe_diagnostics (only on a round it runs; not server state)
+    #: This round's uploads and the generator it broadcast, kept for probe_diagnostics (only on a round it runs;
+    #: not server state)
     _round_uploads: list[DaFKDUpload] | None = None
+    _round_generator: Weights | None = None
 
     def server_update(self, state: DaFKDServerState, uploads: list[DaFKDUpload],
                       ctx: ServerContext) -> tuple[DaFKDServerState, dict[str, float]]:
         # held on a diagnosed round only: otherwise nothing would release them before the next round's arrive
-        diagnosed = self.params.diag_samples and self.cfg.federation.diagnoses(ctx.round)
-        self._round_uploads = uploads if diagnosed else None
+        diagnosed = self.cfg.federation.diagnoses(ctx.round)
+        self._round_uploads = uploads if diagnosed and self.params.diag_samples else None
+        self._round_generator = state.generator if diagnosed and self.wants_reader() else None
         return server_round(self, state, uploads, ctx)
 
     def probe_size(self) -> int:
         return self.params.diag_samples
 
+    def wants_reader(self) -> bool:
+        return self.params.diag_reader
+
     def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
         uploads, self._round_uploads = self._round_uploads, None
-        return probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}
+        generator, self._round_generator = self._round_generator, None
+        out = probe_diagnostics(self, uploads, probe, client_ids, ctx) if uploads else {}
+        if generator is not None and probe.reader is not None:  # the round's distillation set, drawn again
+            x, asked = self.distillation_data(ctx.modules, generator, ctx.round, ctx.device)
+            out.update(probe.reader.read(x, asked))
+        return out
 

@@ -62,6 +62,8 @@ class DaFKDParams(BaseModel):
     eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
     diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
                               "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
+    diag_reader: bool = Field(default=False, description="diag/reader_*: the fixed reader (fedray.reader, trained "
+                              "once per dataset, then cached) scores each diagnosed round's generated samples")
 
     @field_validator("alpha_source", mode="before")
     @classmethod
