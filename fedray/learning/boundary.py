@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, Iterator, TypeVar
 
+import numpy as np
 import torch
 
 from fedray.config import FederationConfig
@@ -127,6 +128,7 @@ class ClientContext(Generic[M]):
     architecture: str = ""  # this client's model architecture (model.client_models, else model.name)
     models: ModelBank | None = None  # one built module per architecture, shared by the worker's clients
     server_x: torch.Tensor | None = None  # the server data's images, for methods whose clients hold them
+    pooled: "PooledImages | None" = None  # every client's images: simulation-only diagnostics (wants_pooled_images)
 
     def own_model(self) -> torch.nn.Module:
         """A module of this client's architecture (weights are whatever the last user left: load first)."""
@@ -160,6 +162,22 @@ class ClientContext(Generic[M]):
             index.append(perm[pos : pos + bs])
             pos += bs
         return ClientBatches(self.x, self.y, index, self.spec.mean, self.spec.std)
+
+
+@dataclass
+class PooledImages:
+    """Every client's training images, for a simulation-only diagnostic that breaks privacy (no method may read
+    them): draws from the mixture p = (1/K) sum_k p_k of the K clients' distributions, a client uniformly, then one
+    of its images uniformly."""
+
+    images: Any  # uint8 (N, C, H, W), numpy (the worker's shared copy of the training split)
+    clients: list[Any]  # each client's row indices into ``images``
+
+    def draw(self, n: int, rng: torch.Generator) -> torch.Tensor:
+        """``n`` images (uint8, on the CPU) drawn from p with ``rng``."""
+        who = torch.randint(len(self.clients), (n,), generator=rng).tolist()
+        rows = [self.clients[k][int(torch.randint(len(self.clients[k]), (1,), generator=rng))] for k in who]
+        return torch.from_numpy(np.array(self.images[np.array(rows, dtype=np.int64)]))
 
 
 def local_step_count(fed: FederationConfig, num_samples: int) -> int:

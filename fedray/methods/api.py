@@ -51,8 +51,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fedray.config import ExperimentConfig
 from fedray.errors import ConfigError
 from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, DataSpec, DiagnosticProbe, ModelBank,
-                                      Payload, PersonalModel, ServerContext, ServerSideData, ServerState, Upload,
-                                      local_step_count)
+                                      Payload, PersonalModel, PooledImages, ServerContext, ServerSideData, ServerState,
+                                      Upload, local_step_count)
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
                                        StepwiseTraining, Trained, Update, is_weights_only, module_dict, row_mean,
                                        run_update, split_loss, weights_only)
@@ -155,6 +155,12 @@ class Algorithm(ABC, Generic[Params, Modules]):
         default): none, and the method is never probed."""
         return 0
 
+    def wants_pooled_images(self) -> bool:
+        """True when a simulation-only diagnostic of the client update reads every client's images
+        (``ctx.pooled``, :class:`~fedray.learning.boundary.PooledImages`): an upper bound that breaks privacy,
+        never a method."""
+        return False
+
     def wants_reader(self) -> bool:
         """True when :meth:`probe_diagnostics` scores generated samples with the fixed reader (:mod:`fedray.reader`,
         trained once per dataset, then cached): the probe then holds it as ``probe.reader``."""
@@ -250,7 +256,7 @@ class PersonalisedAlgorithm(Algorithm):
 # the contexts, the training plans and their parts, weights and their arithmetic, the config error to raise.
 __all__ = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
            "DataSpec", "DiagnosticProbe", "IGNORE_LABEL", "LocalTraining", "ModelBank", "NoParams", "OptimSpec",
-           "Payload", "PersonalModel", "PersonalisedAlgorithm", "ServerContext", "ServerSideData", "ServerState",
+           "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages", "ServerContext", "ServerSideData", "ServerState",
            "StepwiseTraining", "Trained", "Update", "Upload", "Weights", "clone_weights", "derive_seed",
            "is_weights_only", "local_step_count", "module_dict", "row_mean", "run_update", "split_loss",
            "weighted_average", "weights_only"]

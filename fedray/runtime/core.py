@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from fedray.methods import Algorithm, ClientContext, DataSpec, Experiment, ServerContext, resolve_experiment
-from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, ModelBank, ServerSideData, Upload,
+from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, ModelBank, PooledImages, ServerSideData, Upload,
                                     Weights)
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
@@ -93,6 +93,8 @@ class ClientWorkerCore:
         self._evaluator: Evaluator | None = None
         self._eval_models: dict[str, torch.nn.Module] = {}  # per architecture, apart from the modules clients train in
         self.server_x = None  # only methods whose clients hold the server data's images get them
+        # a diagnostic's every-client images (never a method's): the worker's shared copy of the training split
+        self.pooled = PooledImages(data.train_x, data.client_train) if self.algo.wants_pooled_images() else None
         if self.algo.clients_hold_server_images and data.server is not None:
             self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
 
@@ -163,6 +165,7 @@ class ClientWorkerCore:
             architecture=self.cfg.model.client_architecture(client_id),
             models=self.models,
             server_x=self.server_x,
+            pooled=self.pooled,
         )
         return ctx, state
 

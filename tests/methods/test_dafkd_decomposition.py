@@ -1,6 +1,7 @@
 """DaFKD decomposed: where Eq. 7's weights come from (alpha_source: discriminator | theorem1 | label_share | uniform), what is
 distilled on (distill_data: generated | proxy) and the authors' averaged discriminator head (disc_head)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -8,6 +9,7 @@ from fedray.errors import ConfigError
 from fedray.methods import resolve_experiment
 from fedray.methods.dafkd.server import label_share_weights, theorem1_weights
 from fedray.simulation import run_experiment
+from tests.conftest import method_overrides
 from tests.methods.test_dafkd import _run_rounds, dafkd_config
 
 PROXY = {"data__server_data__kind": "holdout", "data__server_data__per_class": 10,
@@ -196,3 +198,39 @@ def test_oracle_on_labelled_proxy_images_runs():
                        **{**PROXY, "data__server_data__labelled": True})
     h = run_experiment(cfg, progress=False).history
     assert h[-1]["server/alpha_entropy"] < 0.99 and "server/disc_score_mean" not in h[-1]
+
+
+def test_pooled_images_are_drawn_from_the_mixture_of_the_clients_each_weighing_one_kth():
+    from fedray.methods.api import PooledImages
+
+    images = np.arange(100, dtype=np.uint8).reshape(100, 1, 1, 1)
+    pooled = PooledImages(images, [np.array([0]), np.arange(1, 100)])  # a client of 1 image, one of 99
+    drawn = pooled.draw(4000, torch.Generator().manual_seed(0)).flatten()
+    assert drawn.dtype == torch.uint8 and 0.45 < float((drawn == 0).float().mean()) < 0.55  # p's centroid, not 1 %
+
+
+def test_pooled_negatives_train_the_discriminators_on_real_images_of_p_batched_as_alone(monkeypatch):
+    """disc_negatives=pooled (a diagnostic): Eq. 2's negatives are real images drawn from every client's data; the
+    batched plan gives the sequential client's figures (float64, two rounds of every client), and the default
+    draws none."""
+    from fedray.learning.boundary import PooledImages
+    from tests.test_every_method import VECTORISED
+    from tests.vectorized.test_vectorized import _max_relative_difference, _one_round, float64_runs
+
+    drawn = []
+    original = PooledImages.draw
+    monkeypatch.setattr(PooledImages, "draw",
+                        lambda self, n, rng: drawn.append(len(self.clients)) or original(self, n, rng))
+    plain = run_experiment(dafkd_config(), progress=False).history
+    assert not drawn and plain[-1]["train/disc_acc_fake"] >= 0
+    kw = {**method_overrides("dafkd"), **VECTORISED, "algorithm__disc_negatives": "pooled", "algorithm__diag_samples": 0}
+    with float64_runs(monkeypatch):
+        seq_w, seq_info = _one_round(False, rounds=2, **kw)
+        vec_w, vec_info = _one_round(True, rounds=2, **kw)
+        generated = _one_round(False, rounds=2, **{**kw, "algorithm__disc_negatives": "generated"})[1]
+    assert set(drawn) == {6} and all("vec/groups_per_step" in info for info in vec_info)  # every client's images
+    assert [i["train/disc_loss"] for i in seq_info] != [i["train/disc_loss"] for i in generated]
+    for c in seq_w:
+        assert _max_relative_difference(seq_w[c], vec_w[c]) < 1e-9, c
+    for s, v in zip(seq_info, vec_info, strict=True):
+        assert v["train/disc_loss"] == pytest.approx(s["train/disc_loss"], rel=1e-9)

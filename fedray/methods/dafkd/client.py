@@ -24,7 +24,7 @@ from fedray.learning.data_free import label_counts
 from fedray.learning.training import (IGNORE_LABEL, OptimSpec, StepwiseTraining, Trained, Update, module_dict,
                                        weights_only)
 from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_device
+from fedray.data.federated import to_device, to_float
 from fedray.models.base import batch_rows, frozen_bn_stats
 
 from fedray.methods.dafkd.losses import disc_loss, draw_labels, fake_count, gen_loss, gradient_penalty
@@ -59,6 +59,7 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
     assert state.client_id == ctx.client_id, "a client received another client's discriminator"
     round_d, round_g, adv_steps = adversarial_steps(algo, ctx)
     batches, noise = ctx.batch_plan(), ctx.generator("dafkd/noise")
+    pooled, negatives = p.disc_negatives == "pooled", pooled_negatives(algo, ctx)
 
     def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
         # x and y are the step's batch (``batches``, gathered by the runtime); the noise is drawn here on the host,
@@ -66,7 +67,9 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
         b, inp = fake_count(len(batches.index[step])), {}
         train_d, train_g = round_d and step < adv_steps, round_g and step < adv_steps
         for flag, key in ((train_d, "fake"), (train_g, "gen")):
-            if flag:
+            if flag and key == "fake" and pooled:  # real images of p stand in for the generator's samples
+                inp["x_neg"] = negatives(b, noise, torch.device("cpu"))
+            elif flag:
                 inp[f"z_{key}"] = torch.randn(b, p.noise_dim, generator=noise)
                 labels = draw_labels(p, algo.spec.num_classes, b, noise, torch.device("cpu"))
                 if labels is not None:
@@ -84,14 +87,17 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
 
     def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
         mm = view(mods)
-        real, fake_rows = rows(inp, "z_fake") if flags[2] else (inp["y"] != IGNORE_LABEL, None)
+        real, fake_rows = rows(inp, "x_neg" if pooled else "z_fake") if flags[2] else (inp["y"] != IGNORE_LABEL, None)
         with batch_rows(real):
             feats = mm.model.features(inp["x"])
         ce = F.cross_entropy(mm.model.head(feats), inp["y"])  # IGNORE_LABEL rows left out
         if not flags[2]:
             return ce, {"ce": ce}
-        with torch.no_grad(), batch_rows(fake_rows):
-            fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
+        if pooled:
+            fake = inp["x_neg"]
+        else:
+            with torch.no_grad(), batch_rows(fake_rows):
+                fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
         adv, d_real, d_fake = disc_loss(p, mm, inp["x"], feats, fake, real, fake_rows)
         return ce + adv, {"ce": ce, "adv": adv, "real_ok": ((d_real.detach() > 0) & real).sum().float(),
                           "fake_ok": ((d_fake.detach() < 0) & fake_rows).sum().float(), "n": real.sum().float()}
@@ -133,6 +139,7 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
     gen_params = list(m.generator.parameters())
     opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
     noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
+    negatives = pooled_negatives(algo, ctx)
     tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
     round_d, round_g, adv_steps = adversarial_steps(algo, ctx)
     for x, y in ctx.batches():  # lines 19-25
@@ -144,10 +151,13 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
         ce = F.cross_entropy(m.model.head(feats), y)
         loss = ce
         if train_d:  # Eq. 9 = Eq. 1 + Eq. 2
-            with torch.no_grad():
-                nf = fake_count(b)
-                fake = m.generator(to_device(torch.randn(nf, p.noise_dim, generator=noise), dev),
-                                   draw_labels(p, algo.spec.num_classes, nf, noise, dev))
+            nf = fake_count(b)
+            if negatives is not None:  # real images of p stand in for the generator's samples
+                fake = negatives(nf, noise, dev)
+            else:
+                with torch.no_grad():
+                    fake = m.generator(to_device(torch.randn(nf, p.noise_dim, generator=noise), dev),
+                                       draw_labels(p, algo.spec.num_classes, nf, noise, dev))
             adv, d_real, d_fake = disc_loss(p, m, x, feats, fake)
             if p.gp_weight > 0:
                 with frozen_bn_stats(m.model):
@@ -173,6 +183,18 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
         tot["steps"] += 1
 
     return client_result(algo, ctx, m, payload, state, client_metrics(tot, round_d, round_g, adv_steps))
+
+
+def pooled_negatives(algo: DaFKDMethod, ctx: ClientContext):
+    """``disc_negatives=pooled``: a function drawing n real images of the mixture p of every client's data
+    (normalised, on a device) with the client's noise generator; None for the method's own negatives."""
+    if algo.params.disc_negatives != "pooled":
+        return None
+    assert ctx.pooled is not None, "the runtime hands every client's images to a method that wants them"
+
+    def draw(n: int, rng: torch.Generator, device: torch.device) -> torch.Tensor:
+        return to_float(ctx.pooled.draw(n, rng), algo.spec.mean, algo.spec.std).to(device)
+    return draw
 
 
 def _disc_start(payload: "DaFKDPayload", state: "DaFKDClientState"):

@@ -259,6 +259,9 @@ class DaFKD(Algorithm):
     def wants_reader(self) -> bool:
         return self.params.diag_reader
 
+    def wants_pooled_images(self) -> bool:
+        return self.params.disc_negatives == "pooled"
+
     def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
         uploads, self._round_uploads = self._round_uploads, None
         generator, self._round_generator = self._round_generator, None

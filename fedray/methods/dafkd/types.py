@@ -62,6 +62,10 @@ class DaFKDParams(BaseModel):
     eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
     diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
                               "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
+    disc_negatives: Literal["generated", "pooled"] = Field(
+        default="generated", description="Eq. 2's negatives: the generator's samples (the method), or real images "
+        "drawn from the mixture p of every client's data (pooled: a diagnostic that breaks privacy, not a method; "
+        "the discriminators as if the generator had reached p, as Theorem 1 assumes)")
     diag_reader: bool = Field(default=False, description="diag/reader_*: the fixed reader (fedray.reader, trained "
                               "once per dataset, then cached) scores each diagnosed round's generated samples")
 
