@@ -13,9 +13,19 @@ the paper's conditional generator (the oracle needs each generated sample's clas
   oracle, which reads the labels; the distillation never does);
 - ``authors_head``: the authors' code where it differs cheaply (one discriminator head averaged by the server,
   adversarial training only in rounds 1-3 / 1-5), seed 0 beside the method;
+- ``theorem1_generated`` / ``theorem1_proxy``: Eq. 7 at Theorem 1's optimal discriminators under the run's label
+  distributions (``alpha_source=theorem1``), the ceiling of the discriminators' weights;
+- ``ceiling_generated``: the discriminators trained against real images of every client's data instead of the
+  generator's samples (``disc_negatives=pooled``: Eq. 7 as if the generator had reached p; breaks privacy);
+- ``classterm_generated``: the generator also trained to make the client's classifier read G(z, y) as y
+  (``gen_class_weight=1``, an extension): do samples that show their class rescue the method?
+
+Every generated cell scores its samples with the fixed reader (``diag_reader``: ``diag/reader_*``).
 - ``fedavg``: ``dafkd_fmnist.py``'s FedAvg runs (the same config), read from its run folders.
 
-Settings: ``steps20`` (3 seeds) and ``steps200`` (10x the local steps, seed 0: the 2 x 3 grid and FedAvg). Every DaFKD run also evaluates its plain average before distillation
+Settings: ``steps20`` (3 seeds), ``steps200`` (10x the local steps, seed 0: the 2 x 3 grid and FedAvg) and
+``epochs20`` (the paper's E = 20 local epochs, 12 rounds, seed 0: the method and FedAvg, diagnostics on: do the
+domain AUC and the reader's agreement rise with the paper's local work?). Every DaFKD run also evaluates its plain average before distillation
 (``eval/accuracy_avg``), which separates what the distillation does from what the clients did.
 
 Cost on the 2-core CPU, one thread a run: ~46-51 s a round for DaFKD at 200 steps (~50 min a run), ~9 s for
@@ -23,6 +33,7 @@ FedAvg; more seeds at 200 steps add as much each (extend GRID["steps200"]).
 
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 --jobs 2   # the 3-seed grid
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps200 --jobs 2  # 10x local steps
+    .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings epochs20 --jobs 2  # E = 20, hours
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --report-only
 """
 
@@ -51,11 +62,26 @@ CELLS: dict[str, dict[str, Any]] = {
     "uniform_proxy": {"alpha_source": "uniform", "distill_data": "proxy"},
     # the authors' code: one averaged head, adversarial training in the first rounds only
     "authors_head": {"disc_head": "averaged", "disc_train_rounds": 3, "gen_train_rounds": 5},
+    # Eq. 7 at Theorem 1's optimal discriminators; the discriminators trained against real images of p (the ceiling,
+    # which breaks privacy); the class term (an extension) that makes the samples show their class
+    "theorem1_generated": {"alpha_source": "theorem1", "distill_data": "generated"},
+    "theorem1_proxy": {"alpha_source": "theorem1", "distill_data": "proxy"},
+    "ceiling_generated": {"alpha_source": "discriminator", "distill_data": "generated", "disc_negatives": "pooled"},
+    "classterm_generated": {"alpha_source": "discriminator", "distill_data": "generated", "gen_class_weight": 1.0},
 }
-SETTINGS = {"steps20": 20, "steps200": 200}  # local steps; alpha 0.1 throughout
+# each setting's local work (alpha 0.1 throughout): 20 steps (dafkd_fmnist's budget), 10x that, or the paper's E = 20
+# local epochs (Sec. 4.1; ~1,250 steps of batch 32 a round for a client of 2,000 images), for which ROUNDS says how
+# many rounds fit on a CPU (every round checkpointed: a stopped run goes on from its last round)
+SETTINGS: dict[str, dict[str, Any]] = {
+    "steps20": {},
+    "steps200": {"federation.local_epochs": None, "federation.local_steps": 200},
+    "epochs20": {"federation.local_epochs": 20},
+}
+ROUNDS = {"epochs20": 12}
 # which cells each setting runs, with which seeds (the 10x budget: one seed of the cells that answer the question)
 GRID = {"steps20": ({c: (0, 1, 2) for c in CELLS if c != "authors_head"} | {"authors_head": (0,)}),
-        "steps200": {c: (0,) for c in CELLS if c != "authors_head"}}
+        "steps200": {c: (0,) for c in CELLS if c != "authors_head"},
+        "epochs20": {"fedavg": (0,), "disc_generated": (0,)}}
 FEDAVG_RUNS = harness.RESULTS / "dafkd_fmnist_runs"  # steps20's FedAvg: dafkd_fmnist.py's runs
 
 
@@ -76,8 +102,8 @@ def make_config(cell: str, setting: str, seed: int, rounds: int, data_dir: str |
     from fedray.config import validate_config
     from fedray.overrides import apply_overrides
 
-    steps = SETTINGS[setting]
-    budget = {} if steps == 20 else {"federation.local_epochs": None, "federation.local_steps": steps}
+    budget = dict(SETTINGS[setting])
+    rounds = ROUNDS.get(setting, rounds)
     if cell == "fedavg":
         return dafkd_fmnist.make_config("fedavg", 0.1, seed, rounds, data_dir, True, budget=budget, device=device)
     base = dafkd_fmnist.make_config("dafkd", 0.1, seed, rounds, data_dir, True, budget=budget, device=device)
@@ -85,7 +111,10 @@ def make_config(cell: str, setting: str, seed: int, rounds: int, data_dir: str |
                             **{f"algorithm.{k}": v for k, v in CELLS[cell].items()}}
     if CELLS[cell].get("distill_data") == "proxy":
         over.update(PROXY)
-        over["data.server_data.labelled"] = CELLS[cell]["alpha_source"] == "label_share"  # only the oracle reads them
+        # labelled only for the oracles, which read the labels
+        over["data.server_data.labelled"] = CELLS[cell]["alpha_source"] in ("label_share", "theorem1")
+    else:  # the fixed reader scores the generated samples (diag/reader_*)
+        over["algorithm.diag_reader"] = True
     return validate_config(apply_overrides(base.model_dump(mode="json"), over))
 
 
