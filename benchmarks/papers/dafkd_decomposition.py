@@ -11,7 +11,7 @@ the paper's conditional generator (the oracle needs each generated sample's clas
 - ``disc_proxy`` / ``oracle_proxy`` / ``uniform_proxy``: the same weights, distilled on real unlabelled images
   (500 a class held by the server, copied so that the clients' data is FedAvg's; labelled only for the
   oracle, which reads the labels; the distillation never does);
-- ``authors_head``: the authors' code where it differs cheaply (one discriminator head averaged by the server,
+- ``authors_head``: the authors' code where it differs cheaply (one discriminator head for all clients, here averaged by the server,
   adversarial training only in rounds 1-3 / 1-5), seed 0 beside the method;
 - ``theorem1_generated`` / ``theorem1_proxy``: Eq. 7 at Theorem 1's optimal discriminators under the run's label
   distributions (``alpha_source=theorem1``), the ceiling of the discriminators' weights;
@@ -60,7 +60,7 @@ CELLS: dict[str, dict[str, Any]] = {
     "disc_proxy": {"alpha_source": "discriminator", "distill_data": "proxy"},
     "oracle_proxy": {"alpha_source": "label_share", "distill_data": "proxy"},
     "uniform_proxy": {"alpha_source": "uniform", "distill_data": "proxy"},
-    # the authors' code: one averaged head, adversarial training in the first rounds only
+    # the authors' code: one head for all clients (averaged here), adversarial training in the first rounds only
     "authors_head": {"disc_head": "averaged", "disc_train_rounds": 3, "gen_train_rounds": 5},
     # Eq. 7 at Theorem 1's optimal discriminators; the discriminators trained against real images of p (the ceiling,
     # which breaks privacy); the class term (an extension) that makes the samples show their class
@@ -192,7 +192,7 @@ def markdown(figs, meta: dict, runs_dir: Path, planned_runs: list[Run], rounds: 
                  ("disc_proxy", "disc_generated", "real images instead of generated ones"),
                  ("oracle_proxy", "oracle_generated", "real images instead of generated ones, label-share weights"),
                  ("oracle_proxy", "fedavg", "the best distillation can do here against FedAvg"),
-                 ("authors_head", "disc_generated", "the authors' averaged head and early-only adversarial training")]
+                 ("authors_head", "disc_generated", "one head for all and early-only adversarial training (authors' code)")]
     for setting in SETTINGS:
         for a, b, what in contrasts:
             fa, fb = figs.get((a, setting)), figs.get((b, setting))

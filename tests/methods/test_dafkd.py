@@ -419,7 +419,9 @@ def test_diagnostics_are_logged_each_round_and_leave_the_model_unchanged():
             assert rt.server.algo._round_uploads is None
 
 
-def test_conditional_generator_makes_images_of_the_asked_class_and_balanced_distillation_sets():
+def test_conditional_generator_images_depend_on_the_label_and_distillation_sets_are_balanced():
+    """The label steers the image (nothing here says the image shows that class: the fixed reader measures that,
+    tests/test_reader.py, ``diag/reader_agreement``)."""
     from fedray.models.dcgan import ConditionalGenerator
 
     torch.manual_seed(0)

@@ -199,7 +199,7 @@ def pooled_negatives(algo: DaFKDMethod, ctx: ClientContext):
 
 def _disc_start(payload: "DaFKDPayload", state: "DaFKDClientState"):
     """The discriminator a client starts its round from: its own from its previous round (Alg. 1 line 18), or
-    the server's averaged head (``disc_head=averaged``, the authors' code)."""
+    the server's averaged head (``disc_head=averaged``: one head for all, as the authors' code has)."""
     return payload.disc if payload.disc is not None else state.disc
 
 

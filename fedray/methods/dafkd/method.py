@@ -41,9 +41,11 @@ probabilities (code: logits, ``ensemble=logits``); Eq. 7 is guarded by adding ``
 f_k, which is uniform when all are 0; no gradient penalty (code: 0.3, ``gp_weight``); adversarial
 training in every round (code: only early rounds, ``disc_train_rounds`` / ``gen_train_rounds``);
 distillation from round 1 (code: from round 2, ``distill_start_round``), temperature 1 = Eq. 8's plain KL
-(code: T=10, Adam lr 1e-5, KLDivLoss averaged over classes too: ``temperature``, ``distill_optimizer``,
-``distill_lr``); each client's own discriminator head across rounds, Alg. 1 line 18 (code: one head averaged
-by the server, ``disc_head=averaged``).
+(code: T=20, Adam lr 1e-4, 40 passes in its shell script, T=10 and lr 1e-5 its argparse defaults; KLDivLoss
+averaged over classes too: ``temperature``, ``distill_optimizer``, ``distill_lr``); each client's own discriminator
+head across rounds, Alg. 1 line 18 (code: one head in the trainer object every client shares, each starting from
+the head the previous client left, never sent to the server; ``disc_head=averaged`` is its nearest order-free
+form, one head averaged by the server).
 
 To take the method apart: ``alpha_source`` (Eq. 7 from the discriminators; from Theorem 1's optimal
 discriminators under the run's label distributions, ``theorem1``, the weights a discriminator at its optimum would

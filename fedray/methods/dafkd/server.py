@@ -191,7 +191,7 @@ def server_round(algo: DaFKDMethod, state: "DaFKDServerState", uploads: list["Da
     coefs = [1.0] * len(uploads) if p.aggregation == "uniform" else [float(u.num_samples) for u in uploads]
     average = weighted_average([u.weights for u in uploads], coefs)  # Eq. 6
     generator = weighted_average([u.generator for u in uploads], coefs)  # Eq. 4
-    # the authors' code: one discriminator head, averaged as the classifier is
+    # disc_head=averaged: one head for every client, averaged (the authors' code passes one from client to client)
     head = weighted_average([u.disc for u in uploads], coefs) if p.disc_head == "averaged" else None
     weights, metrics = average, {}
     if ctx.round >= p.distill_start_round:

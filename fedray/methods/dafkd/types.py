@@ -58,7 +58,8 @@ class DaFKDParams(BaseModel):
         "real images a round from the server's unlabelled data.server_data (isolates the generator)")
     disc_head: Literal["own", "averaged"] = Field(
         default="own", description="sharing: each client's own head, kept across rounds (Alg. 1 line 18), or one "
-        "head averaged by the server like the classifier and broadcast (the authors' code)")
+        "head averaged by the server like the classifier and broadcast (the nearest order-free form of the authors' "
+        "code, whose one head passes from client to client in a shared trainer object, never averaged)")
     eval_average: bool = Field(default=False, description="also evaluate the averaged model (eval/*_avg)")
     diag_samples: int = Field(default=100, ge=0, description="diag/*: real training images per client (and 10x "
                               "test images) for the simulation-only diagnostics of Eq. 7; 0 = none")
