@@ -256,7 +256,8 @@ class PersonalisedAlgorithm(Algorithm):
 # the contexts, the training plans and their parts, weights and their arithmetic, the config error to raise.
 __all__ = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
            "DataSpec", "DiagnosticProbe", "IGNORE_LABEL", "LocalTraining", "ModelBank", "NoParams", "OptimSpec",
-           "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages", "ServerContext", "ServerSideData", "ServerState",
+           "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages", "ServerContext", "ServerSideData",
+           "ServerState",
            "StepwiseTraining", "Trained", "Update", "Upload", "Weights", "clone_weights", "derive_seed",
            "is_weights_only", "local_step_count", "module_dict", "row_mean", "run_update", "split_loss",
            "weighted_average", "weights_only"]

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from fedray.methods import Algorithm, ClientContext, DataSpec, Experiment, ServerContext, resolve_experiment
-from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, ModelBank, PooledImages, ServerSideData, Upload,
-                                    Weights)
+from fedray.methods.api import (ClientResult, ClientState, DiagnosticProbe, ModelBank, PooledImages, ServerSideData,
+                                Upload, Weights)
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData, to_float
 from fedray.errors import RunFailure
@@ -348,9 +348,9 @@ def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: to
         from fedray.reader import load_reader  # only a run that scores generated samples loads (or trains) it
 
         reader = load_reader(data, device)
+    counts = torch.from_numpy(client_label_counts(data)).float().to(device)
     return DiagnosticProbe(test_x=images(data.test_x[test]), test_y=torch.from_numpy(data.test_y[test]).long().to(device),
-                           client_x=clients, label_counts=torch.from_numpy(client_label_counts(data)).float().to(device),
-                           reader=reader)
+                           client_x=clients, label_counts=counts, reader=reader)
 
 
 def client_label_counts(data: FederatedData) -> np.ndarray:

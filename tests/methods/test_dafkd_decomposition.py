@@ -1,5 +1,6 @@
-"""DaFKD decomposed: where Eq. 7's weights come from (alpha_source: discriminator | theorem1 | label_share | uniform), what is
-distilled on (distill_data: generated | proxy) and the authors' averaged discriminator head (disc_head)."""
+"""DaFKD decomposed: where Eq. 7's weights come from (alpha_source: discriminator | theorem1 | label_share |
+uniform), what is distilled on (distill_data: generated | proxy), the discriminators' negatives (disc_negatives)
+and one discriminator head for all clients (disc_head)."""
 
 import numpy as np
 import pytest
@@ -223,7 +224,8 @@ def test_pooled_negatives_train_the_discriminators_on_real_images_of_p_batched_a
                         lambda self, n, rng: drawn.append(len(self.clients)) or original(self, n, rng))
     plain = run_experiment(dafkd_config(), progress=False).history
     assert not drawn and plain[-1]["train/disc_acc_fake"] >= 0
-    kw = {**method_overrides("dafkd"), **VECTORISED, "algorithm__disc_negatives": "pooled", "algorithm__diag_samples": 0}
+    kw = {**method_overrides("dafkd"), **VECTORISED, "algorithm__disc_negatives": "pooled",
+          "algorithm__diag_samples": 0}
     with float64_runs(monkeypatch):
         seq_w, seq_info = _one_round(False, rounds=2, **kw)
         vec_w, vec_info = _one_round(True, rounds=2, **kw)

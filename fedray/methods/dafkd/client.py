@@ -59,7 +59,8 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
     assert state.client_id == ctx.client_id, "a client received another client's discriminator"
     round_d, round_g, adv_steps = adversarial_steps(algo, ctx)
     batches, noise = ctx.batch_plan(), ctx.generator("dafkd/noise")
-    pooled, negatives = p.disc_negatives == "pooled", pooled_negatives(algo, ctx)
+    negatives = pooled_negatives(algo, ctx)
+    pooled = negatives is not None
 
     def inputs(step: int) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
         # x and y are the step's batch (``batches``, gathered by the runtime); the noise is drawn here on the host,
