@@ -53,15 +53,9 @@ class Reader:
     real_mean: torch.Tensor  # (D,) float64, the test images' features
     real_cov: torch.Tensor  # (D, D) float64
 
-    @torch.no_grad()
-    def features_and_classes(self, x: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-        feats = torch.cat([self.model.features(x[i : i + batch].to(self.real_mean.device).float())
-                           for i in range(0, len(x), batch)])
-        return feats, self.model.head(feats).argmax(1)
-
     def read(self, x: torch.Tensor, asked: torch.Tensor | None) -> dict[str, float]:
         """The ``diag/reader_*`` figures of images ``x`` (N, C, H, W), normalised, asked to be classes ``asked``."""
-        feats, read = self.features_and_classes(x)
+        feats, read = features_and_classes(self.model, x)
         classes = self.model.num_classes
         hist = torch.bincount(read, minlength=classes).double() / len(read)
         entropy = -(hist[hist > 0] * hist[hist > 0].log()).sum() / np.log(classes)
@@ -70,6 +64,14 @@ class Reader:
         if asked is not None:
             out["diag/reader_agreement"] = float((read == asked.to(read.device)).double().mean())
         return out
+
+
+@torch.no_grad()
+def features_and_classes(model: FedModel, x: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reader's features (N, D) and read classes (N,) of images ``x``, in batches on the model's device."""
+    device = next(model.parameters()).device
+    feats = torch.cat([model.features(x[i : i + batch].to(device).float()) for i in range(0, len(x), batch)])
+    return feats, model.head(feats).argmax(1)
 
 
 def frechet_distance(feats: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> float:
@@ -143,11 +145,9 @@ def load_reader(data: FederatedData, device: torch.device, cache_dir: str | Path
     for p in model.parameters():
         p.requires_grad_(False)
     test_x = to_float(torch.from_numpy(np.array(data.test_x)).to(device), data.mean, data.std)
-    reader = Reader(model, 0.0, torch.zeros(0, dtype=torch.float64, device=device), torch.zeros(0))
-    feats, read = reader.features_and_classes(test_x)
-    reader.test_accuracy = float((read.cpu() == torch.from_numpy(np.array(data.test_y)).long()).double().mean())
-    reader.real_mean, reader.real_cov = feats.double().mean(0), torch.cov(feats.double().T)
-    return reader
+    feats, read = features_and_classes(model, test_x)
+    accuracy = float((read.cpu() == torch.from_numpy(np.array(data.test_y)).long()).double().mean())
+    return Reader(model, accuracy, feats.double().mean(0), torch.cov(feats.double().T))
 
 
 def _save(model: FedModel, path: Path) -> None:

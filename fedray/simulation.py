@@ -27,7 +27,8 @@ from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, claim_run_dir, clea
                                    unmark_finished, write_run_outputs)
 from fedray.methods import Experiment, resolve_experiment
 from fedray.runtime import Runtime, make_runtime
-from fedray.runtime.core import setup_bytes, summarise_clients
+from fedray.runtime.core import summarise_clients
+from fedray.runtime.server_inputs import setup_bytes
 from fedray.seeding import sample_clients
 
 log = logging.getLogger("fedray")

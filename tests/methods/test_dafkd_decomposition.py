@@ -146,7 +146,8 @@ def test_proxy_distillation_never_reads_the_servers_labels():
 def test_proxy_images_are_drawn_from_the_servers_data_anew_each_round():
     cfg = dafkd_config(algorithm__distill_data="proxy", **PROXY)
     from fedray.data import build_federated_data
-    from fedray.runtime.core import data_spec, server_side_data
+    from fedray.runtime.core import data_spec
+    from fedray.runtime.server_inputs import server_side_data
 
     data = build_federated_data(cfg.data, cfg.seed)
     algo = resolve_experiment(cfg).build(data_spec(data))

@@ -1,0 +1,67 @@
+"""What a run hands a method beyond its clients' own data, and what that costs: the server's data as the method may
+see it, the simulation-only diagnostic probe (and the fixed reader), every client's label counts, and the one-time
+communication before round 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedray.data.federated import FederatedData, to_float
+from fedray.methods import Algorithm, Experiment
+from fedray.methods.api import DiagnosticProbe, ServerSideData
+from fedray.seeding import derive_seed
+
+
+def server_side_data(data: FederatedData, device: torch.device) -> ServerSideData | None:
+    """The server's data as the method may see it: labels only when ``data.server_data.labelled``."""
+    server = data.server
+    if server is None:
+        return None
+    y = server.visible_y()
+    y = torch.from_numpy(np.array(y)).to(device) if y is not None else None
+    return ServerSideData(x=torch.from_numpy(np.array(server.x)).to(device), y=y, domain=server.domain)
+
+
+def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: torch.device) -> DiagnosticProbe | None:
+    """The real data of :class:`DiagnosticProbe` for a method that asks for some (``probe_size``): 10n test
+    images and n training images of each client, drawn from (run seed) alone; and the fixed reader for a method
+    that scores generated samples (``wants_reader``)."""
+    n = algo.probe_size()
+    if n <= 0 and not algo.wants_reader():
+        return None
+    rng = np.random.default_rng(derive_seed(seed, "diagnostic-probe"))
+    spec = algo.spec
+
+    def images(x: np.ndarray) -> torch.Tensor:
+        return to_float(torch.from_numpy(np.array(x)).to(device), spec.mean, spec.std)
+
+    test = np.sort(rng.choice(len(data.test_y), size=min(10 * n, len(data.test_y)), replace=False))
+    clients = {cid: images(data.train_x[np.sort(rng.choice(idx, size=min(n, len(idx)), replace=False))])
+               for cid, idx in enumerate(data.client_train)}
+    reader = None
+    if algo.wants_reader():
+        from fedray.reader import load_reader  # only a run that scores generated samples loads (or trains) it
+
+        reader = load_reader(data, device)
+    counts = torch.from_numpy(client_label_counts(data)).float().to(device)
+    return DiagnosticProbe(test_x=images(data.test_x[test]), test_y=torch.from_numpy(data.test_y[test]).long().to(device),
+                           client_x=clients, label_counts=counts, reader=reader)
+
+
+def client_label_counts(data: FederatedData) -> np.ndarray:
+    """Every client's training images per class, (num_clients, num_classes) int64."""
+    return np.stack([np.bincount(data.train_y[idx], minlength=data.num_classes)
+                     for idx in data.client_train]).astype(np.int64)
+
+
+def setup_bytes(exp: Experiment, data: FederatedData) -> int:
+    """One-time communication before round 1: the server data's images sent to every registered client, for
+    methods whose clients hold them (``Algorithm.clients_hold_server_images``), and every client's label counts
+    (int64) sent to the server, for methods that ask for them (``Algorithm.sends_label_counts``)."""
+    total = 0
+    if exp.method.clients_hold_server_images and data.server is not None:
+        total += int(data.server.x.nbytes) * data.num_clients
+    if exp.method.sends_label_counts(exp.params):
+        total += 8 * data.num_classes * data.num_clients
+    return total
