@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, flatten
 from fedray.paths import absolute_path
+from fedray.system import SystemConfig, check_traces
 from fedray.validation import config_error
 
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -284,6 +285,7 @@ class ExperimentConfig(_Strict):
     federation: FederationConfig = Field(default_factory=FederationConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    system: SystemConfig = Field(default_factory=SystemConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
@@ -318,6 +320,8 @@ class ExperimentConfig(_Strict):
                 f"{self.runtime.num_workers} exceeds data.num_clients={self.data.num_clients}; "
                 f"allowed: 1..{self.data.num_clients}",
             )
+        self.system.check()
+        check_traces(self.system, self.data.num_clients)
         return self
 
     def _check_domains(self) -> None:

@@ -12,11 +12,11 @@ def absolute_path(path: str) -> str:
     return path if path.startswith("~") else os.path.abspath(path)
 
 
-#: Config keys that name a folder (made absolute by validation, and by a sweep before its trials start)
-PATH_KEYS = ("data.data_dir", "data.cache_dir")
+#: Config keys that name a folder or file (made absolute by validation, and by a sweep before its trials start)
+PATH_KEYS = ("data.data_dir", "data.cache_dir", "system.trace", "system.availability_trace")
 #: Config keys that say where the data comes from, not what it is: a resumed run may change them (the dataset
 #: moved, another machine), and runs that differ in them alone are the same experiment
-DATA_SOURCE_KEYS = (*PATH_KEYS, "data.download", "data.cache")
+DATA_SOURCE_KEYS = (*PATH_KEYS[:2], "data.download", "data.cache")
 #: Environment variables that name the default data and decoded-cache folders
 DATA_DIR_ENV, CACHE_DIR_ENV = "FEDRAY_DATA_DIR", "FEDRAY_CACHE_DIR"
 

@@ -30,6 +30,7 @@ from fedray.runtime import Runtime, make_runtime
 from fedray.runtime.core import summarise_clients
 from fedray.runtime.server_inputs import setup_bytes
 from fedray.seeding import sample_clients
+from fedray.system import SystemClock
 
 log = logging.getLogger("fedray")
 
@@ -65,6 +66,8 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     summary["comm/bytes_down"] = float(sum(row["comm/bytes_down"] for row in history))
     if bytes_setup:  # one-time, before round 1 (e.g. FedCD's shared validation images to every client)
         summary["comm/bytes_setup"] = float(bytes_setup)
+    if history and "sim/clock_s" in history[-1]:  # the simulated system's clock at the end
+        summary["sim/clock_s"] = float(history[-1]["sim/clock_s"])
     times = [row["time/round_s"] for row in history]
     summary["time/round_s"] = float(np.mean(times)) if times else math.nan
     summary["time/total_s"] = total_s
@@ -126,9 +129,13 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         data = data if data is not None else build_federated_data(cfg.data, cfg.seed)
         runtime.attach(data)
         where = runtime.describe()
+        system = (SystemClock(cfg.system, data.num_clients, fed.clients_per_round, cfg.seed)
+                  if cfg.system.enabled else None)
         if ckpt is not None:
             runtime.import_state(ckpt["server_state"], ckpt["client_states"])
             restore_rng(ckpt["rng"])
+            if system is not None:
+                system.load(ckpt["system"])
         if output_dir is not None and ckpt is not None and unmark_finished(output_dir):
             log.info("%s: extending its finished run to %d rounds", output_dir, fed.rounds)
         if output_dir is not None and ckpt is None and (removed := clear_previous_run(output_dir)):
@@ -148,11 +155,11 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
             with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
                 for r in range(len(history) + 1, fed.rounds + 1):
-                    row = _round(cfg, runtime, data, r, client_history)
+                    row = _round(cfg, runtime, data, r, client_history, system)
                     history.append(row)
                     bar.update(row)
                     if every and (r % every == 0 or r == fed.rounds):  # the last one too: a run may be extended
-                        folder = _checkpoint(Path(output_dir), cfg, runtime, history)
+                        folder = _checkpoint(Path(output_dir), cfg, runtime, history, system)
                         for hook in hooks:
                             getattr(hook, "on_checkpoint", lambda f: None)(folder)
                     for hook in hooks:
@@ -209,27 +216,40 @@ def check_extension(saved: ExperimentConfig, rounds: int, done: int) -> None:
                                       f"last round, which a run of {rounds} rounds would not do")
 
 
-def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]]) -> Path:
+def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]],
+                system: SystemClock | None = None) -> Path:
     server_state, client_states = runtime.export_state()
-    save_checkpoint(out, {"round": len(history), "config": cfg.model_dump(mode="json"),
-                          "server_state": server_state, "client_states": client_states,
-                          "history": history, "rng": rng_state()})
+    ckpt = {"round": len(history), "config": cfg.model_dump(mode="json"), "server_state": server_state,
+            "client_states": client_states, "history": history, "rng": rng_state()}
+    if system is not None:  # the clock and the availability state, so that a resume continues the same clock
+        ckpt["system"] = system.state()
+    save_checkpoint(out, ckpt)
     return out
 
 
 def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
-           client_history: ClientHistory | None = None) -> dict[str, Any]:
+           client_history: ClientHistory | None = None, system: SystemClock | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    clients = sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round)
-    outcome = runtime.run_round(r, clients)
+    if system is None:
+        clients = sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round)
+        outcome = runtime.run_round(r, clients)
+    else:  # online clients only; the uploads that arrive in simulated time
+        clients = system.select(r)
+        outcome = runtime.run_round(r, clients, lambda ids, infos, down: system.admit(
+            ids, [i["work_samples"] for i in infos], [i["bytes_up"] for i in infos], down))
     row: dict[str, Any] = {"round": r, **summarise_clients(outcome.client_infos)}
     row["comm/bytes_down"] = float(outcome.payload_bytes * len(clients))
     row.update(outcome.server_metrics)
+    if system is not None:
+        row.update(system.end_round(outcome.server_metrics.get("sim/server_samples", 0.0)))
     evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
     row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
     row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
     if evaluated and client_history is not None:
-        client_history.add(r, runtime.client_scores().columns())
+        columns = runtime.client_scores().columns()
+        if system is not None:
+            columns.update(system.client_columns(columns["client"]))
+        client_history.add(r, columns)
     row["time/server_s"] = outcome.server_s
     row["time/round_s"] = time.perf_counter() - t0
     return row

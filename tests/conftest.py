@@ -110,6 +110,11 @@ METHOD_CASES: dict[str, dict] = {
                         "federation__weight_decay": 1e-3},
     "fedavg-adam-cosine": {"federation__optimizer": "adam", "federation__lr": 0.01, "federation__lr_schedule": "cosine",
                            "federation__lr_min": 0.001},
+    # the simulated system on: phones of the heterogeneous profile that come and go, over-selection and a deadline
+    # (its clock, availability state and per-client figures checkpointed and resumed, in process and on Ray)
+    "fedavg-system": {"system__devices": "heterogeneous", "system__availability": "markov",
+                      "system__mean_online_s": 60.0, "system__mean_offline_s": 20.0, "system__overcommit": 1.5,
+                      "system__deadline_s": 20.0},
     "fedprox": {"algorithm__mu": 0.5},
     # plain SGD, the paper's local step; its control variates are client state from round 2 on
     "scaffold": {"federation__optimizer": "sgd", "federation__lr": 0.1},

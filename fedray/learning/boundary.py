@@ -187,6 +187,14 @@ def local_step_count(fed: FederationConfig, num_samples: int) -> int:
     return fed.local_steps
 
 
+def batch_plan_rows(num_samples: int, batch_size: int, steps: int) -> int:
+    """The rows of ``steps`` mini-batches as :meth:`ClientContext.batch_plan` draws them: passes over the
+    ``num_samples`` rows in batches of ``batch_size``, each pass ending on a short batch."""
+    per_pass = max(1, -(-num_samples // batch_size))
+    full, rest = divmod(steps, per_pass)
+    return full * num_samples + min(rest * batch_size, num_samples)
+
+
 @dataclass
 class ServerContext(Generic[M]):
     round: int

@@ -24,7 +24,8 @@ runtime train the round's clients one at a time or batched (``runtime.vectorize`
 
 **A method may override** (defaults below): ``Params`` (its ``algorithm.*`` parameters, a pydantic model),
 ``check_config`` (what it needs of the rest of the config), ``init_client_state``, ``global_weights`` and
-``extra_eval_models`` (what ``eval/*`` scores), ``personal_model`` (personalised methods), and the
+``extra_eval_models`` (what ``eval/*`` scores), ``personal_model`` (personalised methods), ``client_samples`` and
+``server_samples`` (the work the simulated system times, ``system.*``), and the
 simulation-only diagnostics ``server_diagnostics`` / ``probe_size`` + ``probe_diagnostics`` (``diag/*``, never fed
 back). Three class flags say what the runtime must know before any work: ``shared_architecture``, ``personalised``,
 ``clients_hold_server_images``.
@@ -52,7 +53,7 @@ from fedray.config import ExperimentConfig
 from fedray.errors import ConfigError
 from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, DataSpec, DiagnosticProbe, ModelBank,
                                       Payload, PersonalModel, PooledImages, ServerContext, ServerSideData, ServerState,
-                                      Upload, local_step_count)
+                                      Upload, batch_plan_rows, local_step_count)
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
                                        StepwiseTraining, Trained, Update, is_weights_only, module_dict, row_mean,
                                        run_update, split_loss, weights_only)
@@ -192,6 +193,19 @@ class Algorithm(ABC, Generic[Params, Modules]):
         training plan (:class:`LocalTraining`, :class:`StepwiseTraining`) that the runtime runs for this client
         alone or batched with the round's other clients (``runtime.vectorize``). To run it by itself (tests, a
         subclass that post-processes its parent's result): :func:`fedray.learning.training.run_update`."""
+
+    # --- the simulated system (system.*) ------------------------------------------------------------
+    def client_samples(self, ctx: ClientContext[Modules]) -> int:
+        """The training examples this client's work of the round passes through its models: the compute term of its
+        simulated time (``system.*``). Default: the rows of its mini-batches over its local steps. A method whose
+        local steps also run generated batches (through a generator, a discriminator) adds those rows."""
+        return batch_plan_rows(ctx.num_samples, ctx.fed.batch_size, ctx.num_local_steps())
+
+    def server_samples(self, uploads: int) -> int:
+        """The examples the server's own work of a round on ``uploads`` uploads passes through its models
+        (distillation, generator training, teachers' labels), timed by ``system.server_sps``; 0 (the default):
+        aggregation by averaging takes no time."""
+        return 0
 
     def personal_model(self, state: ClientState) -> PersonalModel:
         """Personalised methods: the client's own model inside its state (what ``eval/*`` scores)."""

@@ -169,6 +169,10 @@ class FedCD(PersonalisedAlgorithm):
         assert ctx.server_x is not None, "FedCD's clients hold the shared validation images"
         return to_float(ctx.server_x[idx.to(ctx.server_x.device)], ctx.spec.mean, ctx.spec.std)
 
+    def client_samples(self, ctx: ClientContext) -> int:
+        """Its batches, and the round's shared batch through its model for the logits it uploads."""
+        return super().client_samples(ctx) + self.params.shared_batch
+
     def client_update(self, ctx: ClientContext, payload: FedCDPayload, state: PersonalModel) -> LocalTraining:
         p = self.params
         if payload.teacher is None or p.lambda_kd == 0:

@@ -200,6 +200,12 @@ class FedD3A(Algorithm):
 
 
     # --- server (Algorithm 1: Eq. 6-8) -----------------------------------------------------------------
+    def server_samples(self, uploads: int) -> int:
+        """``distill_epochs`` passes over the server's data, through every uploaded model (Eq. 6-7's teachers) and
+        the student."""
+        n = len(self.server_data.x) if self.server_data is not None else 0
+        return int(self.params.distill_epochs * n) * (1 + uploads)
+
     def server_update(self, state: GlobalModel, uploads: list[FedD3AUpload],
                       ctx: ServerContext) -> tuple[GlobalModel, dict[str, float]]:
         assert self.server_data is not None

@@ -59,6 +59,12 @@ class FedDF(FedAvg):
                                epochs=p.distill_epochs, temperature=p.temperature, val_fraction=p.val_fraction,
                                patience=p.patience, eval_every=p.eval_every)
 
+    def server_samples(self, uploads: int) -> int:
+        """At most ``distill_epochs`` passes over the server's data, labelled by every uploaded model (the teacher)
+        and learned by the student: early stopping may end sooner."""
+        n = len(self.server_data.x) if self.server_data is not None else 0
+        return int(self.params.distill_epochs * n) * (1 + uploads)
+
     def server_update(self, state: ModelState, uploads: list[ModelUpload],
                       ctx: ServerContext) -> tuple[ModelState, dict[str, float]]:
         assert self.server_data is not None

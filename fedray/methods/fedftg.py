@@ -141,6 +141,13 @@ class FedFTG(FedAvg):
         return counted_upload(ctx, weights, self.spec.num_classes)
 
     # --- server ---------------------------------------------------------------------------------------------
+    def server_samples(self, uploads: int) -> int:
+        """Per iteration, a generated batch through the generator and each teacher per generator step, then through
+        the student per student step."""
+        p = self.params
+        batch = p.batch_size or self.cfg.federation.batch_size
+        return p.iterations * batch * (p.gen_steps_per_teacher * uploads + p.student_steps)
+
     def server_update(self, state: FedFTGState, uploads: list[LabelCountUpload],
                       ctx: ServerContext) -> tuple[FedFTGState, dict[str, float]]:
         average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])

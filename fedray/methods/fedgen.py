@@ -159,6 +159,15 @@ class FedGen(FedAvg):
         return max(min(value, 1e-4), value * self.params.decay ** (round_ - 1))
 
     # --- client -----------------------------------------------------------------------------------------------
+    def client_samples(self, ctx: ClientContext) -> int:
+        """Its batches, and each step ``gen_batch_size`` generated features through the classifier's head."""
+        return super().client_samples(ctx) + ctx.num_local_steps() * self.params.gen_batch_size
+
+    def server_samples(self, uploads: int) -> int:
+        """The generator's steps, each batch through the generator and every uploaded head (Eq. 4)."""
+        p = self.params
+        return p.gen_steps * (p.gen_server_batch_size or self.cfg.federation.batch_size) * (1 + uploads)
+
     def client_update(self, ctx: ClientContext[FedGenModules], payload: FedGenPayload, state=None):
         plain = super().client_update(ctx, payload, state)
         if payload.generator is None:

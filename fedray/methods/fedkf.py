@@ -204,6 +204,11 @@ class FedKF(FedAvg):
                 new.adam_exp_avg_sq[name] = st["exp_avg_sq"].detach().to("cpu", copy=True)
         return new
 
+    def client_samples(self, ctx: ClientContext) -> int:
+        """Its batches, and each step a generated batch through the local generator, the teacher and the student."""
+        p = self.params
+        return super().client_samples(ctx) + ctx.num_local_steps() * (p.generator_batch_size or ctx.fed.batch_size)
+
     def client_update(self, ctx: ClientContext, payload: FedKFPayload,
                       state: GeneratorState | None) -> LocalTraining | StepwiseTraining:
         """The local step as data, for the runtime to run alone or batched over clients: warm-up rounds are

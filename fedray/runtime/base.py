@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -12,6 +12,11 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError
 from fedray.evaluation import ClientScores
+
+
+#: The simulated system's say on a round's uploads (:meth:`fedray.system.SystemClock.admit` behind it): given the
+#: clients that finished, in client-id order, their infos and the broadcast's size, the ids whose uploads arrive.
+Admit = Callable[[list[int], list[dict], int], list[int]]
 
 
 @dataclass
@@ -34,8 +39,10 @@ class Runtime(ABC):
         a runtime with processes to start (Ray) starts them while the caller loads the data."""
 
     @abstractmethod
-    def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
-        """Broadcast, train ``client_ids`` (sorted), aggregate their uploads on the server."""
+    def run_round(self, round_: int, client_ids: list[int], admit: Admit | None = None) -> RoundOutcome:
+        """Broadcast, train ``client_ids`` (sorted), aggregate their uploads on the server. With ``admit`` only the
+        uploads it lets through reach the server (none: the server state stays as it was), and only those clients
+        keep their new state; ``client_infos`` are theirs."""
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:

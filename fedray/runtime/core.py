@@ -144,7 +144,8 @@ class ClientWorkerCore:
 
     def _outcome(self, ctx: ClientContext, result: ClientResult) -> tuple[Upload, ClientState | None, dict]:
         info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": nbytes(result.upload),
-                "has_state": result.state is not None, "pid": os.getpid()}
+                "has_state": result.state is not None, "pid": os.getpid(),
+                "work_samples": self.algo.client_samples(ctx)}  # the simulated system's samples_k
         info.update(result.metrics)
         return result.upload, result.state, info
 
@@ -237,7 +238,10 @@ class ServerCore:
         return payload, nbytes(payload)
 
     def aggregate(self, round_: int, uploads: list[Any], client_ids: list[int]) -> dict[str, float]:
-        """Reject non-finite uploads, then run the method's server update on the rest (client-id order)."""
+        """Reject non-finite uploads, then run the method's server update on the rest (client-id order). No upload
+        at all (the simulated system let none arrive): the state stays as it is."""
+        if not uploads:
+            return {}
         pairs = [(u, c) for u, c in zip(uploads, client_ids) if is_finite(u) or _reject(round_, c)]
         kept, kept_ids = [u for u, _ in pairs], [c for _, c in pairs]
         if not kept:
@@ -254,6 +258,8 @@ class ServerCore:
                 diag.update(self.algo.probe_diagnostics(ctx, self.probe, kept_ids))
         assert all(k.startswith("diag/") for k in diag), "simulation-only diagnostics are logged under diag/*"
         metrics.update(diag)
+        if self.cfg.system.enabled:  # the server's work, for the simulated clock (system.server_sps)
+            metrics["sim/server_samples"] = float(self.algo.server_samples(len(kept)))
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
 
     @property

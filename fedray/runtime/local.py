@@ -10,7 +10,7 @@ import torch
 from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
-from fedray.runtime.base import RoundOutcome, Runtime, local_device
+from fedray.runtime.base import Admit, RoundOutcome, Runtime, local_device
 from fedray.runtime.core import ClientWorkerCore, ServerCore
 from fedray.runtime.process import claim_process, torch_threads
 from fedray.runtime.personal import client_table, personal_evaluation, personal_models
@@ -34,17 +34,21 @@ class LocalRuntime(Runtime):
         self.worker = ClientWorkerCore(self.experiment, data, self.device)
         self.num_clients = data.num_clients
 
-    def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
+    def run_round(self, round_: int, client_ids: list[int], admit: Admit | None = None) -> RoundOutcome:
         payload, payload_bytes = self.server.broadcast(round_)
-        uploads, infos = [], []
         done = self.worker.train_many(round_, client_ids, payload, [self.client_states.get(c) for c in client_ids])
+        kept = set(admit(client_ids, [info for _, _, info in done], payload_bytes)) if admit else set(client_ids)
+        uploads, infos, ids = [], [], []
         for cid, (upload, state, info) in zip(client_ids, done):
+            if cid not in kept:
+                continue
             if state is not None:
                 self.client_states[cid] = state
             uploads.append(upload)
             infos.append(info)
+            ids.append(cid)
         t0 = time.perf_counter()
-        metrics = self.server.aggregate(round_, uploads, client_ids)
+        metrics = self.server.aggregate(round_, uploads, ids)
         return RoundOutcome(infos, metrics, payload_bytes, time.perf_counter() - t0)
 
     def evaluate(self) -> dict[str, float]:

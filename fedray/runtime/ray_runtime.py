@@ -45,7 +45,7 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.evaluation import ClientScores, EvalIndex
-from fedray.runtime.base import RoundOutcome, Runtime
+from fedray.runtime.base import Admit, RoundOutcome, Runtime
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
@@ -199,7 +199,7 @@ class RayRuntime(Runtime):
         for new in self._submit_batch(round_, cids, payload_ref, worker, time.monotonic(), job.attempt + 1):
             jobs[new.client_id] = new
 
-    def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
+    def run_round(self, round_: int, client_ids: list[int], admit: Admit | None = None) -> RoundOutcome:
         if self.pool.check():
             self.one_actor_per_client = False
         # Clients' tasks go out before the payload's size is known: they start when the broadcast ends.
@@ -258,6 +258,10 @@ class RayRuntime(Runtime):
                 log.warning("round %d: dropped client %d: its upload was lost with its node", round_, cid)
         if not kept:
             raise RunFailure(f"round {round_}: no client finished (all dropped after failures or timeouts)")
+        lost = len(client_ids) - len(kept)
+        if admit is not None:  # the simulated system: only the uploads that arrive in simulated time
+            arrived = set(admit(kept, [done[c][1] for c in kept], payload_bytes))
+            kept = [c for c in kept if c in arrived]
         t0 = time.perf_counter()
         metrics = self.server.aggregate(round_, kept)
         server_s = time.perf_counter() - t0
@@ -267,7 +271,7 @@ class RayRuntime(Runtime):
             if info.get("has_state", True):
                 self.client_states[cid] = job.state
             infos.append(info)
-        metrics["health/dropped_clients"] = float(len(client_ids) - len(kept))
+        metrics["health/dropped_clients"] = float(lost)
         return RoundOutcome(infos, metrics, payload_bytes, server_s)
 
     def evaluate(self) -> dict[str, float]:

@@ -62,12 +62,13 @@ import dataclasses
 import torch
 from torch import nn
 
-from fedray.methods.api import Algorithm, ClientContext, ClientResult, DiagnosticProbe, ServerContext, Weights
+from fedray.methods.api import (Algorithm, ClientContext, ClientResult, DiagnosticProbe, ServerContext, Weights,
+                               batch_plan_rows)
 from fedray.methods.dafkd.server import probe_diagnostics, server_round
 from fedray.methods.dafkd.types import (DaFKDClientState, DaFKDModules, DaFKDParams, DaFKDPayload, DaFKDServerState,
                                         DaFKDUpload)
 from fedray.learning.distill import soft_targets
-from fedray.methods.dafkd.client import batched_local_step, sequential_update
+from fedray.methods.dafkd.client import adversarial_steps, batched_local_step, sequential_update
 from fedray.methods.dafkd.losses import disc_logits
 from fedray.learning.training import StepwiseTraining
 from fedray.learning.weights import clone_weights
@@ -246,6 +247,19 @@ class DaFKD(Algorithm):
     #: not server state)
     _round_uploads: list[DaFKDUpload] | None = None
     _round_generator: Weights | None = None
+
+    def client_samples(self, ctx: ClientContext) -> int:
+        """Its batches, and in the adversarial steps a generated batch as large for D (Eq. 2) and another for G
+        (Eq. 3), each through the generator and the discriminator."""
+        round_d, round_g, adv_steps = adversarial_steps(self, ctx)
+        generated = batch_plan_rows(ctx.num_samples, ctx.fed.batch_size, adv_steps) * (int(round_d) + int(round_g))
+        return super().client_samples(ctx) + generated
+
+    def server_samples(self, uploads: int) -> int:
+        """The distillation set generated and labelled by each upload's classifier and discriminator (Eq. 7-8),
+        then the student's distillation steps."""
+        p = self.params
+        return p.distill_samples * (1 + uploads) + p.distill_steps * p.distill_batch_size
 
     def server_update(self, state: DaFKDServerState, uploads: list[DaFKDUpload],
                       ctx: ServerContext) -> tuple[DaFKDServerState, dict[str, float]]:

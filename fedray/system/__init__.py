@@ -1,0 +1,17 @@
+"""The simulated system: devices, networks and availability on a virtual clock (arrays, seeded; knows no method
+and no Ray). ``system.devices=none`` (the default) leaves it out: no simulated time, figures as without it."""
+
+from fedray.system.clock import SystemClock
+from fedray.system.config import SystemConfig
+
+__all__ = ["SystemClock", "SystemConfig", "check_traces"]
+
+
+def check_traces(cfg: SystemConfig, num_clients: int) -> None:
+    """Read and check the trace files ``cfg`` names, for ``num_clients`` registered clients (ConfigError if bad)."""
+    from fedray.system.traces import read_availability_trace, read_device_trace
+
+    if cfg.devices == "trace":
+        read_device_trace("system.trace", cfg.trace, num_clients)
+    if cfg.availability == "trace":
+        read_availability_trace("system.availability_trace", cfg.availability_trace, num_clients)

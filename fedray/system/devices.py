@@ -1,0 +1,58 @@
+"""Each client's device and network as arrays: training samples per second, bandwidth up and down, latency."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedray.seeding import derive_rng
+from fedray.system.config import SystemConfig
+from fedray.system.traces import read_device_trace
+
+#: The heterogeneous profile: per quantity, the median and the standard deviation of its natural logarithm (a
+#: lognormal across clients, each quantity drawn independently). Sources (docs/system.md has the reasoning):
+#: compute, FLASH's on-phone training times of a FEMNIST CNN (Yang et al., WWW 2021: 6, 17 and 56 samples/s on a
+#: low-, mid- and high-end phone); bandwidth, FLASH's per-client network speeds (medians 5.2 Mbit/s down and
+#: 3.1 up, log spreads 0.48 and 0.70); latency, LTE's ~70 ms median round trip (Huang et al., MobiSys 2012).
+HETEROGENEOUS = {
+    "compute_sps": (17.0, 0.9),
+    "up_mbps": (3.1, 0.70),
+    "down_mbps": (5.2, 0.48),
+    "latency_ms": (35.0, 0.5),
+}
+
+
+@dataclass
+class Devices:
+    """Per client (index = client id): samples/s, bytes/s up and down, one-way latency in seconds."""
+
+    compute_sps: np.ndarray
+    up_bps: np.ndarray  # bytes per second: Mbit/s x 10^6 / 8
+    down_bps: np.ndarray
+    latency_s: np.ndarray
+
+    @classmethod
+    def build(cls, cfg: SystemConfig, num_clients: int, seed: int) -> "Devices":
+        if cfg.devices == "uniform":
+            cols = {"compute_sps": cfg.compute_sps, "up_mbps": cfg.up_mbps, "down_mbps": cfg.down_mbps,
+                    "latency_ms": cfg.latency_ms}
+            cols = {k: np.full(num_clients, float(v)) for k, v in cols.items()}
+        elif cfg.devices == "heterogeneous":
+            cols = {}
+            for name, (median, sigma) in HETEROGENEOUS.items():  # one stream per quantity: adding one moves no other
+                cols[name] = median * np.exp(sigma * derive_rng(seed, "devices", name).standard_normal(num_clients))
+        elif cfg.devices == "trace":
+            cols = read_device_trace("system.trace", cfg.trace, num_clients)
+        else:
+            raise ValueError(f"no devices to build for system.devices={cfg.devices}")
+        return cls(compute_sps=np.asarray(cols["compute_sps"], dtype=np.float64),
+                   up_bps=np.asarray(cols["up_mbps"], dtype=np.float64) * 1e6 / 8,
+                   down_bps=np.asarray(cols["down_mbps"], dtype=np.float64) * 1e6 / 8,
+                   latency_s=np.asarray(cols["latency_ms"], dtype=np.float64) / 1e3)
+
+    def client_time(self, ids: np.ndarray, samples: np.ndarray, bytes_down: np.ndarray,
+                    bytes_up: np.ndarray) -> np.ndarray:
+        """t_k = latency + bytes_down / down + samples / compute + latency + bytes_up / up, in seconds."""
+        return (2 * self.latency_s[ids] + bytes_down / self.down_bps[ids] + samples / self.compute_sps[ids]
+                + bytes_up / self.up_bps[ids])

@@ -1,0 +1,207 @@
+"""The virtual clock of a synchronous round, by hand: each selected client's time, who arrives, who straggles, who
+drops out, how long the round takes, and who may be sampled at all."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fedray.errors import RunFailure
+from fedray.system import SystemClock, SystemConfig
+from fedray.system.availability import Markov
+
+MB = 1e6 / 8  # bytes per second in one Mbit/s
+
+
+def _trace(tmp_path, rows, name="devices.csv"):
+    path = tmp_path / name
+    path.write_text("client,compute_sps,up_mbps,down_mbps,latency_ms\n" + "\n".join(",".join(map(str, r)) for r in rows))
+    return str(path)
+
+
+def _availability(tmp_path, rows):
+    path = tmp_path / "online.csv"
+    path.write_text("client,start_s,end_s\n" + "\n".join(",".join(map(str, r)) for r in rows))
+    return str(path)
+
+
+def _clock(tmp_path, rows, per_round, **system):
+    cfg = SystemConfig(devices="trace", trace=_trace(tmp_path, rows), **system)
+    return SystemClock(cfg, len(rows), per_round, seed=0)
+
+
+def test_a_three_client_round_by_hand(tmp_path):
+    """t_k = latency + down / down_k + samples / sps_k + latency + up / up_k; the round ends with the last of the k."""
+    rows = [(0, 100, 8, 16, 10), (1, 50, 4, 8, 20), (2, 200, 16, 32, 0)]
+    clock = _clock(tmp_path, rows, per_round=3)
+    assert clock.select(1) == [0, 1, 2]
+    down, samples, up = 2_000_000, [300, 300, 1000], [1_000_000, 1_000_000, 4_000_000]
+    assert clock.admit([0, 1, 2], samples, up, down) == [0, 1, 2]
+    t = [0.010 + down / (16 * MB) + 300 / 100 + 0.010 + 1_000_000 / (8 * MB),  # 5.02
+         0.020 + down / (8 * MB) + 300 / 50 + 0.020 + 1_000_000 / (4 * MB),  # 10.04
+         0.0 + down / (32 * MB) + 1000 / 200 + 0.0 + 4_000_000 / (16 * MB)]  # 7.5
+    row = clock.end_round(0)
+    assert row["sim/round_s"] == pytest.approx(max(t), rel=1e-12) and row["sim/round_s"] == pytest.approx(10.04)
+    assert row["sim/clock_s"] == row["sim/round_s"]
+    assert (row["sim/available"], row["sim/selected"], row["sim/stragglers"], row["sim/dropouts"]) == (3, 3, 0, 0)
+    cols = clock.client_columns([0, 1, 2])
+    assert cols["sim_rounds"].tolist() == [1, 1, 1]
+    assert cols["sim_busy_s"] == pytest.approx(t)
+
+
+def test_overcommitment_aggregates_exactly_the_k_earliest(tmp_path):
+    """ceil(2 x 2.5) = 5 selected; the two fastest arrive, the other three straggle; the round ends with the 2nd."""
+    rows = [(c, sps, 1000, 1000, 0) for c, sps in enumerate([10, 50, 20, 40, 30])]
+    clock = _clock(tmp_path, rows, per_round=2, overcommit=2.5)
+    assert clock.select(1) == [0, 1, 2, 3, 4]
+    assert clock.admit([0, 1, 2, 3, 4], [100] * 5, [0] * 5, 0) == [1, 3]
+    row = clock.end_round(0)
+    assert row["sim/round_s"] == pytest.approx(100 / 40) and row["sim/stragglers"] == 3 and row["sim/dropouts"] == 0
+    # a straggler worked until the server stopped waiting
+    assert clock.client_columns([0, 1, 3])["sim_busy_s"] == pytest.approx([2.5, 2.0, 2.5])
+    assert clock.client_columns(range(5))["sim_rounds"].tolist() == [0, 1, 0, 1, 0]
+
+
+def test_a_tie_goes_to_the_lower_client_id(tmp_path):
+    clock = _clock(tmp_path, [(c, 10, 1000, 1000, 0) for c in range(3)], per_round=1, overcommit=3)
+    clock.select(1)
+    assert clock.admit([0, 1, 2], [10, 10, 10], [0] * 3, 0) == [0]
+
+
+def test_a_deadline_drops_exactly_the_late_ones_and_ends_the_round(tmp_path):
+    rows = [(c, sps, 1000, 1000, 0) for c, sps in enumerate([10, 20, 40, 100])]
+    clock = _clock(tmp_path, rows, per_round=4, deadline_s=5.0)
+    clock.select(1)
+    # times 10, 5, 2.5, 1: client 1 at exactly the deadline is in time; client 0 is late
+    assert clock.admit([0, 1, 2, 3], [100] * 4, [0] * 4, 0) == [1, 2, 3]
+    row = clock.end_round(0)
+    assert row["sim/dropouts"] == 1 and row["sim/stragglers"] == 0
+    assert row["sim/round_s"] == 5.0  # fewer than k arrived: the server waited for the deadline
+    clock.select(2)
+    assert clock.admit([0, 1, 2, 3], [100, 100, 100, 10], [0] * 4, 0) == [1, 2, 3]
+    assert clock.end_round(0)["sim/round_s"] == 5.0
+
+
+def test_the_servers_work_is_timed_after_the_last_arrival(tmp_path):
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0)], per_round=1, server_sps=500.0)
+    clock.select(1)
+    clock.admit([0], [20], [0], 0)
+    row = clock.end_round(1000)
+    assert row["sim/server_s"] == 2.0 and row["sim/round_s"] == 4.0 and clock.clock == 4.0
+
+
+def test_an_offline_client_is_never_sampled_and_a_mid_round_dropout_is_not_aggregated(tmp_path):
+    rows = [(c, 10, 1000, 1000, 0) for c in range(4)]
+    online = _availability(tmp_path, [(0, 0, 1.0), (1, 0, 100), (2, 0, 100), (3, 50, 100), (0, 60, 70)])
+    clock = _clock(tmp_path, rows, per_round=3, availability="trace", availability_trace=online)
+    assert clock.select(1) == [0, 1, 2]  # client 3 comes online at 50 s
+    # client 0 goes offline at 1 s, before its 2 s of work: a dropout
+    assert clock.admit([0, 1, 2], [20] * 3, [0] * 3, 0) == [1, 2]
+    row = clock.end_round(0)
+    assert row["sim/dropouts"] == 1 and row["sim/available"] == 3 and row["sim/round_s"] == 2.0
+    assert clock.client_columns([0])["sim_busy_s"] == pytest.approx([1.0])  # it worked until it went
+    seen = set()
+    for r in range(2, 6):  # rounds of 20 s: client 0 only in [60, 70), client 3 only from 50 s on
+        chosen = clock.select(r)
+        seen.update(chosen)
+        assert (0 not in chosen or 60 <= clock.clock < 70) and (3 not in chosen or clock.clock >= 50)
+        clock.admit(chosen, [200] * len(chosen), [0] * len(chosen), 0)
+        clock.end_round(0)
+    assert 3 in seen
+
+
+def test_with_nobody_online_the_clock_waits_and_a_trace_that_ends_stops_the_run(tmp_path):
+    rows = [(0, 10, 1000, 1000, 0)]
+    online = _availability(tmp_path, [(0, 30, 40)])
+    clock = _clock(tmp_path, rows, per_round=1, availability="trace", availability_trace=online)
+    assert clock.select(1) == [0]
+    clock.admit([0], [10], [0], 0)
+    row = clock.end_round(0)
+    assert row["sim/round_s"] == 31.0 and row["sim/clock_s"] == 31.0  # waited 30 s, worked 1 s
+    with pytest.raises(RunFailure, match="availability trace ends"):
+        for r in range(2, 20):
+            clock.select(r)
+            clock.admit([0], [10], [0], 0)
+            clock.end_round(0)
+
+
+def test_with_fewer_than_k_selected_the_round_ends_when_the_last_is_in(tmp_path):
+    """Two clients online for k = 3 and a 20 s deadline: the server stops waiting at the last arrival, not at 20 s;
+    a client that goes offline is known gone when it goes."""
+    rows = [(c, sps, 1000, 1000, 0) for c, sps in enumerate([10, 20, 10])]
+    online = _availability(tmp_path, [(0, 0, 100), (1, 0, 100), (2, 0, 3.0)])
+    clock = _clock(tmp_path, rows, per_round=4, deadline_s=20.0, availability="trace", availability_trace=online)
+    assert clock.select(1) == [0, 1, 2]
+    assert clock.admit([0, 1, 2], [50, 50, 50], [0] * 3, 0) == [0, 1]  # client 2 would need 5 s, gone at 3 s
+    assert clock.end_round(0)["sim/round_s"] == 5.0
+
+
+def test_clients_lost_by_the_runtime_count_as_dropouts(tmp_path):
+    clock = _clock(tmp_path, [(c, 10, 1000, 1000, 0) for c in range(3)], per_round=3)
+    clock.select(1)
+    assert clock.admit([0, 2], [10, 10], [0, 0], 0) == [0, 2]  # client 1's worker failed for good
+    assert clock.end_round(0)["sim/dropouts"] == 1
+
+
+def test_markov_availability_is_stationary_and_seeded():
+    """At every time a client is online with probability on / (on + off); the same seed, the same states."""
+    a, b = Markov(4000, 100.0, 300.0, seed=1), Markov(4000, 100.0, 300.0, seed=1)
+    fractions = []
+    for t in (0.0, 50.0, 500.0, 5000.0):
+        online, until = a.at(t)
+        assert np.array_equal(online, b.at(t)[0])
+        assert (until[online] > t).all() and np.isneginf(until[~online]).all()
+        fractions.append(online.mean())
+    assert np.mean(fractions) == pytest.approx(0.25, abs=0.02)
+    other = Markov(4000, 100.0, 300.0, seed=2).at(0.0)[0]
+    assert not np.array_equal(other, Markov(4000, 100.0, 300.0, seed=1).at(0.0)[0])
+
+
+def test_markov_periods_have_the_asked_means():
+    """Watched on a fine grid, a client's online periods last mean_online_s on average."""
+    m = Markov(1000, 20.0, 60.0, seed=0)
+    prev, _ = m.at(0.0)
+    ends = np.zeros(1000)
+    for t in np.arange(1.0, 2000.0, 1.0):
+        now, _ = m.at(float(t))
+        ends += prev & ~now
+        prev = now
+    # a client spends ~1/4 of 2000 s online in periods of ~20 s: ~25 online periods end per client
+    assert ends.mean() == pytest.approx(2000 / 80, rel=0.05)
+
+
+def test_the_clock_state_round_trips(tmp_path):
+    def clock():
+        cfg = SystemConfig(devices="uniform", availability="markov", mean_online_s=5.0, mean_offline_s=5.0)
+        return SystemClock(cfg, 50, 5, seed=3)
+
+    a = clock()
+    for r in (1, 2):
+        ids = a.select(r)
+        a.admit(ids, [100] * len(ids), [1000] * len(ids), 1000)
+        a.end_round(0)
+    b = clock()
+    b.load(a.state())
+    for r in (3, 4):
+        ids = a.select(r)
+        assert b.select(r) == ids
+        assert a.admit(ids, [100] * len(ids), [1000] * len(ids), 1000) == b.admit(ids, [100] * len(ids),
+                                                                              [1000] * len(ids), 1000)
+        assert a.end_round(0) == b.end_round(0)
+
+
+def test_uniform_devices_and_the_heterogeneous_profile():
+    uniform = SystemClock(SystemConfig(devices="uniform", compute_sps=7, up_mbps=8, down_mbps=16, latency_ms=5),
+                          3, 1, seed=0).devices
+    assert uniform.compute_sps.tolist() == [7] * 3 and uniform.up_bps.tolist() == [1e6] * 3
+    assert uniform.down_bps.tolist() == [2e6] * 3 and uniform.latency_s.tolist() == [0.005] * 3
+    het = SystemClock(SystemConfig(devices="heterogeneous"), 20000, 1, seed=0).devices
+    assert np.median(het.compute_sps) == pytest.approx(17.0, rel=0.03)
+    assert np.std(np.log(het.up_bps)) == pytest.approx(0.70, rel=0.03)
+    again = SystemClock(SystemConfig(devices="heterogeneous"), 20000, 1, seed=0).devices
+    assert np.array_equal(het.compute_sps, again.compute_sps)
+    assert not np.array_equal(het.compute_sps, SystemClock(SystemConfig(devices="heterogeneous"), 20000, 1,
+                                                           seed=1).devices.compute_sps)
+    assert math.isclose(np.median(het.latency_s), 0.035, rel_tol=0.03)

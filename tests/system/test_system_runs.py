@@ -1,0 +1,156 @@
+"""The simulated system inside a run: off by default and then invisible; on, it changes who trains and whose upload
+the server sees, never what a client computes; its figures reach history and clients.parquet; bad ``system.*``
+input and malformed traces are refused in one line before any work."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from fedray.cli import main
+from fedray.data import build_federated_data
+from fedray.record.run_dir import CLIENT_HISTORY_FILE
+from fedray.runtime.local import LocalRuntime
+from fedray.simulation import run_experiment
+from tests.conftest import tiny_config
+
+SIM_KEYS = {"sim/round_s", "sim/clock_s", "sim/available", "sim/selected", "sim/stragglers", "sim/dropouts",
+            "sim/server_s"}
+
+
+def _learning(history):
+    """Every figure but wall times and the simulated system's."""
+    return [{k: ("nan" if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()
+             if not k.startswith(("time/", "sim/"))} for row in history]
+
+
+def test_a_system_without_constraints_changes_no_learning_figure_and_none_adds_no_key():
+    """``system.devices=none`` (the default) adds nothing to a run; uniform devices, every client online, no
+    over-commitment and no deadline select the same clients and aggregate all of them: only sim/* is added, and each
+    round's simulated time is the slowest client's (all equal here: 2 latencies, the bytes, the samples)."""
+    cfg = tiny_config(federation__rounds=2)
+    data = build_federated_data(cfg.data, cfg.seed)
+    plain = run_experiment(cfg, progress=False, data=data)
+    timed = run_experiment(tiny_config(federation__rounds=2, system__devices="uniform"), progress=False, data=data)
+    assert not any(k.startswith("sim/") for row in plain.history for k in row)
+    assert _learning(timed.history) == _learning(plain.history)
+    assert all(SIM_KEYS <= set(row) for row in timed.history)
+    first = timed.history[0]
+    assert first["sim/dropouts"] == first["sim/stragglers"] == 0 and first["sim/selected"] == 3
+    assert timed.history[1]["sim/clock_s"] == pytest.approx(first["sim/round_s"] + timed.history[1]["sim/round_s"])
+
+
+def test_the_server_sees_exactly_the_uploads_that_arrive():
+    """A round whose system admits two of four clients leaves the server the state that training those two alone
+    would, and only they keep their new client state."""
+    cfg = tiny_config(algorithm__name="scaffold", federation__clients_per_round=4, runtime__vectorize=False)
+    data = build_federated_data(cfg.data, cfg.seed)
+    admitted = LocalRuntime(cfg, data)
+    seen = {}
+
+    def admit(ids, infos, down):
+        seen.update(ids=ids, samples=[i["work_samples"] for i in infos], down=down)
+        return [ids[1], ids[3]]
+
+    outcome = admitted.run_round(1, [0, 1, 2, 3], admit)
+    assert seen["ids"] == [0, 1, 2, 3] and seen["down"] == outcome.payload_bytes > 0
+    assert all(s > 0 for s in seen["samples"])
+    assert [i["client"] for i in outcome.client_infos] == [1, 3]
+    alone = LocalRuntime(cfg, data)
+    alone.run_round(1, [1, 3])
+    want, got = alone.global_weights(), admitted.global_weights()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert set(admitted.client_states) == {1, 3}
+    nobody = LocalRuntime(cfg, data)
+    before = {k: v.clone() for k, v in nobody.global_weights().items()}
+    assert nobody.run_round(1, [0, 1], lambda ids, infos, down: []).server_metrics == {}
+    assert all(torch.equal(before[k], v) for k, v in nobody.global_weights().items()) and not nobody.client_states
+
+
+def test_a_constrained_run_records_its_system_per_round_and_per_client(tmp_path):
+    cfg = tiny_config(federation__rounds=3, federation__clients_per_round=3, data__num_clients=8,
+                      system__devices="heterogeneous", system__availability="markov", system__mean_online_s=3000,
+                      system__mean_offline_s=300, system__overcommit=1.5, tracking__enabled=False)
+    result = run_experiment(cfg, tmp_path / "run", progress=False)
+    rows = result.history
+    assert all(row["sim/selected"] <= math.ceil(3 * 1.5) and row["sim/selected"] <= row["sim/available"] for row in rows)
+    assert sum(row["sim/stragglers"] for row in rows) > 0
+    assert [row["sim/clock_s"] for row in rows] == pytest.approx(
+        [sum(r["sim/round_s"] for r in rows[: i + 1]) for i in range(3)])
+    clients = pq.read_table(tmp_path / "run" / CLIENT_HISTORY_FILE).to_pydict()
+    last = [i for i, r in enumerate(clients["round"]) if r == 3]
+    assert sum(clients["sim_rounds"][i] for i in last) <= 3 * 3
+    assert all(clients["sim_busy_s"][i] >= 0 for i in last) and max(clients["sim_busy_s"][i] for i in last) > 0
+
+
+DEVICES = "client,compute_sps,up_mbps,down_mbps,latency_ms\n"
+ONLINE = "client,start_s,end_s\n"
+GOOD_DEVICES = DEVICES + "".join(f"{c},10,1,1,5\n" for c in range(6))
+BAD = [
+    # (system overrides, files to write {name: text}, key, a fragment of the message)
+    (["system.devices=phones"], {}, "system.devices", "'none', 'uniform', 'heterogeneous' or 'trace'"),
+    (["system.devices=uniform", "system.compute_sps=0"], {}, "system.compute_sps", "greater than 0"),
+    (["system.devices=uniform", "system.overcommit=0.5"], {}, "system.overcommit", "greater than or equal to 1"),
+    (["system.devices=uniform", "system.deadline_s=-1"], {}, "system.deadline_s", "greater than 0"),
+    (["system.overcommit=1.3"], {}, "system.overcommit", "set system.devices to uniform"),
+    (["system.availability=markov"], {}, "system.availability", "needs a simulated clock"),
+    (["system.devices=trace"], {}, "system.trace", "give system.trace=PATH"),
+    (["system.devices=uniform", "system.trace=d.csv"], {}, "system.trace", "only read with system.devices=trace"),
+    (["system.devices=uniform", "system.availability=trace"], {}, "system.availability_trace", "give "),
+    (["system.devices=trace", "system.trace=nope.csv"], {}, "system.trace", "is not a file"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("latency_ms", "rtt_ms")},
+     "system.trace", "unknown column 'rtt_ms'"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": DEVICES + "0,10,1,1\n"}, "system.trace", ""),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("3,10,1,1,5", "3,0,1,1,5")},
+     "system.trace", "row 4, column compute_sps: 0; must be > 0"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("2,10,1,1,5", "2,10,-1,1,5")},
+     "system.trace", "row 3, column up_mbps: -1; must be > 0"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("5,10,1,1,5\n", "")},
+     "system.trace", "client 5 has no row"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("5,10", "4,10")},
+     "system.trace", "row 6: client 4 is listed again"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("5,10", "9,10")},
+     "system.trace", "row 6, column client: 9 is not a client id; allowed: 0..5"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("1,10,1,1,5", "1,fast,1,1,5")},
+     "system.trace", "row 2, column compute_sps: 'fast' is not a number"),
+    (["system.devices=uniform", "system.availability=trace", "system.availability_trace=a.csv"],
+     {"a.csv": ONLINE + "0,0,10\n1,5,3\n"}, "system.availability_trace", "row 2, column end_s: 3 is not after"),
+    (["system.devices=uniform", "system.availability=trace", "system.availability_trace=a.csv"],
+     {"a.csv": ONLINE + "0,0,10\n1,0,5\n0,8,20\n"}, "system.availability_trace", "row 3, column start_s"),
+]
+
+
+@pytest.mark.parametrize("system, files, key, fragment", BAD)
+def test_bad_system_input_is_refused_in_one_line_before_any_work(system, files, key, fragment, tmp_path, monkeypatch,
+                                                                 capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = ["run", "synthetic", "data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=1",
+            "federation.local_steps=1", "data.synthetic_train_samples=600", *system, "--output-dir", "out",
+            "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {key}"), err[0]
+    assert fragment in err[0], err[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_parquet_trace_reads_as_its_csv(tmp_path):
+    import pyarrow as pa
+
+    from fedray.system.traces import read_device_trace
+
+    (tmp_path / "d.csv").write_text(GOOD_DEVICES.replace("4,10,1,1,5", "4,30,2,8,40"))
+    csv = read_device_trace("system.trace", str(tmp_path / "d.csv"), 6)
+    pq.write_table(pa.table({"client": [5, 4, 3, 2, 1, 0], "compute_sps": [10.0, 30, 10, 10, 10, 10],
+                             "up_mbps": [1.0, 2, 1, 1, 1, 1], "down_mbps": [1.0, 8, 1, 1, 1, 1],
+                             "latency_ms": [5.0, 40, 5, 5, 5, 5]}), tmp_path / "d.parquet")
+    parquet = read_device_trace("system.trace", str(tmp_path / "d.parquet"), 6)
+    assert all((csv[k] == parquet[k]).all() for k in csv)
+    assert csv["compute_sps"].tolist() == [10, 10, 10, 10, 30, 10]
