@@ -176,6 +176,22 @@ class FederationConfig(_Strict):
     diag_every: int = Field(
         default=1, ge=1, description="simulation-only diag/* figures every N rounds and after the last; they are "
         "server time a real deployment would not spend (DaFKD's probe: ~a quarter of a graphed GPU round)")
+    mode: Literal["sync", "async"] = Field(
+        default="sync", description="async: buffered asynchronous aggregation (FedBuff) on the simulated clock "
+        "(docs/system.md): a round is then one server step of buffer_size uploads")
+    concurrency: int | None = Field(default=None, ge=1, description="async: clients training at once (default "
+                                    "clients_per_round)")
+    buffer_size: int | None = Field(default=None, ge=1, description="async: uploads per server step (default "
+                                    "clients_per_round)")
+    staleness: Literal["none", "polynomial"] = Field(
+        default="none", description="async: an upload s server steps old is weighted 1 (none) or 1/sqrt(1+s) "
+        "(polynomial, FedBuff's)")
+
+    def in_flight(self) -> int:
+        return self.concurrency or self.clients_per_round
+
+    def buffer(self) -> int:
+        return self.buffer_size or self.clients_per_round
 
     def diagnoses(self, round_: int) -> bool:
         """Whether ``round_`` (1-based) computes the simulation-only ``diag/*`` figures (``diag_every``)."""
@@ -321,6 +337,22 @@ class ExperimentConfig(_Strict):
                 f"allowed: 1..{self.data.num_clients}",
             )
         self.system.check()
+        if fed.mode == "async":
+            if not self.system.enabled:
+                raise ConfigError("federation.mode", "async orders the uploads by simulated time; set system.devices "
+                                  "to uniform, heterogeneous or trace (docs/system.md)")
+            if self.system.overcommit != 1:
+                raise ConfigError("system.overcommit", "over-selection is for synchronous rounds; with "
+                                  "federation.mode=async set federation.concurrency instead")
+            if fed.in_flight() > self.data.num_clients:
+                raise ConfigError("federation.concurrency", f"{fed.in_flight()} exceeds data.num_clients="
+                                  f"{self.data.num_clients}; allowed: 1..{self.data.num_clients}")
+        else:
+            for key in ("concurrency", "buffer_size"):
+                if getattr(fed, key) is not None:
+                    raise ConfigError(f"federation.{key}", "is only read with federation.mode=async")
+            if fed.staleness != "none":
+                raise ConfigError("federation.staleness", "is only read with federation.mode=async")
         check_traces(self.system, self.data.num_clients)
         return self
 

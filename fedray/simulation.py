@@ -31,6 +31,7 @@ from fedray.runtime.core import summarise_clients
 from fedray.runtime.server_inputs import setup_bytes
 from fedray.seeding import sample_clients
 from fedray.system import SystemClock
+from fedray.system.schedule import AsyncSchedule
 
 log = logging.getLogger("fedray")
 
@@ -131,11 +132,18 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         where = runtime.describe()
         system = (SystemClock(cfg.system, data.num_clients, fed.clients_per_round, cfg.seed)
                   if cfg.system.enabled else None)
+        if fed.mode == "async":
+            system = AsyncSchedule(system, fed.in_flight(), fed.buffer(), fed.staleness)
         if ckpt is not None:
             runtime.import_state(ckpt["server_state"], ckpt["client_states"])
             restore_rng(ckpt["rng"])
             if system is not None:
                 system.load(ckpt["system"])
+            if isinstance(system, AsyncSchedule):  # the work in flight at the checkpoint, started again
+                runtime.load_sent_payloads(ckpt["sent_payloads"])
+                for cid in sorted(system.flight):
+                    version = system.flight[cid]["version"]
+                    system.flight[cid]["down"] = runtime.submit(version + 1, cid, version)
         if output_dir is not None and ckpt is not None and unmark_finished(output_dir):
             log.info("%s: extending its finished run to %d rounds", output_dir, fed.rounds)
         if output_dir is not None and ckpt is None and (removed := clear_previous_run(output_dir)):
@@ -217,19 +225,44 @@ def check_extension(saved: ExperimentConfig, rounds: int, done: int) -> None:
 
 
 def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]],
-                system: SystemClock | None = None) -> Path:
+                system: SystemClock | AsyncSchedule | None = None) -> Path:
     server_state, client_states = runtime.export_state()
     ckpt = {"round": len(history), "config": cfg.model_dump(mode="json"), "server_state": server_state,
             "client_states": client_states, "history": history, "rng": rng_state()}
     if system is not None:  # the clock and the availability state, so that a resume continues the same clock
         ckpt["system"] = system.state()
+    if isinstance(system, AsyncSchedule):  # and the models clients are training from
+        ckpt["sent_payloads"] = runtime.sent_payloads()
     save_checkpoint(out, ckpt)
     return out
 
 
 def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
-           client_history: ClientHistory | None = None, system: SystemClock | None = None) -> dict[str, Any]:
+           client_history: ClientHistory | None = None,
+           system: SystemClock | AsyncSchedule | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
+    if isinstance(system, AsyncSchedule):
+        row, server_s = _async_step(runtime, r, system)
+        clock = system.clock
+    else:
+        row, server_s = _sync_step(cfg, runtime, data, r, system)
+        clock = system
+    evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
+    row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
+    row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
+    if evaluated and client_history is not None:
+        columns = runtime.client_scores().columns()
+        if clock is not None:
+            columns.update(clock.client_columns(columns["client"]))
+        client_history.add(r, columns)
+    row["time/server_s"] = server_s
+    row["time/round_s"] = time.perf_counter() - t0
+    return row
+
+
+def _sync_step(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
+               system: SystemClock | None) -> tuple[dict[str, Any], float]:
+    """A synchronous round's figures before evaluation, and the server's wall time."""
     if system is None:
         clients = sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round)
         outcome = runtime.run_round(r, clients)
@@ -242,15 +275,37 @@ def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
     row.update(outcome.server_metrics)
     if system is not None:
         row.update(system.end_round(outcome.server_metrics.get("sim/server_samples", 0.0)))
-    evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
-    row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
-    row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
-    if evaluated and client_history is not None:
-        columns = runtime.client_scores().columns()
-        if system is not None:
-            columns.update(system.client_columns(columns["client"]))
-        client_history.add(r, columns)
-    row["time/server_s"] = outcome.server_s
-    row["time/round_s"] = time.perf_counter() - t0
-    return row
+    return row, outcome.server_s
 
+
+
+def _async_step(runtime, r: int, sched: AsyncSchedule) -> tuple[dict[str, Any], float]:
+    """Round ``r`` of ``federation.mode=async``: one server step. Clients are dispatched until the buffer holds
+    ``buffer_size`` uploads, each event taken in simulated-time order (:class:`AsyncSchedule`); the work itself is
+    the runtime's (on Ray it runs while the driver waits for the figures that time it)."""
+    clock = sched.clock
+    start, down, dispatched, dropouts = clock.clock, 0.0, 0, 0
+    while len(sched.buffer) < sched.buffer_size:
+        for cid, version in sched.dispatch():
+            sched.flight[cid]["down"] = runtime.submit(version + 1, cid, version)
+            down += sched.flight[cid]["down"]
+            dispatched += 1
+        for cid in sched.untimed():  # after every submit: the tasks run meanwhile
+            info = runtime.finished(cid)
+            sched.time(cid, info["work_samples"], info["bytes_up"])
+        cid, arrived = sched.next_event()
+        if not arrived:
+            runtime.discard(cid)
+            dropouts += 1
+    clients, versions, weights, taus = sched.take_buffer()
+    t0 = time.perf_counter()
+    infos, metrics = runtime.apply(r, clients, versions, weights, sched.live())
+    wall_s = time.perf_counter() - t0
+    server_s = (metrics.get("sim/server_samples", 0.0) / clock.cfg.server_sps) if clock.cfg.server_sps else 0.0
+    clock.clock += server_s
+    online, _ = clock.availability.at(clock.clock)
+    row: dict[str, Any] = {"round": r, **summarise_clients(infos), "comm/bytes_down": down, **metrics}
+    row.update({"sim/round_s": clock.clock - start, "sim/clock_s": clock.clock, "sim/available": float(online.sum()),
+                "sim/selected": float(dispatched), "sim/stragglers": 0.0, "sim/dropouts": float(dropouts),
+                "sim/server_s": server_s, "sim/staleness": float(np.mean(taus))})
+    return row, wall_s

@@ -115,6 +115,11 @@ METHOD_CASES: dict[str, dict] = {
     "fedavg-system": {"system__devices": "heterogeneous", "system__availability": "markov",
                       "system__mean_online_s": 60.0, "system__mean_offline_s": 20.0, "system__overcommit": 1.5,
                       "system__deadline_s": 20.0},
+    # buffered asynchronous aggregation (FedBuff) on the same phones: 4 training at once, a server step every 2
+    # uploads, staleness-weighted; clients in flight at a checkpoint start again on resume from the same model
+    "fedavg-async": {"system__devices": "heterogeneous", "system__availability": "markov",
+                     "system__mean_online_s": 60.0, "system__mean_offline_s": 20.0, "federation__mode": "async",
+                     "federation__concurrency": 4, "federation__buffer_size": 2, "federation__staleness": "polynomial"},
     "fedprox": {"algorithm__mu": 0.5},
     # plain SGD, the paper's local step; its control variates are client state from round 2 on
     "scaffold": {"federation__optimizer": "sgd", "federation__lr": 0.1},

@@ -37,9 +37,9 @@ from tests.vectorized.test_vectorized import _max_relative_difference, _one_roun
 ROUNDS, CRASH_AFTER = 3, 2
 # every case of METHOD_CASES, and every built-in method (one without a case fails, naming what to add)
 CASES = sorted(set(built_in_methods()) | set(METHOD_CASES))
-# on Ray: every method, DaFKD's private variant and the simulated system (FedAvg's and FedD3A's other variants change
-# nothing Ray sees)
-RAY_CASES = [case for case in CASES if "-" not in case or case in ("dafkd-private", "fedavg-system")]
+# on Ray: every method, DaFKD's private variant and the simulated system, synchronous and asynchronous (FedAvg's and
+# FedD3A's other variants change nothing Ray sees)
+RAY_CASES = [case for case in CASES if "-" not in case or case in ("dafkd-private", "fedavg-system", "fedavg-async")]
 # methods whose clients return a finished ClientResult, not a training plan: never batched (name -> why)
 SEQUENTIAL_ONLY: dict[str, str] = {}
 

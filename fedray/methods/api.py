@@ -25,7 +25,8 @@ runtime train the round's clients one at a time or batched (``runtime.vectorize`
 **A method may override** (defaults below): ``Params`` (its ``algorithm.*`` parameters, a pydantic model),
 ``check_config`` (what it needs of the rest of the config), ``init_client_state``, ``global_weights`` and
 ``extra_eval_models`` (what ``eval/*`` scores), ``personal_model`` (personalised methods), ``client_samples`` and
-``server_samples`` (the work the simulated system times, ``system.*``), and the
+``server_samples`` (the work the simulated system times, ``system.*``), ``rebase`` with ``asynchronous`` (FedBuff's
+asynchronous server steps), and the
 simulation-only diagnostics ``server_diagnostics`` / ``probe_size`` + ``probe_diagnostics`` (``diag/*``, never fed
 back). Three class flags say what the runtime must know before any work: ``shared_architecture``, ``personalised``,
 ``clients_hold_server_images``.
@@ -87,6 +88,10 @@ class Algorithm(ABC, Generic[Params, Modules]):
     #: shared validation set: they arrive as ``ctx.server_x``, and handing them to every registered client
     #: once is counted in ``comm/bytes_setup``.
     clients_hold_server_images: ClassVar[bool] = False
+    #: True for methods whose server step can take uploads trained from older models, one by one as they arrive
+    #: (``federation.mode=async``, FedBuff): they implement :meth:`rebase`. The others say why not, for the error.
+    asynchronous: ClassVar[bool] = False
+    synchronous_because: ClassVar[str] = "its server step reads the uploads of one round together"
 
     def __init__(self, cfg: ExperimentConfig, spec: DataSpec, params: BaseModel | None = None):
         """``params``: this run's parsed ``algorithm.*`` (the resolved experiment's); parsed from ``cfg`` when None."""
@@ -193,6 +198,13 @@ class Algorithm(ABC, Generic[Params, Modules]):
         training plan (:class:`LocalTraining`, :class:`StepwiseTraining`) that the runtime runs for this client
         alone or batched with the round's other clients (``runtime.vectorize``). To run it by itself (tests, a
         subclass that post-processes its parent's result): :func:`fedray.learning.training.run_update`."""
+
+    def rebase(self, upload: Upload, sent: Payload, current: ServerState, weight: float) -> Upload:
+        """``federation.mode=async``: ``upload``, trained from the payload ``sent`` some server steps ago, as an
+        upload the server update can take beside fresh ones on the ``current`` state, its change weighted by
+        ``weight`` (the staleness weight, 1 when fresh or with ``federation.staleness=none``). Methods with
+        ``asynchronous = True`` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not run async")
 
     # --- the simulated system (system.*) ------------------------------------------------------------
     def client_samples(self, ctx: ClientContext[Modules]) -> int:

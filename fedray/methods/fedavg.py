@@ -22,6 +22,7 @@ from fedray.methods.api import (
     ClientContext,
     ClientResult,
     ClientState,
+    ConfigError,
     Payload,
     ServerContext,
     ServerState,
@@ -88,6 +89,14 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
 
     name = "fedavg"
     Params = FedAvgParams
+    asynchronous = True
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig, params: FedAvgParams) -> None:
+        super().check_config(cfg, params)
+        if cfg.federation.mode == "async" and getattr(params, "report_model", None) == "oca":
+            raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
+                              "federation.mode=async use report_model=aca")
 
     @property
     def uses_cache(self) -> bool:
@@ -159,6 +168,20 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
                              finish=finish, paddable=self.local_loss_paddable)
 
     # --- server -------------------------------------------------------------------------------------
+    def rebase(self, upload: ModelUpload, sent: ModelPayload, current: ModelState, weight: float) -> ModelUpload:
+        """FedBuff (Nguyen et al. 2022, Alg. 1): the client's change Delta_k = w_k - w_sent, weighted, onto the current
+        model: w_now + weight * Delta_k, in float64 then the weights' dtype. Averaged by samples (``server_update``)
+        the step is w_now + sum_k p_k s(tau_k) Delta_k / sum_k p_k; fresh uploads of weight 1 give FedAvg's average
+        exactly. Integer buffers are the client's."""
+        out = {}
+        for key, w in upload.weights.items():
+            if torch.is_floating_point(w):
+                change = w.double() - sent.weights[key].double()
+                out[key] = (current.weights[key].double() + weight * change).to(w.dtype)
+            else:
+                out[key] = w
+        return dataclasses.replace(upload, weights=out)
+
     def server_update(
         self, state: ModelState, uploads: list[ModelUpload], ctx: ServerContext
     ) -> tuple[ModelState, dict[str, float]]:

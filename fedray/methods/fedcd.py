@@ -133,6 +133,7 @@ def simplex_weights(z: torch.Tensor, y: torch.Tensor, tol: float = 1e-9,
 
 class FedCD(PersonalisedAlgorithm):
     name = "fedcd"
+    synchronous_because = "Eq. 4's ensemble weights are solved over one round's logits together"
     Params = FedCDParams
     clients_hold_server_images = True
 

@@ -122,6 +122,7 @@ def weights_for(kind: str, r: torch.Tensor, seed: int) -> torch.Tensor:
 
 class FedD3A(Algorithm):
     name = "fedd3a"
+    synchronous_because = "Eq. 6-7's teacher ensembles one round's uploads on the server's data"
     Params = FedD3AParams
     shared_architecture = False  # heterogeneous clients distil from the global model (the paper's Fig. 6)
     #: This round's cosines r, teacher probabilities and random-weighting seed, kept for server_diagnostics

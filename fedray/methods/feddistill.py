@@ -74,6 +74,7 @@ def label_means(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tupl
 
 class FedDistill(PersonalisedAlgorithm):
     name = "feddistill"
+    synchronous_because = "it averages one round's per-class logits"
     Params = FedDistillParams
 
     def init_server_state(self, modules: None) -> LabelLogits:

@@ -122,6 +122,8 @@ class FedGenModules:
 
 class FedGen(FedAvg):
     name = "fedgen"
+    asynchronous = False
+    synchronous_because = "its generator learns from one round's heads together"
     Params = FedGenParams
 
     @classmethod

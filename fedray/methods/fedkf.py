@@ -144,6 +144,8 @@ def generator_losses(logits: torch.Tensor, features: torch.Tensor,
 
 class FedKF(FedAvg):
     name = "fedkf"
+    asynchronous = False
+    synchronous_because = "its cache and teacher are built from one round's cohort"
     Params = FedKFParams
 
     @property

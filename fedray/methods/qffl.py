@@ -81,6 +81,11 @@ class QFFL(FedAvg):
     name = "qffl"
     Params = QFFLParams
 
+    def rebase(self, upload: QFFLUpload, sent: ModelPayload, current: ModelState, weight: float) -> QFFLUpload:
+        """Async: Delta_k was taken from the model the client received; the server step applies it, weighted, to the
+        current one (h_k as it was): w_now - sum_k s(tau_k) Delta_k / sum_k h_k."""
+        return dataclasses.replace(upload, delta={k: v * weight for k, v in upload.delta.items()})
+
     @torch.no_grad()
     def local_objective(self, ctx: ClientContext, model: torch.nn.Module) -> float:
         """F_k(w): mean cross-entropy of ``model`` over the client's whole training split."""

@@ -107,6 +107,11 @@ def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
         return cfg
     method = get_algorithm(cfg.algorithm.name)
     params = method.parse_params(cfg.algorithm.params())
+    if cfg.federation.mode == "async" and not method.asynchronous:
+        able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.asynchronous and c.__module__.startswith(
+            "fedray."))
+        raise ConfigError("federation.mode", f"'{method.name}' cannot run async: its server step needs one "
+                          f"synchronous cohort ({method.synchronous_because}); methods that can: {able}")
     method.check_config(cfg, params)
     if cfg.model.name not in MODEL_NAMES:
         raise ConfigError("model.name", f"unknown model {cfg.model.name!r}; allowed: {', '.join(MODEL_NAMES)}")

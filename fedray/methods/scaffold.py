@@ -56,6 +56,8 @@ class ScaffoldClientState(ClientState):
 
 class Scaffold(FedAvg):
     name = "scaffold"
+    asynchronous = False
+    synchronous_because = "its server control variate averages one round's corrections"
     Params = ScaffoldParams
 
     @classmethod

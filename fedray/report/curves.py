@@ -1,6 +1,6 @@
-"""Learning curves of ``fedray report --plot``: per setting, one panel against the round and one against the MB
-communicated so far (up and down), one line per method, the mean over seeds of a per-round metric with a band of
-one sample std."""
+"""Learning curves of ``fedray report --plot``: per setting, one panel against the round, one against the MB
+communicated so far (up and down) and, for runs with a simulated system, one against the simulated hours; one line
+per method, the mean over seeds of a per-round metric with a band of one sample std."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Sequence
 from fedray.errors import UserError
 from fedray.report.runs import RunRecord, as_number, mean_std
 from fedray.report.table import (DEFAULT_BY_METHOD, DEFAULT_BY_SETTING, METRIC_COLUMNS, Group, bytes_to_round,
-                                 group_runs)
+                                 group_runs, sim_hours_at)
 from fedray.record.run_dir import HISTORY_FILE
 
 
@@ -46,6 +46,16 @@ def mean_megabytes(runs: Sequence[RunRecord], rounds: Sequence[int]) -> list[flo
     return out
 
 
+def mean_sim_hours(runs: Sequence[RunRecord], rounds: Sequence[int]) -> list[float] | None:
+    """For each of ``rounds``: the simulated clock in hours at its end, mean over the runs that got that far; None
+    when no run has a simulated system."""
+    out = []
+    for r in rounds:
+        hours = [h for h in (sim_hours_at(run.history, r) for run in runs) if h is not None]
+        out.append(sum(hours) / len(hours) if hours else math.nan)
+    return out if any(not math.isnan(h) for h in out) else None
+
+
 def plot_curves(
     runs: Sequence[RunRecord],
     path: str | Path,
@@ -75,12 +85,13 @@ def plot_curves(
 
     n = len(settings)
     ncols = min(n, 3)
-    nrows = 2 * math.ceil(n / ncols)  # per setting: against the round, and below it against the MB communicated
+    timed = any(mean_sim_hours(g.runs, mean_curve(g.runs, metric)[0]) for g in groups)
+    views = 3 if timed else 2  # per setting: against the round, below it the MB communicated, then simulated hours
+    nrows = views * math.ceil(n / ncols)
     fig = Figure(figsize=(5.0 * ncols, 3.4 * nrows), dpi=100)
     FigureCanvasAgg(fig)
     for i, (setting, sgroups) in enumerate(settings.items()):
-        by_round = fig.add_subplot(nrows, ncols, 2 * (i // ncols) * ncols + i % ncols + 1)
-        by_mb = fig.add_subplot(nrows, ncols, (2 * (i // ncols) + 1) * ncols + i % ncols + 1)
+        axes = [fig.add_subplot(nrows, ncols, (views * (i // ncols) + v) * ncols + i % ncols + 1) for v in range(views)]
         for g in sgroups:
             rounds, mean, std = mean_curve(g.runs, metric)
             if not rounds:
@@ -89,18 +100,23 @@ def plot_curves(
             lo = [(x - s) * scale for x, s in zip(mean, std)]
             hi = [(x + s) * scale for x, s in zip(mean, std)]
             color = colors[g.method_label]
-            for ax, xs in ((by_round, rounds), (by_mb, mean_megabytes(g.runs, rounds))):
+            xs_of = [rounds, mean_megabytes(g.runs, rounds)]
+            if timed:
+                xs_of.append(mean_sim_hours(g.runs, rounds) or [math.nan] * len(rounds))
+            for ax, xs in zip(axes, xs_of):
                 ax.plot(xs, m, color=color, marker="o" if len(rounds) < 30 else None, markersize=3,
                         label=f"{g.method_label} (n={len(g.runs)})")
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.2, linewidth=0)
-        by_round.set_title(setting, fontsize=10)
-        by_round.set_xlabel("round")
-        by_round.xaxis.set_major_locator(MaxNLocator(integer=True))
-        by_mb.set_xlabel("MB communicated (up + down)")
-        for ax in (by_round, by_mb):
+        axes[0].set_title(setting, fontsize=10)
+        axes[0].set_xlabel("round")
+        axes[0].xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[1].set_xlabel("MB communicated (up + down)")
+        if timed:
+            axes[2].set_xlabel("simulated hours (system.*)")
+        for ax in axes:
             ax.set_ylabel(f"{metric} {unit}".strip())
             ax.grid(alpha=0.3)
-        by_round.legend(fontsize=8, loc="best")
+        axes[0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{metric}: mean ± std over seeds", fontsize=11)
     fig.tight_layout()
     out = Path(path)

@@ -169,6 +169,20 @@ def mb_target_column(target: float) -> str:
     return f"MB to {_normalise_target(target) * 100:g}%"
 
 
+def hours_target_column(target: float) -> str:
+    return f"sim h to {_normalise_target(target) * 100:g}%"
+
+
+def sim_hours_at(history: Sequence[dict], round_: int | None) -> float | None:
+    """The simulated clock (``sim/clock_s``, in hours) at the end of ``round_``; None without a simulated system or
+    when the target was never reached."""
+    if round_ is None:
+        return None
+    rows = [r for r in history if r.get("round") == round_]
+    clock = as_number(rows[0].get("sim/clock_s")) if rows else None
+    return clock / 3600.0 if clock is not None else None
+
+
 def bytes_to_round(history: Sequence[dict], round_: int | None) -> float | None:
     """Bytes sent up and down in rounds 1..``round_`` (None when the target was never reached)."""
     if round_ is None:
@@ -228,7 +242,8 @@ def build_table(
     """One row per (method, setting), sorted by setting then method.
 
     Each row maps the column headers (``method``, ``setting``, ``seeds``, ``accuracy (%)``, ``last 5 (%)``,
-    ``AMP (%)``, ``FM (×10⁻³)``, ``WLP (%)``, ``rounds to X%`` when ``target`` is given, ``MB up``,
+    ``AMP (%)``, ``FM (×10⁻³)``, ``WLP (%)``, ``rounds to X%`` and ``MB to X%`` when ``target`` is given (and
+    ``sim h to X%`` for runs with a simulated system), ``MB up``,
     ``MB down``) to display strings; ``_stats`` holds the raw per-seed numbers behind them (fractions and bytes) and
     ``_runs`` the run names.
     """
@@ -259,6 +274,11 @@ def build_table(
             hits = [b for b in to_target if b is not None]
             row[mb_target_column(tgt)] = f"{sum(hits) / len(hits) / 1e6:,.2f}" if hits else DASH
             stats["bytes_to_target"] = to_target
+            if any(as_number(row.get("sim/clock_s")) is not None for r in g.runs for row in r.history):
+                hours = [sim_hours_at(r.history, rr) for r, rr in zip(g.runs, reached)]
+                hits = [h for h in hours if h is not None]
+                row[hours_target_column(tgt)] = f"{sum(hits) / len(hits):,.2f}" if hits else DASH
+                stats["sim_hours_to_target"] = hours
         for key, header in COMM_COLUMNS:
             vals = [v for v in (_final(r, key) for r in g.runs) if v is not None]
             row[header] = f"{sum(vals) / len(vals) / 1e6:,.2f}" if vals else DASH
@@ -290,6 +310,9 @@ def footnote(rows: Sequence[dict]) -> str:
         )
     if any(c.startswith("MB to ") for c in cols):
         parts.append("MB to target: bytes sent up and down until that round, mean over the seeds that reach it.")
+    if any(c.startswith("sim h to ") for c in cols):
+        parts.append("sim h to target: the simulated clock (system.*, docs/system.md) at that round, in hours, mean "
+                     "over the seeds that reach it.")
     parts.append("MB: total bytes sent over the run (10⁶ bytes), mean over seeds.")
     return " ".join(parts)
 

@@ -143,6 +143,20 @@ class ServerActor:
         self.inbox.clear()  # uploads of clients dropped this round
         return self.core.aggregate(round_, uploads, client_ids)
 
+    def payload_of(self, version: int):
+        return self.core.payload_of(version)
+
+    def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
+                        live: list[int]) -> dict[str, float]:
+        uploads = [self.inbox.pop(c) for c in client_ids]
+        return self.core.aggregate_stale(round_, uploads, client_ids, versions, weights, live)
+
+    def sent_payloads(self):
+        return self.core.sent_payloads()
+
+    def load_sent_payloads(self, sent) -> None:
+        self.core.load_sent_payloads(sent)
+
     def evaluate(self) -> dict[str, float]:
         return self.core.evaluate()
 

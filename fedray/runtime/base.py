@@ -44,6 +44,34 @@ class Runtime(ABC):
         uploads it lets through reach the server (none: the server state stays as it was), and only those clients
         keep their new state; ``client_infos`` are theirs."""
 
+    # --- federation.mode=async (the driver's schedule orders the events; these run the work) ----------------------
+    def submit(self, round_: int, client_id: int, version: int) -> int:
+        """Start ``client_id``'s training from the payload of the model after ``version`` server steps (``round_``:
+        the round its context gets, version + 1); returns that payload's bytes. One task per client at a time."""
+        raise NotImplementedError(f"{type(self).__name__} does not run federation.mode=async")
+
+    def finished(self, client_id: int) -> dict:
+        """The info of ``client_id``'s submitted training (waits for it)."""
+        raise NotImplementedError
+
+    def discard(self, client_id: int) -> None:
+        """Forget ``client_id``'s submitted training (a dropout): its upload and new state are lost."""
+        raise NotImplementedError
+
+    def apply(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
+              live: list[int]) -> tuple[list[dict], dict[str, float]]:
+        """One asynchronous server step on the finished uploads of ``client_ids`` (client-id order), trained from
+        ``versions`` and weighted by ``weights`` (:meth:`ServerCore.aggregate_stale`); those clients keep their new
+        state. ``live``: the versions clients still train from. Returns (their infos, server metrics)."""
+        raise NotImplementedError
+
+    def sent_payloads(self) -> dict:
+        """Async: the payloads clients still train from, by version (for a checkpoint)."""
+        return {}
+
+    def load_sent_payloads(self, sent: dict) -> None:
+        """Continue from a checkpoint's :meth:`sent_payloads`."""
+
     @abstractmethod
     def evaluate(self) -> dict[str, float]:
         """``eval/*`` metrics of the current global model (personalised methods: of every client's own)."""

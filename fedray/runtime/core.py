@@ -229,6 +229,7 @@ class ServerCore:
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
+        self.sent: dict[int, tuple[Any, int]] = {}  # async: (payload, bytes) by server version, while clients train
         self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)
         self.data = data
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
@@ -236,6 +237,30 @@ class ServerCore:
     def broadcast(self, round_: int) -> tuple[Any, int]:
         payload = self.algo.broadcast(self.state, round_)
         return payload, nbytes(payload)
+
+    # --- federation.mode=async: clients train from the payloads of older server steps ---------------------------
+    def payload_of(self, version: int) -> tuple[Any, int]:
+        """The payload of the model after ``version`` server steps (broadcast as for round version + 1), kept while
+        a client trains from it: an upload is rebased on it when it arrives."""
+        if version not in self.sent:
+            self.sent[version] = self.broadcast(version + 1)
+        return self.sent[version]
+
+    def aggregate_stale(self, round_: int, uploads: list[Any], client_ids: list[int], versions: list[int],
+                        weights: list[float], live: list[int]) -> dict[str, float]:
+        """One asynchronous server step: each upload rebased (:meth:`Algorithm.rebase`) from the payload of its
+        ``versions`` entry onto the current state, its change times its staleness weight, then the method's server
+        update; the payloads of versions not in ``live`` (no client trains from them any more) are dropped."""
+        rebased = [self.algo.rebase(u, self.sent[v][0], self.state, w) for u, v, w in zip(uploads, versions, weights)]
+        metrics = self.aggregate(round_, rebased, client_ids)
+        self.sent = {v: p for v, p in self.sent.items() if v in set(live)}
+        return metrics
+
+    def sent_payloads(self) -> dict[int, tuple[Any, int]]:
+        return dict(self.sent)
+
+    def load_sent_payloads(self, sent: dict[int, tuple[Any, int]]) -> None:
+        self.sent = dict(sent)
 
     def aggregate(self, round_: int, uploads: list[Any], client_ids: list[int]) -> dict[str, float]:
         """Reject non-finite uploads, then run the method's server update on the rest (client-id order). No upload

@@ -25,6 +25,7 @@ class LocalRuntime(Runtime):
         self._give_back = claim_process(cfg)
         self.threads = torch_threads(cfg)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
+        self._flight: dict[int, tuple] = {}  # async: each training client's (upload, new state, info)
         self.personalised = self.experiment.method.personalised
         if data is not None:
             self.attach(data)
@@ -50,6 +51,32 @@ class LocalRuntime(Runtime):
         t0 = time.perf_counter()
         metrics = self.server.aggregate(round_, uploads, ids)
         return RoundOutcome(infos, metrics, payload_bytes, time.perf_counter() - t0)
+
+    def submit(self, round_: int, client_id: int, version: int) -> int:
+        payload, payload_bytes = self.server.payload_of(version)
+        (done,) = self.worker.train_many(round_, [client_id], payload, [self.client_states.get(client_id)])
+        self._flight[client_id] = done
+        return payload_bytes
+
+    def finished(self, client_id: int) -> dict:
+        return self._flight[client_id][2]
+
+    def discard(self, client_id: int) -> None:
+        del self._flight[client_id]
+
+    def apply(self, round_, client_ids, versions, weights, live):
+        done = [self._flight.pop(c) for c in client_ids]
+        for cid, (_, state, _) in zip(client_ids, done):
+            if state is not None:
+                self.client_states[cid] = state
+        metrics = self.server.aggregate_stale(round_, [d[0] for d in done], client_ids, versions, weights, live)
+        return [d[2] for d in done], metrics
+
+    def sent_payloads(self) -> dict:
+        return self.server.sent_payloads()
+
+    def load_sent_payloads(self, sent: dict) -> None:
+        self.server.load_sent_payloads(sent)
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:

@@ -119,6 +119,8 @@ class RayRuntime(Runtime):
         self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device)
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
+        self._flight: dict[int, _Job] = {}  # async: each training client's task
+        self._versions: dict[int, tuple[ray.ObjectRef, int]] = {}  # async: payloads by server version, and bytes
         if data is not None:
             self.attach(data)
 
@@ -273,6 +275,52 @@ class RayRuntime(Runtime):
             infos.append(info)
         metrics["health/dropped_clients"] = float(lost)
         return RoundOutcome(infos, metrics, payload_bytes, server_s)
+
+    # --- federation.mode=async: a task per client, started as soon as its model is known ---------------------------
+    def submit(self, round_: int, client_id: int, version: int) -> int:
+        if version not in self._versions:
+            self._versions[version] = self.server.payload_of(version)
+        payload_ref, nbytes = self._versions[version]
+        load = [0] * len(self.pool.workers)
+        for job in self._flight.values():
+            load[job.worker] += 1
+        worker = min(range(len(load)), key=lambda w: (load[w], w))  # the least busy worker
+        up, st, info = self.pool.workers[worker].train_many.options(num_returns=3).remote(
+            round_, [client_id], payload_ref, self.client_states.get(client_id))
+        self._flight[client_id] = _Job(client_id, worker, up, st, info, 0, math.inf)
+        return nbytes
+
+    def finished(self, client_id: int) -> dict:
+        try:
+            return ray.get(self._flight[client_id].info)
+        except WORKER_ERRORS as e:  # no rerun here yet: the schedule would need the rerun's time
+            raise RunFailure(f"client {client_id}'s worker failed during an asynchronous task ({type(e).__name__}); "
+                             "resume the run from its last checkpoint") from None
+
+    def discard(self, client_id: int) -> None:
+        del self._flight[client_id]
+
+    def apply(self, round_, client_ids, versions, weights, live):
+        jobs = [self._flight.pop(c) for c in client_ids]
+        receipt = self.server.receive(client_ids, [j.upload for j in jobs])
+        for cid in client_ids:
+            if not self.server.confirm(receipt, cid, round_):
+                raise RunFailure(f"round {round_}: client {cid}'s upload was lost with its node; resume the run "
+                                 "from its last checkpoint")
+        metrics = self.server.aggregate_stale(round_, client_ids, versions, weights, live)
+        infos = ray.get([j.info for j in jobs])
+        for job, info in zip(jobs, infos):
+            if info.get("has_state", True):
+                self.client_states[job.client_id] = job.state
+        self._versions = {v: x for v, x in self._versions.items() if v in set(live)}
+        return infos, metrics
+
+    def sent_payloads(self) -> dict:
+        return self.server.call("sent_payloads")
+
+    def load_sent_payloads(self, sent: dict) -> None:
+        self.server.call("load_sent_payloads", sent)
+        self._versions = {}
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:

@@ -91,13 +91,30 @@ class ActorServer:
         except SYSTEM_ERRORS as e:
             raise _lost(f"round {round_}: ", e) from None
 
+    def payload_of(self, version: int) -> tuple[ray.ObjectRef, int]:
+        """Async: the payload of server version ``version`` (a reference, for the workers) and its bytes."""
+        payload_ref, nbytes = self.actor.payload_of.options(num_returns=2).remote(version)
+        return payload_ref, self._get(nbytes, f"server version {version}: ")
+
+    def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
+                        live: list[int]) -> dict[str, float]:
+        try:
+            return ray.get(self.actor.aggregate_stale.remote(round_, client_ids, versions, weights, live))
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, RunFailure):
+                raise e.cause from None
+            raise
+        except SYSTEM_ERRORS as e:
+            raise _lost(f"round {round_}: ", e) from None
+
     def eval_models(self) -> tuple[ray.ObjectRef, dict]:
         """The models to score (one object, for the workers) and the server's part of the report."""
         models_ref, report_ref = self.actor.eval_models.options(num_returns=2).remote()
         return models_ref, self._get(report_ref)
 
     def call(self, method: str, *args: Any) -> Any:
-        """``evaluate``, ``evaluation``, ``global_weights``, ``get_state`` or ``set_state``."""
+        """``evaluate``, ``evaluation``, ``global_weights``, ``get_state``, ``set_state`` or (async) ``sent_payloads``,
+        ``load_sent_payloads``."""
         return self._get(getattr(self.actor, method).remote(*args))
 
     def _get(self, ref: ray.ObjectRef, where: str = "") -> Any:
@@ -164,6 +181,15 @@ class DriverServer:
         uploads = [self.inbox.pop(c) for c in client_ids]
         self.inbox.clear()
         return self.core.aggregate(round_, uploads, client_ids)
+
+    def payload_of(self, version: int) -> tuple[ray.ObjectRef, int]:
+        payload, nbytes = self.core.payload_of(version)
+        return ray.put(payload), nbytes
+
+    def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
+                        live: list[int]) -> dict[str, float]:
+        uploads = [self.inbox.pop(c) for c in client_ids]
+        return self.core.aggregate_stale(round_, uploads, client_ids, versions, weights, live)
 
     def eval_models(self) -> tuple[ray.ObjectRef, dict]:
         models, report = self.core.eval_models()

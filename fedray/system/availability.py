@@ -32,6 +32,10 @@ class Always:
     def next_online(self, t: float) -> float:
         return t
 
+    def next_change(self, t: float) -> float:
+        """The first time after ``t`` that some client comes online or goes offline (inf: never)."""
+        return np.inf
+
     def state(self) -> dict[str, Any]:
         return {}
 
@@ -73,6 +77,10 @@ class Markov:
         self._advance(t)
         return t if self.online.any() else float(self.until.min())
 
+    def next_change(self, t: float) -> float:
+        self._advance(t)
+        return float(self.until.min())
+
     def state(self) -> dict[str, Any]:
         return {"online": self.online.copy(), "until": self.until.copy(), "time": self.time,
                 "rng": self.rng.bit_generator.state}
@@ -102,6 +110,10 @@ class TraceAvailability:
         if ((self.start <= t) & (t < self.end)).any():
             return t
         later = self.start[self.start > t]
+        return float(later.min()) if later.size else np.inf
+
+    def next_change(self, t: float) -> float:
+        later = np.concatenate([self.start[self.start > t], self.end[self.end > t]])
         return float(later.min()) if later.size else np.inf
 
     def state(self) -> dict[str, Any]:

@@ -452,3 +452,31 @@ def test_a_run_given_twice_counts_once(run_root, mlflow_store, tmp_path):
     assert report([str(root), str(root / "fedavg/s1"), str(root / "fedavg")], "cmp", mlflow_store, *keys,
                   None, None, None) == once
     assert report([str(root / "fedavg/s1")], "cmp", mlflow_store, *keys, None, None, None) == once
+
+
+def test_simulated_hours_to_reach_the_target_and_their_curve(tmp_path):
+    """Runs with a simulated system get ``sim h to X%`` (the clock at the round that first reaches the target, mean
+    over the seeds that do) and a third row of panels against the simulated hours; runs without get neither."""
+    from fedray.report.curves import mean_sim_hours
+
+    def rec(seed, accs, clock=None, method="fedavg"):
+        hist = [{"round": i + 1, "eval/accuracy": a, "comm/bytes_up": 1.0, "comm/bytes_down": 1.0,
+                 **({"sim/clock_s": clock[i]} if clock else {})} for i, a in enumerate(accs)]
+        return RunRecord(f"s{seed}", {"algorithm.name": method, "data.dataset": "mnist", "data.alpha": 0.1,
+                                      "seed": seed}, hist, {"eval/accuracy": accs[-1]})
+
+    timed = [rec(0, [0.2, 0.6, 0.7], [1800, 3600, 7200]), rec(1, [0.6, 0.7, 0.8], [900, 5400, 9000]),
+             rec(2, [0.1, 0.2, 0.3], [3600, 7200, 10800])]
+    (row,) = build_table(timed, target=0.6)
+    assert row["sim h to 60%"] == "0.62"  # seed 0 at round 2: 1 h; seed 1 at round 1: 0.25 h; seed 2 never
+    assert row["rounds to 60%"] == "1.5 (2/3 reached)"
+    assert "simulated clock" in footnote([row])
+    (plain,) = build_table([rec(0, [0.2, 0.6, 0.7])], target=0.6)
+    assert "sim h to 60%" not in plain and "simulated clock" not in footnote([plain])
+    assert mean_sim_hours(timed, [1, 3]) == pytest.approx([(0.5 + 0.25 + 1) / 3, (2 + 2.5 + 3) / 3])
+    assert mean_sim_hours([rec(0, [0.2])], [1]) is None
+    small = plot_curves([rec(0, [0.2, 0.6, 0.7])], tmp_path / "plain.png")
+    big = plot_curves(timed, tmp_path / "timed.png")
+    from PIL import Image
+
+    assert Image.open(big).size[1] > Image.open(small).size[1]  # a third row of panels

@@ -118,3 +118,20 @@ class HeldPlan(FedAvg):
     def client_update(self, ctx, payload, state):
         held(ctx)
         return super().client_update(ctx, payload, state)
+
+
+@register_algorithm
+class WallOrderReversed(FedAvg):
+    """FedAvg whose clients take wall time in the reverse order of their simulated time on the run's devices
+    (``system.*``): the client fastest on the simulated clock sleeps longest, so on Ray results come back in
+    the opposite order to the simulated events."""
+
+    name = "test_wall_order_reversed"
+    asynchronous = True
+
+    def client_update(self, ctx, payload, state):
+        from fedray.system.devices import Devices
+
+        speed = Devices.build(self.cfg.system, ctx.spec.num_clients, self.cfg.seed).compute_sps
+        time.sleep(0.15 * int((speed < speed[ctx.client_id]).sum()))  # the faster in simulation, the slower here
+        return super().client_update(ctx, payload, state)

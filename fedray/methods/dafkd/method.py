@@ -82,6 +82,7 @@ from fedray.seeding import derive_seed
 
 class DaFKD(Algorithm):
     name = "dafkd"
+    synchronous_because = "Eq. 7's ensemble weighs one round's discriminators together"
     Params = DaFKDParams
 
     @classmethod

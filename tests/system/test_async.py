@@ -1,0 +1,150 @@
+"""Buffered asynchronous aggregation (FedBuff) on the simulated clock: the schedule by hand, the staleness-weighted
+server step by hand, the methods that refuse it, and Ray returning results in another order than the simulated
+one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedray.errors import ConfigError
+from fedray.methods import resolve_experiment
+from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload
+from fedray.simulation import run_experiment
+from fedray.system import SystemClock, SystemConfig
+from fedray.system.schedule import AsyncSchedule, staleness_weight
+from tests.conftest import tiny_config
+
+
+def _schedule(tmp_path, speeds, concurrency, buffer, online=None, staleness="none", deadline=None):
+    devices = tmp_path / "devices.csv"
+    devices.write_text("client,compute_sps,up_mbps,down_mbps,latency_ms\n"
+                       + "".join(f"{c},{s},1000,1000,0\n" for c, s in enumerate(speeds)))
+    extra = {}
+    if online is not None:
+        path = tmp_path / "online.csv"
+        path.write_text("client,start_s,end_s\n" + "".join(f"{c},{a},{b}\n" for c, a, b in online))
+        extra = {"availability": "trace", "availability_trace": str(path)}
+    cfg = SystemConfig(devices="trace", trace=str(devices), deadline_s=deadline, **extra)
+    return AsyncSchedule(SystemClock(cfg, len(speeds), 1, seed=0), concurrency, buffer, staleness)
+
+
+def _time_all(s, samples=10):
+    for c in s.untimed():
+        s.flight[c]["down"] = 0
+        s.time(c, samples, 0)
+
+
+def test_events_follow_the_simulated_clock_and_a_finished_client_is_replaced(tmp_path):
+    """Three at once among four clients: the fastest arrives first; its place goes to the one left; the server
+    steps after two arrivals; every arrival waits in the buffer until its step."""
+    s = _schedule(tmp_path, speeds=[10, 5, 2, 1], concurrency=3, buffer=2)
+    started = s.dispatch()
+    assert len(started) == 3 and all(v == 0 for _, v in started)
+    idle = ({0, 1, 2, 3} - {c for c, _ in started}).pop()
+    _time_all(s)
+    first = min((c for c, _ in started), key=lambda c: 10 / [10, 5, 2, 1][c])
+    assert s.next_event() == (first, True) and s.clock.clock == pytest.approx(10 / [10, 5, 2, 1][first])
+    assert s.dispatch() == [(idle, 0)]  # the idle client; never one in flight or in the buffer
+    assert s.dispatch() == []
+    _time_all(s)
+    second, arrived = s.next_event()
+    assert arrived and len(s.buffer) == 2
+    clients, versions, weights, taus = s.take_buffer()
+    assert clients == sorted([first, second]) and versions == [0, 0] and weights == [1.0, 1.0] and taus == [0, 0]
+    assert s.version == 1 and s.live() == [0] and not s.buffer
+
+
+def test_staleness_is_the_server_steps_since_the_dispatch():
+    assert staleness_weight("none", 5) == 1.0
+    assert staleness_weight("polynomial", 0) == 1.0 and staleness_weight("polynomial", 3) == 0.5
+
+
+def test_a_stale_upload_is_weighted_by_its_age(tmp_path):
+    """Client 1 (slow) is dispatched at version 0 and arrives after the server stepped twice on client 0."""
+    s = _schedule(tmp_path, speeds=[10, 1], concurrency=2, buffer=1, staleness="polynomial")
+    s.dispatch()
+    _time_all(s)  # client 0 takes 1 s, client 1 10 s
+    for version in (0, 1):
+        assert s.next_event() == (0, True)
+        assert s.take_buffer() == ([0], [version], [1.0], [0])
+        assert s.dispatch() == [(0, version + 1)]
+        _time_all(s)
+    assert s.live() == [0, 2]
+    s.next_event()  # client 0 again, at 3 s
+    s.take_buffer()
+    assert s.next_event() == (1, True) and s.clock.clock == 10.0
+    assert s.take_buffer() == ([1], [0], [1 / math.sqrt(1 + 3)], [3])
+
+
+def test_a_client_that_goes_offline_or_passes_the_deadline_is_a_dropout(tmp_path):
+    s = _schedule(tmp_path, speeds=[10, 10, 1], concurrency=3, buffer=1, deadline=5.0,
+                  online=[(0, 0, 100), (1, 0, 0.5), (2, 0, 100)])
+    s.dispatch()
+    _time_all(s)  # 1 s, 1 s (but offline at 0.5 s), 10 s (past the 5 s deadline)
+    assert s.next_event() == (1, False) and s.clock.clock == 0.5  # known gone when it goes
+    assert s.next_event() == (0, True)
+    assert s.next_event() == (2, False) and s.clock.clock == 5.0  # known late at the deadline
+    assert s.clock.busy_s.tolist() == [1.0, 0.5, 5.0]
+
+
+def test_the_fedbuff_step_by_hand():
+    """Two uploads from the model sent at version 0, one fresh and one two steps stale, polynomial weights:
+    w_now + sum_k p_k s_k (w_k - w_sent) / sum_k p_k; fresh uploads of weight 1 give FedAvg's average exactly."""
+    cfg = tiny_config()
+    algo = resolve_experiment(cfg).build(type("S", (), {"input_shape": (1, 4, 4), "num_classes": 2})())
+    sent = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    now = {"w": torch.tensor([2.0, 0.0]), "n": torch.tensor(7)}
+    a = ModelUpload(weights={"w": torch.tensor([3.0, 2.0]), "n": torch.tensor(5)}, num_samples=1)
+    b = ModelUpload(weights={"w": torch.tensor([1.0, 6.0]), "n": torch.tensor(5)}, num_samples=3)
+    state = ModelState(weights=now)
+    fresh = algo.rebase(a, ModelPayload(weights=now), state, 1.0)
+    assert torch.equal(fresh.weights["w"], a.weights["w"]) and fresh.num_samples == 1
+    stale = [algo.rebase(a, ModelPayload(weights=sent), state, 1.0), algo.rebase(b, ModelPayload(weights=sent),
+                                                                              state, staleness_weight("polynomial", 3))]
+    assert stale[0].weights["w"].tolist() == [4.0, 0.0] and stale[1].weights["w"].tolist() == [2.0, 2.0]
+    new, _ = algo.server_update(state, stale, None)
+    assert new.weights["w"].tolist() == pytest.approx([(4 + 3 * 2) / 4, (0 + 3 * 2) / 4])
+    assert new.weights["n"].item() == 5  # integer buffers: the clients'
+
+
+@pytest.mark.parametrize("overrides, key, fragment", [
+    ({"federation__mode": "async"}, "federation.mode", "set system.devices"),
+    ({"federation__mode": "async", "system__devices": "uniform", "system__overcommit": 1.3}, "system.overcommit",
+     "federation.concurrency"),
+    ({"federation__concurrency": 3}, "federation.concurrency", "only read with federation.mode=async"),
+    ({"federation__staleness": "polynomial"}, "federation.staleness", "only read with federation.mode=async"),
+    ({"federation__mode": "async", "system__devices": "uniform", "federation__concurrency": 99},
+     "federation.concurrency", "allowed: 1..6"),
+    ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "fedkf"}, "federation.mode",
+     "'fedkf' cannot run async: its server step needs one synchronous cohort (its cache and teacher"),
+    ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "dafkd"}, "federation.mode",
+     "methods that can: fedavg, fedgkd, fedprox, qffl"),
+    ({"federation__mode": "async", "system__devices": "uniform", "algorithm__report_model": "oca"},
+     "algorithm.report_model", "report_model=aca"),
+])
+def test_what_cannot_run_async_is_refused_naming_why(overrides, key, fragment):
+    with pytest.raises(ConfigError) as e:
+        resolve_experiment(tiny_config(**overrides))
+    assert e.value.key == key and fragment in e.value.message, e.value
+
+
+@pytest.mark.ray
+def test_on_ray_results_arriving_in_reverse_order_give_the_in_process_figures(ray_local, tmp_path):
+    """The client fastest on the simulated clock is the slowest in wall time (tests/runtime/faulty.py): Ray returns
+    its results in the reverse of the simulated order, and every figure is still the in-process run's."""
+    import tests.runtime.faulty  # noqa: F401  (registers the method)
+
+    kw = dict(algorithm__name="test_wall_order_reversed", federation__rounds=3, federation__mode="async",
+              federation__concurrency=4, federation__buffer_size=2, system__devices="heterogeneous",
+              federation__staleness="polynomial", tracking__enabled=False)
+    local = run_experiment(tiny_config(**kw), progress=False)
+    ray = run_experiment(tiny_config(**kw, runtime__backend="ray", runtime__num_workers=2), progress=False)
+
+    def figures(history):
+        return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in history]
+
+    assert figures(ray.history) == figures(local.history)
+    assert sum(row["sim/staleness"] for row in local.history) > 0  # some uploads were stale
