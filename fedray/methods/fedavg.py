@@ -29,6 +29,7 @@ from fedray.methods.api import (
     Upload,
     Weights,
 )
+from fedray.config import ExperimentConfig
 from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
 from fedray.learning.training import LocalTraining, Trained, weights_only
 from fedray.learning.weights import clone_weights, weighted_average

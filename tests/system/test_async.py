@@ -11,7 +11,7 @@ import torch
 
 from fedray.errors import ConfigError
 from fedray.methods import resolve_experiment
-from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload
+from fedray.methods.fedavg import ModelPayload, ModelState, ModelUpload
 from fedray.simulation import run_experiment
 from fedray.system import SystemClock, SystemConfig
 from fedray.system.schedule import AsyncSchedule, staleness_weight
