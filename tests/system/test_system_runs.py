@@ -154,3 +154,23 @@ def test_a_parquet_trace_reads_as_its_csv(tmp_path):
     parquet = read_device_trace("system.trace", str(tmp_path / "d.parquet"), 6)
     assert all((csv[k] == parquet[k]).all() for k in csv)
     assert csv["compute_sps"].tolist() == [10, 10, 10, 10, 30, 10]
+
+
+def test_mlflow_gets_the_sim_figures_of_every_round_and_the_summary(tmp_path, monkeypatch, capsys):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    argv = ["run", "synthetic", "data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=2",
+            "federation.local_steps=1", "data.synthetic_train_samples=600", "system.devices=uniform",
+            "--output-dir", "out", "--no-progress"]
+    assert main(argv) == 0
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    clock = client.get_metric_history(run.info.run_id, "sim/clock_s")
+    assert sorted(m.step for m in clock) == [1, 2] and clock[-1].value > 0
+    assert {"sim/round_s", "sim/dropouts", "sim/available"} <= set(run.data.metrics)
+    import json
+
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["sim/clock_s"] == pytest.approx(max(m.value for m in clock))

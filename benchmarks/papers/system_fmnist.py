@@ -1,0 +1,145 @@
+"""Simulated hours to a target accuracy on phones that come and go (issue 50's system model, docs/system.md).
+
+Setting: Fashion-MNIST, Dirichlet alpha=0.1 over 40 clients, LeNet-5, 8 clients a round of 20 local steps (batch
+32, SGD lr 0.01 momentum 0.9), ``--rounds`` rounds (a round of FedBuff is one server step), ``--seeds``. The system:
+the ``heterogeneous`` device profile (FLASH's phones and networks, docs/system.md), Markov availability with
+phones online half the time (mean 1 h online, 1 h offline: FLASH's own means would leave ~4 of 40 online), a
+server of 5,000 samples/s for its own work. Methods: FedAvg, FedAvg selecting ceil(8 x 1.3) = 11 and aggregating
+the first 8 (FedScale's over-commitment), FedBuff (async, 11 training at once, a step every 8 uploads,
+1/sqrt(1+tau)), FedKF (OCA, its cached aggregate reported), FedCD (personal LeNet-5s distilled on a 500-image
+labelled holdout: its accuracy is its personal models', as its paper reports) and FedGen (data-free: a server
+generator learned from the uploaded heads).
+
+The table gives, per method, rounds, MB (up and down) and simulated hours until the global (FedCD: personal)
+accuracy first reaches each target, each the mean over the seeds that reach it, and the order in which the
+methods get there by each measure.
+
+    .venv/bin/python benchmarks/papers/system_fmnist.py --jobs 2
+    .venv/bin/python benchmarks/papers/system_fmnist.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness import LAST_N, Finished, Run
+from harness import fmt_mean_std as mean_std
+
+NAME = "system_fmnist"
+PHONES = {"system.devices": "heterogeneous", "system.availability": "markov", "system.mean_online_s": 3600.0,
+          "system.mean_offline_s": 3600.0, "system.server_sps": 5000.0}
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {"algorithm": {"name": "fedavg"}},
+    "fedavg_overcommit1.3": {"algorithm": {"name": "fedavg"}, "system.overcommit": 1.3},
+    "fedbuff": {"algorithm": {"name": "fedavg"}, "federation.mode": "async", "federation.concurrency": 11,
+                "federation.buffer_size": 8, "federation.staleness": "polynomial"},
+    "fedkf": {"algorithm": {"name": "fedkf", "report_model": "oca"}},
+    "fedcd": {"algorithm": {"name": "fedcd"}, "data.server_data.kind": "holdout", "data.server_data.per_class": 50},
+    "fedgen": {"algorithm": {"name": "fedgen"}},
+}
+SETTINGS: dict[str, dict[str, Any]] = {"alpha0.1": {}}
+TARGETS = (0.5, 0.6)
+
+
+def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
+    from fedray.config import load_config, validate_config
+    from fedray.methods import validate_experiment
+    from fedray.overrides import apply_overrides
+
+    raw = load_config("quickstart").model_dump(mode="json")
+    spec = dict(METHODS[method])
+    raw["algorithm"] = spec.pop("algorithm")
+    over = {"name": f"bench_{method}", "seed": seed, "data.num_clients": 40, "federation.rounds": rounds,
+            "tracking.enabled": False, "runtime.device": device, **PHONES, **SETTINGS[setting], **spec}
+    return validate_experiment(validate_config(apply_overrides(raw, over)))
+
+
+def build(run: Run, opts: dict):
+    return make_config(run.method, run.setting, run.seed, opts["rounds"], opts["device"])
+
+
+def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
+    from fedray.report.table import bytes_to_round, rounds_to_target, sim_hours_at
+
+    res: dict[str, list[dict]] = {}
+    for (method, setting), recs in grid.items():
+        for f in recs:
+            hist = f.history
+            reach = {}
+            for t in TARGETS:
+                r = rounds_to_target(hist, t)
+                mb = bytes_to_round(hist, r)
+                reach[str(t)] = {"rounds": r, "mb": None if mb is None else mb / 1e6, "hours": sim_hours_at(hist, r)}
+            res.setdefault(f"{method}|{setting}", []).append({
+                "seed": f.seed, "accuracy": f.summary["eval/accuracy"], "last_n": harness.last_n(hist),
+                "hours": f.summary.get("sim/clock_s", 0.0) / 3600.0, "reach": reach,
+                "dropouts": sum(r.get("sim/dropouts", 0.0) for r in hist),
+                "stragglers": sum(r.get("sim/stragglers", 0.0) for r in hist)})
+    return res
+
+
+def _mean_reached(rs: list[dict], target: float, what: str) -> tuple[float | None, str]:
+    vals = [r["reach"][str(target)][what] for r in rs]
+    hits = [v for v in vals if v is not None]
+    if not hits:
+        return None, f"— (0/{len(vals)})"
+    m = sum(hits) / len(hits)
+    text = f"{m:,.0f}" if what == "mb" else f"{m:.1f}" if what == "rounds" else f"{m:.2f}"
+    return m, text if len(hits) == len(vals) else f"{text} ({len(hits)}/{len(vals)})"
+
+
+def tables(res: dict, meta: dict, runs_dir: Path, planned: list[Run]) -> str:
+    lines = harness.header("Simulated hours to a target accuracy on Fashion-MNIST alpha=0.1, phones that come and go",
+                           meta, NAME, runs_dir, planned)
+    lines += [f"Accuracy (%): last evaluation / mean of the last {LAST_N}, mean ± std over seeds. Per target: rounds, MB "
+              "sent (up + down) and simulated hours until the first evaluation at or above it, mean over the seeds "
+              "that reach it (their count when not all). Dropouts and stragglers: totals over the run, mean over "
+              "seeds.", "",
+              "| method | seeds | accuracy | last 5 | " + " | ".join(
+                  f"rounds to {100 * t:g}% | MB to {100 * t:g}% | sim h to {100 * t:g}%" for t in TARGETS)
+              + " | sim h, whole run | dropouts | stragglers |",
+              "| --- | ---: | ---: | ---: | " + " | ".join(["---:"] * 3 * len(TARGETS)) + " | ---: | ---: | ---: |"]
+    order: dict[float, dict[str, list[tuple[float, str]]]] = {t: {"rounds": [], "mb": [], "hours": []} for t in TARGETS}
+    for method in METHODS:
+        rs = res.get(f"{method}|alpha0.1", [])
+        if not rs:
+            continue
+        cells = []
+        for t in TARGETS:
+            for what in ("rounds", "mb", "hours"):
+                m, text = _mean_reached(rs, t, what)
+                cells.append(text)
+                if m is not None and all(r["reach"][str(t)][what] is not None for r in rs):
+                    order[t][what].append((m, method))
+        n = len(rs)
+        lines.append(f"| {method} | {n} | {mean_std([r['accuracy'] for r in rs])} | {mean_std([r['last_n'] for r in rs])}"
+                     f" | {' | '.join(cells)} | {sum(r['hours'] for r in rs) / n:.2f} | "
+                     f"{sum(r['dropouts'] for r in rs) / n:.1f} | {sum(r['stragglers'] for r in rs) / n:.1f} |")
+    lines += ["", "Order of arrival at each target, by measure (methods that reached it with every seed; fastest first):",
+              ""]
+    for t in TARGETS:
+        for what, label in (("rounds", "rounds"), ("mb", "MB"), ("hours", "simulated hours")):
+            ranked = " < ".join(m for _, m in sorted(order[t][what])) or "none"
+            lines.append(f"- {100 * t:g}%, by {label}: {ranked}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    harness.grid_args(ap, NAME, list(METHODS), list(SETTINGS), rounds=30)
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models}
+    meta, table_runs = harness.run_grid(NAME, argv, ap, args, build, opts)
+    res = collect(harness.collect(table_runs))
+    md = tables(res, meta, args.runs_dir, table_runs)
+    harness.write(args.out, NAME, meta, {"runs": res}, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
