@@ -60,17 +60,9 @@ DIAG = ("diag/teacher_acc_soft", "diag/teacher_acc_onehot", "diag/teacher_acc_av
 
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
-    from fedray.methods import validate_experiment
-    from fedray.config import load_config, validate_config
-    from fedray.overrides import apply_overrides
-
-    raw = load_config("fedd3a_fmnist_domains").model_dump(mode="json")
-    spec = dict(METHODS[method])
-    if "algorithm" in spec:
-        raw["algorithm"] = spec.pop("algorithm")
-    over = {"name": f"bench_{method}", "seed": seed, "federation.rounds": rounds, "tracking.enabled": False,
-            "runtime.device": device, **SETTINGS[setting], **spec}
-    return validate_experiment(validate_config(apply_overrides(raw, over)))
+    return harness.preset_config("fedd3a_fmnist_domains", {**SETTINGS[setting], **METHODS[method]}, {
+        "name": f"bench_{method}", "seed": seed, "federation.rounds": rounds, "tracking.enabled": False,
+        "runtime.device": device})
 
 
 def build(run: Run, opts: dict):

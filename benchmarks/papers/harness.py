@@ -38,7 +38,7 @@ from fedray.report.runs import RunRecord, fmt_mean_std
 from fedray.report.table import LAST_N  # the tables' "last 5": the mean of the last 5 evaluations
 
 __all__ = ["Finished", "LAST_N", "Run", "collect", "execute", "fmt_mean_std", "grid_args", "header", "not_run",
-           "plan", "run_and_record", "tabled", "write"]
+           "plan", "preset_config", "run_and_record", "tabled", "write"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -104,6 +104,20 @@ def grid_args(ap: argparse.ArgumentParser, name: str, methods: Sequence[str], se
     ap.add_argument("--runs-dir", type=Path, default=RESULTS / f"{name}_runs", help="one folder per run")
     ap.add_argument("--report-only", action="store_true",
                     help=f"run nothing: rebuild {name}.md from the finished runs and the record in {name}.json")
+
+
+def preset_config(preset: str, spec: dict[str, Any], overrides: dict[str, Any]):
+    """A run's checked config: ``preset`` with ``spec`` (a method's settings: dotted keys, and ``algorithm``, a whole
+    section replacing the preset's) and then ``overrides`` applied."""
+    from fedray.config import load_config, validate_config
+    from fedray.methods import validate_experiment
+    from fedray.overrides import apply_overrides
+
+    raw = load_config(preset).model_dump(mode="json")
+    spec = dict(spec)
+    if "algorithm" in spec:
+        raw["algorithm"] = spec.pop("algorithm")
+    return validate_experiment(validate_config(apply_overrides(raw, {**spec, **overrides})))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -46,16 +46,9 @@ TARGETS = (0.5, 0.6)
 
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
-    from fedray.config import load_config, validate_config
-    from fedray.methods import validate_experiment
-    from fedray.overrides import apply_overrides
-
-    raw = load_config("quickstart").model_dump(mode="json")
-    spec = dict(METHODS[method])
-    raw["algorithm"] = spec.pop("algorithm")
-    over = {"name": f"bench_{method}", "seed": seed, "data.num_clients": 40, "federation.rounds": rounds,
-            "tracking.enabled": False, "runtime.device": device, **PHONES, **SETTINGS[setting], **spec}
-    return validate_experiment(validate_config(apply_overrides(raw, over)))
+    return harness.preset_config("quickstart", METHODS[method], {
+        "name": f"bench_{method}", "seed": seed, "data.num_clients": 40, "federation.rounds": rounds,
+        "tracking.enabled": False, "runtime.device": device, **PHONES, **SETTINGS[setting]})
 
 
 def build(run: Run, opts: dict):

@@ -82,8 +82,12 @@ class ActorServer:
             return False
 
     def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+        return self._step(round_, self.actor.aggregate.remote(round_, client_ids))
+
+    def _step(self, round_: int, ref: ray.ObjectRef) -> dict[str, float]:
+        """A server step's metrics; its RunFailure (every upload non-finite) as it was raised."""
         try:
-            return ray.get(self.actor.aggregate.remote(round_, client_ids))
+            return ray.get(ref)
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, RunFailure):
                 raise e.cause from None
@@ -98,14 +102,7 @@ class ActorServer:
 
     def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
                         live: list[int]) -> dict[str, float]:
-        try:
-            return ray.get(self.actor.aggregate_stale.remote(round_, client_ids, versions, weights, live))
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, RunFailure):
-                raise e.cause from None
-            raise
-        except SYSTEM_ERRORS as e:
-            raise _lost(f"round {round_}: ", e) from None
+        return self._step(round_, self.actor.aggregate_stale.remote(round_, client_ids, versions, weights, live))
 
     def eval_models(self) -> tuple[ray.ObjectRef, dict]:
         """The models to score (one object, for the workers) and the server's part of the report."""
