@@ -344,6 +344,10 @@ class ExperimentConfig(_Strict):
             if self.system.overcommit != 1:
                 raise ConfigError("system.overcommit", "over-selection is for synchronous rounds; with "
                                   "federation.mode=async set federation.concurrency instead")
+            if fed.buffer() > self.data.num_clients:
+                raise ConfigError("federation.buffer_size", f"{fed.buffer()} exceeds data.num_clients="
+                                  f"{self.data.num_clients}: a client's upload waits in the buffer until the step, so "
+                                  f"at most that many fit; allowed: 1..{self.data.num_clients}")
             if fed.in_flight() > self.data.num_clients:
                 raise ConfigError("federation.concurrency", f"{fed.in_flight()} exceeds data.num_clients="
                                   f"{self.data.num_clients}; allowed: 1..{self.data.num_clients}")

@@ -21,7 +21,7 @@ from fedray.record.checkpoint import CheckpointError, load_checkpoint, restore_r
 from fedray.config import ExperimentConfig
 from fedray.record.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
-from fedray.errors import check_interrupted
+from fedray.errors import RunFailure, check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
                                    unmark_finished, write_run_outputs)
@@ -278,6 +278,10 @@ def _sync_step(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
     return row, outcome.server_s
 
 
+#: An asynchronous server step gives up after this many dropouts in a row per client training at once: no upload
+#: can arrive (a deadline shorter than every client's work, or phones never online long enough)
+DROPOUTS_PER_SLOT = 100
+
 
 def _async_step(runtime, r: int, sched: AsyncSchedule) -> tuple[dict[str, Any], float]:
     """Round ``r`` of ``federation.mode=async``: one server step. Clients are dispatched until the buffer holds
@@ -297,6 +301,9 @@ def _async_step(runtime, r: int, sched: AsyncSchedule) -> tuple[dict[str, Any], 
         if not arrived:
             runtime.discard(cid)
             dropouts += 1
+            if dropouts > DROPOUTS_PER_SLOT * sched.concurrency and not sched.buffer:
+                raise RunFailure(f"round {r}: {dropouts} clients in a row dropped out and none arrived; raise "
+                                 "system.deadline_s or make the clients online longer (system.mean_online_s)")
     clients, versions, weights, taus = sched.take_buffer()
     t0 = time.perf_counter()
     infos, metrics = runtime.apply(r, clients, versions, weights, sched.live())

@@ -118,6 +118,8 @@ def test_the_fedbuff_step_by_hand():
     ({"federation__staleness": "polynomial"}, "federation.staleness", "only read with federation.mode=async"),
     ({"federation__mode": "async", "system__devices": "uniform", "federation__concurrency": 99},
      "federation.concurrency", "allowed: 1..6"),
+    ({"federation__mode": "async", "system__devices": "uniform", "federation__buffer_size": 7},
+     "federation.buffer_size", "allowed: 1..6"),
     ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "fedkf"}, "federation.mode",
      "'fedkf' cannot run async: its server step needs one synchronous cohort (its cache and teacher"),
     ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "dafkd"}, "federation.mode",
@@ -148,3 +150,11 @@ def test_on_ray_results_arriving_in_reverse_order_give_the_in_process_figures(ra
 
     assert figures(ray.history) == figures(local.history)
     assert sum(row["sim/staleness"] for row in local.history) > 0  # some uploads were stale
+
+
+def test_an_async_run_where_no_upload_can_arrive_stops_naming_the_deadline():
+    from fedray.errors import RunFailure
+
+    cfg = tiny_config(federation__mode="async", system__devices="uniform", system__deadline_s=0.001)
+    with pytest.raises(RunFailure, match="raise system.deadline_s"):
+        run_experiment(cfg, progress=False)
