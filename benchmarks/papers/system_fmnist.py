@@ -45,7 +45,7 @@ METHODS: dict[str, dict[str, Any]] = {
                "federation.momentum": 0.0, "federation.weight_decay": 0.001},
 }
 SETTINGS: dict[str, dict[str, Any]] = {"alpha0.1": {}}
-TARGETS = (0.5, 0.6)
+TARGETS = (0.4, 0.5)  # at alpha = 0.1 over 30 rounds not every seed of FedAvg reaches 50 %
 
 
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
@@ -78,6 +78,7 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
             res.setdefault(f"{method}|{setting}", []).append({
                 "seed": f.seed, "accuracy": f.summary["eval/accuracy"], "last_n": harness.last_n(hist),
                 "hours": f.summary.get("sim/clock_s", 0.0) / 3600.0, "reach": reach,
+                "mb": (f.summary["comm/bytes_up"] + f.summary["comm/bytes_down"]) / 1e6,
                 "dropouts": sum(r.get("sim/dropouts", 0.0) for r in hist),
                 "stragglers": sum(r.get("sim/stragglers", 0.0) for r in hist)})
     return res
@@ -98,12 +99,12 @@ def tables(res: dict, meta: dict, runs_dir: Path, planned: list[Run]) -> str:
                            meta, NAME, runs_dir, planned)
     lines += [f"Accuracy (%): last evaluation / mean of the last {LAST_N}, mean ± std over seeds. Per target: rounds, MB "
               "sent (up + down) and simulated hours until the first evaluation at or above it, mean over the seeds "
-              "that reach it (their count when not all). Dropouts and stragglers: totals over the run, mean over "
-              "seeds.", "",
+              "that reach it (their count when not all). MB and simulated hours of the whole run, dropouts and "
+              "stragglers: totals over the run, mean over seeds.", "",
               "| method | seeds | accuracy | last 5 | " + " | ".join(
                   f"rounds to {100 * t:g}% | MB to {100 * t:g}% | sim h to {100 * t:g}%" for t in TARGETS)
-              + " | sim h, whole run | dropouts | stragglers |",
-              "| --- | ---: | ---: | ---: | " + " | ".join(["---:"] * 3 * len(TARGETS)) + " | ---: | ---: | ---: |"]
+              + " | MB, whole run | sim h, whole run | dropouts | stragglers |",
+              "| --- | ---: | ---: | ---: | " + " | ".join(["---:"] * 3 * len(TARGETS)) + " | ---: | ---: | ---: | ---: |"]
     order: dict[float, dict[str, list[tuple[float, str]]]] = {t: {"rounds": [], "mb": [], "hours": []} for t in TARGETS}
     for method in METHODS:
         rs = res.get(f"{method}|alpha0.1", [])
@@ -118,7 +119,7 @@ def tables(res: dict, meta: dict, runs_dir: Path, planned: list[Run]) -> str:
                     order[t][what].append((m, method))
         n = len(rs)
         lines.append(f"| {method} | {n} | {mean_std([r['accuracy'] for r in rs])} | {mean_std([r['last_n'] for r in rs])}"
-                     f" | {' | '.join(cells)} | {sum(r['hours'] for r in rs) / n:.2f} | "
+                     f" | {' | '.join(cells)} | {sum(r['mb'] for r in rs) / n:,.0f} | {sum(r['hours'] for r in rs) / n:.2f} | "
                      f"{sum(r['dropouts'] for r in rs) / n:.1f} | {sum(r['stragglers'] for r in rs) / n:.1f} |")
     lines += ["", "Order of arrival at each target, by measure (methods that reached it with every seed; fastest first):",
               ""]
