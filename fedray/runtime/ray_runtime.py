@@ -120,6 +120,7 @@ class RayRuntime(Runtime):
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
         self._flight: dict[int, _Job] = {}  # async: each training client's task
+        self._tasks: dict[int, tuple[int, int]] = {}  # async: each training client's (round, server version)
         self._versions: dict[int, tuple[ray.ObjectRef, int]] = {}  # async: payloads by server version, and bytes
         if data is not None:
             self.attach(data)
@@ -280,28 +281,44 @@ class RayRuntime(Runtime):
     def submit(self, round_: int, client_id: int, version: int) -> int:
         if version not in self._versions:
             self._versions[version] = self.server.payload_of(version)
-        payload_ref, nbytes = self._versions[version]
         load = [0] * len(self.pool.workers)
         for job in self._flight.values():
             load[job.worker] += 1
         worker = min(range(len(load)), key=lambda w: (load[w], w))  # the least busy worker
+        self._start(round_, client_id, version, worker, 0)
+        return self._versions[version][1]
+
+    def _start(self, round_: int, client_id: int, version: int, worker: int, attempt: int) -> None:
         up, st, info = self.pool.workers[worker].train_many.options(num_returns=3).remote(
-            round_, [client_id], payload_ref, self.client_states.get(client_id))
-        self._flight[client_id] = _Job(client_id, worker, up, st, info, 0, math.inf)
-        return nbytes
+            round_, [client_id], self._versions[version][0], self.client_states.get(client_id))
+        self._flight[client_id] = _Job(client_id, worker, up, st, info, attempt, math.inf)
+        self._tasks[client_id] = (round_, version)
 
     def finished(self, client_id: int) -> dict:
-        try:
-            return ray.get(self._flight[client_id].info)
-        except WORKER_ERRORS as e:  # no rerun here yet: the schedule would need the rerun's time
-            raise RunFailure(f"client {client_id}'s worker failed during an asynchronous task ({type(e).__name__}); "
-                             "resume the run from its last checkpoint") from None
+        """The client's info; a task whose worker died is run again, from the same inputs, on that worker once it
+        has restarted (up to ``runtime.max_client_retries`` times): its figures are the ones it would have had."""
+        while True:
+            job = self._flight[client_id]
+            try:
+                return ray.get(job.info)
+            except WORKER_ERRORS as e:
+                if job.attempt >= self.cfg.runtime.max_client_retries or self.pool.revive(
+                        self.pool.workers[job.worker]) is None:
+                    raise RunFailure(f"client {client_id}'s worker failed during an asynchronous task "
+                                     f"({type(e).__name__}) {job.attempt + 1} time(s); resume the run from its last "
+                                     "checkpoint") from None
+                log.warning("client %d lost its worker %d during an asynchronous task (%s); rerunning it there",
+                            client_id, job.worker, type(e).__name__)
+                round_, version = self._tasks[client_id]
+                self._start(round_, client_id, version, job.worker, job.attempt + 1)
 
     def discard(self, client_id: int) -> None:
-        del self._flight[client_id]
+        del self._flight[client_id], self._tasks[client_id]
 
     def apply(self, round_, client_ids, versions, weights, live):
         jobs = [self._flight.pop(c) for c in client_ids]
+        for cid in client_ids:
+            del self._tasks[cid]
         receipt = self.server.receive(client_ids, [j.upload for j in jobs])
         for cid in client_ids:
             if not self.server.confirm(receipt, cid, round_):

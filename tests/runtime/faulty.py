@@ -135,3 +135,19 @@ class WallOrderReversed(FedAvg):
         speed = Devices.build(self.cfg.system, ctx.spec.num_clients, self.cfg.seed).compute_sps
         time.sleep(0.15 * int((speed < speed[ctx.client_id]).sum()))  # the faster in simulation, the slower here
         return super().client_update(ctx, payload, state)
+
+
+@register_algorithm
+class SlowFirstAttempt(FedAvg):
+    """FedAvg whose clients sleep 60 s on their first attempt only (a marker file per client in
+    ``$FEDRAY_TEST_GATES``): a test kills the worker meanwhile, and the rerun goes through at once."""
+
+    name = "test_slow_first_attempt"
+    asynchronous = True
+
+    def client_update(self, ctx, payload, state):
+        marker = Path(os.environ[GATES_ENV]) / f"slow-first-{os.getpid()}-{ctx.client_id}"
+        if not list(Path(os.environ[GATES_ENV]).glob(f"slow-first-*-{ctx.client_id}")):
+            marker.touch()
+            time.sleep(60)
+        return super().client_update(ctx, payload, state)

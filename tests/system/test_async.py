@@ -158,3 +158,47 @@ def test_an_async_run_where_no_upload_can_arrive_stops_naming_the_deadline():
     cfg = tiny_config(federation__mode="async", system__devices="uniform", system__deadline_s=0.001)
     with pytest.raises(RunFailure, match="raise system.deadline_s"):
         run_experiment(cfg, progress=False)
+
+
+@pytest.mark.ray
+def test_on_ray_an_async_task_whose_worker_dies_runs_again_to_the_same_model(ray_local, caplog):
+    """The worker training client 0 is killed mid-task (the method sleeps on a first attempt only): the task runs
+    again on the restarted worker, and the server's step gives the model an in-process run gives."""
+    import os
+    import time
+    from pathlib import Path
+
+    import ray
+
+    from fedray.data import build_federated_data
+    from fedray.runtime.local import LocalRuntime
+    from fedray.runtime.ray_runtime import RayRuntime
+    from tests.runtime.faulty import GATES_ENV
+
+    gates = Path(os.environ[GATES_ENV])
+    for marker in gates.glob("slow-first-*"):
+        marker.unlink()
+    kw = dict(algorithm__name="test_slow_first_attempt", federation__mode="async", system__devices="uniform",
+              tracking__enabled=False)
+    cfg = tiny_config(**kw, runtime__backend="ray", runtime__num_workers=2)
+    data = build_federated_data(cfg.data, cfg.seed)
+    remote = RayRuntime(cfg, data)
+    try:
+        remote.submit(1, 0, 0)
+        deadline = time.monotonic() + 60
+        while not list(gates.glob("slow-first-*-0")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(gates.glob("slow-first-*-0")), "client 0's task never started"
+        ray.kill(remote.pool.workers[remote._flight[0].worker], no_restart=False)
+        with caplog.at_level("WARNING", logger="fedray"):
+            info = remote.finished(0)
+        assert "lost its worker" in caplog.text and info["client"] == 0
+        remote.apply(1, [0], [0], [1.0], [])
+        got = remote.global_weights()
+    finally:
+        remote.close()
+    local = LocalRuntime(tiny_config(**kw), data)
+    local.submit(1, 0, 0)
+    local.apply(1, [0], [0], [1.0], [])
+    want = local.global_weights()
+    assert all(torch.equal(want[k], got[k]) for k in want)
