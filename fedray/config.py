@@ -337,26 +337,7 @@ class ExperimentConfig(_Strict):
                 f"allowed: 1..{self.data.num_clients}",
             )
         self.system.check()
-        if fed.mode == "async":
-            if not self.system.enabled:
-                raise ConfigError("federation.mode", "async orders the uploads by simulated time; set system.devices "
-                                  "to uniform, heterogeneous or trace (docs/system.md)")
-            if self.system.overcommit != 1:
-                raise ConfigError("system.overcommit", "over-selection is for synchronous rounds; with "
-                                  "federation.mode=async set federation.concurrency instead")
-            if fed.buffer() > self.data.num_clients:
-                raise ConfigError("federation.buffer_size", f"{fed.buffer()} exceeds data.num_clients="
-                                  f"{self.data.num_clients}: a client's upload waits in the buffer until the step, so "
-                                  f"at most that many fit; allowed: 1..{self.data.num_clients}")
-            if fed.in_flight() > self.data.num_clients:
-                raise ConfigError("federation.concurrency", f"{fed.in_flight()} exceeds data.num_clients="
-                                  f"{self.data.num_clients}; allowed: 1..{self.data.num_clients}")
-        else:
-            for key in ("concurrency", "buffer_size"):
-                if getattr(fed, key) is not None:
-                    raise ConfigError(f"federation.{key}", "is only read with federation.mode=async")
-            if fed.staleness != "none":
-                raise ConfigError("federation.staleness", "is only read with federation.mode=async")
+        self.system.check_federation(fed, self.data.num_clients)
         check_traces(self.system, self.data.num_clients)
         return self
 

@@ -25,6 +25,8 @@
   ``runtime.client_timeout_s``. Workers restart in place when their node is alive; one that cannot come back
   is removed and the pool shrinks (:mod:`fedray.runtime.worker_pool`). Losing a server actor stops the run with
   :class:`~fedray.errors.RunFailure` (resumable from the last checkpoint).
+- ``federation.mode=async``: a task per client, rerun on its restarted worker if that dies
+  (:mod:`fedray.runtime.ray_async`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.evaluation import ClientScores, EvalIndex
 from fedray.runtime.base import Admit, RoundOutcome, Runtime
+from fedray.runtime.ray_async import AsyncTasks, Job as _Job
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
@@ -60,19 +62,7 @@ from fedray.runtime.worker_pool import WorkerPool
 log = logging.getLogger("fedray")
 
 
-@dataclass
-class _Job:
-    client_id: int
-    worker: int
-    upload: Any
-    state: Any
-    info: Any
-    attempt: int
-    deadline: float
-    batch: tuple[int, ...] = ()  # the clients trained with it in one task (vectorised), itself included
-
-
-class RayRuntime(Runtime):
+class RayRuntime(AsyncTasks, Runtime):
     """Starts Ray and the actors at once; ``attach(data)`` (or ``data`` here) gives them the dataset."""
 
     def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData | None = None,
@@ -276,68 +266,6 @@ class RayRuntime(Runtime):
             infos.append(info)
         metrics["health/dropped_clients"] = float(lost)
         return RoundOutcome(infos, metrics, payload_bytes, server_s)
-
-    # --- federation.mode=async: a task per client, started as soon as its model is known ---------------------------
-    def submit(self, round_: int, client_id: int, version: int) -> int:
-        if version not in self._versions:
-            self._versions[version] = self.server.payload_of(version)
-        load = [0] * len(self.pool.workers)
-        for job in self._flight.values():
-            load[job.worker] += 1
-        worker = min(range(len(load)), key=lambda w: (load[w], w))  # the least busy worker
-        self._start(round_, client_id, version, worker, 0)
-        return self._versions[version][1]
-
-    def _start(self, round_: int, client_id: int, version: int, worker: int, attempt: int) -> None:
-        up, st, info = self.pool.workers[worker].train_many.options(num_returns=3).remote(
-            round_, [client_id], self._versions[version][0], self.client_states.get(client_id))
-        self._flight[client_id] = _Job(client_id, worker, up, st, info, attempt, math.inf)
-        self._tasks[client_id] = (round_, version)
-
-    def finished(self, client_id: int) -> dict:
-        """The client's info; a task whose worker died is run again, from the same inputs, on that worker once it
-        has restarted (up to ``runtime.max_client_retries`` times): its figures are the ones it would have had."""
-        while True:
-            job = self._flight[client_id]
-            try:
-                return ray.get(job.info)
-            except WORKER_ERRORS as e:
-                if job.attempt >= self.cfg.runtime.max_client_retries or self.pool.revive(
-                        self.pool.workers[job.worker]) is None:
-                    raise RunFailure(f"client {client_id}'s worker failed during an asynchronous task "
-                                     f"({type(e).__name__}) {job.attempt + 1} time(s); resume the run from its last "
-                                     "checkpoint") from None
-                log.warning("client %d lost its worker %d during an asynchronous task (%s); rerunning it there",
-                            client_id, job.worker, type(e).__name__)
-                round_, version = self._tasks[client_id]
-                self._start(round_, client_id, version, job.worker, job.attempt + 1)
-
-    def discard(self, client_id: int) -> None:
-        del self._flight[client_id], self._tasks[client_id]
-
-    def apply(self, round_, client_ids, versions, weights, live):
-        jobs = [self._flight.pop(c) for c in client_ids]
-        for cid in client_ids:
-            del self._tasks[cid]
-        receipt = self.server.receive(client_ids, [j.upload for j in jobs])
-        for cid in client_ids:
-            if not self.server.confirm(receipt, cid, round_):
-                raise RunFailure(f"round {round_}: client {cid}'s upload was lost with its node; resume the run "
-                                 "from its last checkpoint")
-        metrics = self.server.aggregate_stale(round_, client_ids, versions, weights, live)
-        infos = ray.get([j.info for j in jobs])
-        for job, info in zip(jobs, infos):
-            if info.get("has_state", True):
-                self.client_states[job.client_id] = job.state
-        self._versions = {v: x for v, x in self._versions.items() if v in set(live)}
-        return infos, metrics
-
-    def sent_payloads(self) -> dict:
-        return self.server.call("sent_payloads")
-
-    def load_sent_payloads(self, sent: dict) -> None:
-        self.server.call("load_sent_payloads", sent)
-        self._versions = {}
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
