@@ -174,3 +174,17 @@ def test_mlflow_gets_the_sim_figures_of_every_round_and_the_summary(tmp_path, mo
 
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["sim/clock_s"] == pytest.approx(max(m.value for m in clock))
+
+
+def test_the_trace_examples_of_docs_system_md_read(tmp_path):
+    import re
+    from pathlib import Path
+
+    from fedray.system.traces import read_availability_trace, read_device_trace
+
+    devices, online = re.findall(r"```csv\n(.*?)```", (Path(__file__).parents[2] / "docs" / "system.md").read_text(),
+                                 re.S)
+    (tmp_path / "d.csv").write_text(devices)
+    (tmp_path / "a.csv").write_text(online)
+    assert read_device_trace("system.trace", str(tmp_path / "d.csv"), 4)["compute_sps"].tolist() == [17, 56, 6, 17]
+    assert read_availability_trace("system.availability_trace", str(tmp_path / "a.csv"), 3)[0].tolist() == [0, 0, 1, 2]
