@@ -62,15 +62,16 @@ class AsyncTasks:
             try:
                 return ray.get(job.info)
             except WORKER_ERRORS as e:
+                worker = job.worker if job.worker < len(self.pool.workers) else 0  # the pool may have shrunk since
                 if job.attempt >= self.cfg.runtime.max_client_retries or self.pool.revive(
-                        self.pool.workers[job.worker]) is None:
+                        self.pool.workers[worker]) is None:
                     raise RunFailure(f"client {client_id}'s worker failed during an asynchronous task "
                                      f"({type(e).__name__}) {job.attempt + 1} time(s); resume the run from its last "
                                      "checkpoint") from None
-                log.warning("client %d lost its worker %d during an asynchronous task (%s); rerunning it there",
-                            client_id, job.worker, type(e).__name__)
+                log.warning("client %d lost its worker during an asynchronous task (%s); rerunning it on worker %d",
+                            client_id, type(e).__name__, worker)
                 round_, version = self._tasks[client_id]
-                self._start(round_, client_id, version, job.worker, job.attempt + 1)
+                self._start(round_, client_id, version, worker, job.attempt + 1)
 
     def discard(self, client_id: int) -> None:
         del self._flight[client_id], self._tasks[client_id]
