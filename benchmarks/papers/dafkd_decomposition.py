@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -82,6 +82,22 @@ ROUNDS = {"epochs20": 12}
 GRID = {"steps20": ({c: (0, 1, 2) for c in CELLS if c != "authors_head"} | {"authors_head": (0,)}),
         "steps200": {c: (0,) for c in CELLS if c != "authors_head"},
         "epochs20": {"fedavg": (0,), "disc_generated": (0,)}}
+# the contrasts: (cell, minus cell, what the difference isolates); each changes one part and keeps the rest
+CONTRASTS = [
+    ("oracle_generated", "disc_generated", "label-share weights instead of the discriminators'"),
+    ("theorem1_generated", "disc_generated", "Theorem 1's optimal discriminators instead of the trained ones"),
+    ("ceiling_generated", "disc_generated", "discriminators trained against real images of p (breaks privacy)"),
+    ("classterm_generated", "disc_generated", "samples that carry their class (the class term, an extension)"),
+    ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
+    ("uniform_proxy", "disc_proxy", "uniform weights instead of the discriminators', on real images"),
+    ("theorem1_proxy", "uniform_proxy", "Theorem 1's weights instead of uniform ones, on real images"),
+    ("disc_proxy", "disc_generated", "real images instead of generated ones"),
+    ("theorem1_proxy", "theorem1_generated", "real images instead of generated ones, Theorem 1's weights"),
+    ("oracle_proxy", "oracle_generated", "real images instead of generated ones, label-share weights"),
+    ("theorem1_proxy", "fedavg", "Eq. 7 at its optimum on real images against FedAvg"),
+    ("oracle_proxy", "fedavg", "label-share weights on real images against FedAvg"),
+    ("disc_generated", "fedavg", "the method against FedAvg"),
+    ("authors_head", "disc_generated", "one head for all and early-only adversarial training (authors' code)")]
 FEDAVG_RUNS = harness.RESULTS / "dafkd_fmnist_runs"  # steps20's FedAvg: dafkd_fmnist.py's runs
 
 
@@ -141,63 +157,114 @@ def _fmt(p: tuple[float, float | None, int] | None) -> str:
     return f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + (f" (n={n})" if n != 3 else "")
 
 
+# the mechanism figures beside the accuracy: key in the history -> column (mean of the last 5 evaluated rounds)
+DIAG = {"diag/domain_auc": "domain AUC", "diag/reader_agreement": "reader agreement",
+        "diag/reader_class_entropy": "reader class entropy", "diag/reader_fid": "reader FID",
+        "diag/ens_acc_eq7": "Eq. 7 ensemble", "diag/ens_acc_theorem1": "Theorem 1 ensemble",
+        "diag/ens_acc_label_share": "label-share ensemble", "train/disc_acc_real": "D real acc",
+        "train/disc_acc_fake": "D fake acc"}
+OLD_KEYS = {"diag/ens_acc_label_share": "diag/ens_acc_oracle"}  # the key in runs recorded before the rename
+PERCENT = {"diag/reader_agreement", "diag/ens_acc_eq7", "diag/ens_acc_theorem1", "diag/ens_acc_label_share",
+           "train/disc_acc_real", "train/disc_acc_fake"}
+
+
 def figures(grid) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
-    """Per (cell, setting): seed -> last-5 test accuracy (%), of the average before distillation, and the diag."""
+    """Per (cell, setting): seed -> last-5 test accuracy (%), of the average before distillation, Eq. 7's entropy,
+    each mechanism figure of :data:`DIAG`, and the mean seconds a round."""
     out = {}
     for (cell, setting), recs in grid.items():
-        fig: dict[str, dict[int, float]] = {"acc": {}, "avg": {}, "entropy": {}}
+        fig: dict[str, dict[int, float]] = {"acc": {}, "avg": {}, "entropy": {}, "round_s": {}}
         for f in recs:
             fig["acc"][f.seed] = 100 * harness.last_n(f.history, "eval/accuracy")
-            avg = harness.last_n(f.history, "eval/accuracy_avg")
-            if avg is not None:
-                fig["avg"][f.seed] = 100 * avg
-            ent = harness.last_n(f.history, "server/alpha_entropy")
-            if ent is not None:
-                fig["entropy"][f.seed] = ent
+            for name, key, scale in (("avg", "eval/accuracy_avg", 100), ("entropy", "server/alpha_entropy", 1),
+                                     *((k, k, 100 if k in PERCENT else 1) for k in DIAG)):
+                value = harness.last_n(f.history, key)
+                if value is None and key in OLD_KEYS:
+                    value = harness.last_n(f.history, OLD_KEYS[key])
+                if value is not None:
+                    fig.setdefault(name, {})[f.seed] = scale * value
+            times = [r["time/round_s"] for r in f.history if r.get("time/round_s") is not None]
+            if times:
+                fig["round_s"][f.seed] = float(np.mean(times))
         out[(cell, setting)] = fig
     return out
 
 
-def markdown(figs, meta: dict, runs_dir: Path, planned_runs: list[Run], rounds: int) -> str:
+def _mean(values: dict[int, float], digits: int = 2) -> str:
+    """mean ± sample standard deviation over the seeds, n when not 3 (one seed: its value and n=1)."""
+    v = list(values.values())
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f} (n=1)"
+    return harness.fmt_mean_std(v, 1, digits) + (f" (n={len(v)})" if len(v) not in (0, 3) else "")
+
+
+def by_round(grid, cell: str, setting: str, keys: Sequence[str]) -> list[dict[str, float]]:
+    """One run's (seed 0's) figures round by round: the E = 20 trajectory."""
+    recs = [f for f in grid.get((cell, setting), []) if f.seed == 0]
+    return [{k: r[k] for k in ("round", "time/round_s", *keys) if r.get(k) is not None}
+            for r in (recs[0].history if recs else [])]
+
+
+def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], rounds: int) -> str:
     lines = harness.header("DaFKD decomposed: weights, generated data, or distillation itself (Fashion-MNIST, "
                            "alpha = 0.1)", meta, NAME, runs_dir, planned_runs)
-    lines += ["LeNet-5, K=20, 8 clients a round, Adam lr 1e-3, batch 32, the conditional generator, "
-              f"{rounds} rounds; `steps20`: 20 local steps (dafkd_fmnist's budget), `steps200`: 10x. Figures: "
-              "test accuracy (%), mean of the last 5 rounds; differences paired by seed (± standard error).", "",
+    lines += ["LeNet-5, K=20, 8 clients a round, Adam lr 1e-3, batch 32, the conditional generator; `steps20`: 20 "
+              f"local steps (dafkd_fmnist's budget), `steps200`: 10x, {rounds} rounds each; `epochs20`: the paper's "
+              f"E = 20 local epochs, {ROUNDS['epochs20']} rounds. Figures: test accuracy (%), mean of the last 5 "
+              "rounds, ± the standard deviation over seeds; differences paired by seed (± standard error); n = 3 "
+              "seeds unless said.", "",
               "| setting | cell | weights | data | accuracy | minus FedAvg | average before distillation | "
               "distillation's own effect | Eq. 7 entropy |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
-    for setting in SETTINGS:
+    present = [(setting, cell) for setting in SETTINGS for cell in CELLS if figs.get((cell, setting), {}).get("acc")]
+    for setting, cell in present:
+        f = figs[(cell, setting)]
         fedavg = figs.get(("fedavg", setting), {}).get("acc", {})
-        for cell in CELLS:
-            f = figs.get((cell, setting))
-            if not f or not f["acc"]:
-                continue
-            vals = list(f["acc"].values())
-            acc = f"{np.mean(vals):.2f}" + (f" ± {np.std(vals, ddof=1):.2f}" if len(vals) > 1 else "") \
-                + (f" (n={len(vals)})" if len(vals) != 3 else "")
-            spec = CELLS[cell]
-            weights = spec.get("alpha_source", "—" if cell == "fedavg" else "discriminator")
-            data = spec.get("distill_data", "—" if cell == "fedavg" else "generated")
-            avg = f"{np.mean(list(f['avg'].values())):.2f}" if f["avg"] else "—"
-            ent = f"{np.mean(list(f['entropy'].values())):.3f}" if f["entropy"] else "—"
-            lines.append(f"| {setting} | {cell} | {weights} | {data} | {acc} | "
-                         f"{'' if cell == 'fedavg' else _fmt(_paired(f['acc'], fedavg))} | {avg} | "
-                         f"{_fmt(_paired(f['acc'], f['avg'])) if f['avg'] else '—'} | {ent} |")
+        spec = CELLS[cell]
+        weights = spec.get("alpha_source", "—" if cell == "fedavg" else "discriminator")
+        data = spec.get("distill_data", "—" if cell == "fedavg" else "generated")
+        lines.append(f"| {setting} | {cell} | {weights} | {data} | {_mean(f['acc'])} | "
+                     f"{'' if cell == 'fedavg' else _fmt(_paired(f['acc'], fedavg))} | "
+                     f"{_mean(f['avg']) if f['avg'] else '—'} | "
+                     f"{_fmt(_paired(f['acc'], f['avg'])) if f['avg'] else '—'} | {_mean(f['entropy'], 3)} |")
+    lines += ["", "## The mechanism, cell by cell", "",
+              "Last-5 means ± standard deviation over seeds. Domain AUC: each client's discriminator ranking its own "
+              "training images above the other clients' (0.5: cannot tell). Reader: the fixed LeNet-5 (86 % on the "
+              "real test images) on the server's generated samples: the share it reads as the asked class (%; chance "
+              "10), the normalised entropy of the classes it reads, the Frechet distance to the real test images. "
+              "Ensembles: the round's local models weighed by Eq. 7 (the discriminators), by Eq. 7 at Theorem 1's "
+              "optimal discriminators, and by the label shares, on real test images (%). D real/fake: the "
+              "discriminators' accuracy on their own images and on generated ones (%). A dash: not recorded by that "
+              "cell (the reader only on generated cells; runs recorded before the reader have none).", "",
+              "| setting | cell | " + " | ".join(DIAG.values()) + " |", "|---|---|" + "---:|" * len(DIAG)]
+    for setting, cell in present:
+        f = figs[(cell, setting)]
+        if cell != "fedavg":
+            lines.append(f"| {setting} | {cell} | " + " | ".join(_mean(f.get(k, {}), 3 if k not in PERCENT else 1)
+                                                             for k in DIAG) + " |")
     lines += ["", "## Which part loses the points", "",
               "Each contrast changes one part and keeps the rest (paired by seed, points of last-5 accuracy).", "",
               "| setting | contrast | what it isolates | difference |", "|---|---|---|---:|"]
-    contrasts = [("oracle_generated", "disc_generated", "label-share weights instead of the discriminators'"),
-                 ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
-                 ("uniform_proxy", "disc_proxy", "uniform weights instead of the discriminators', on real images"),
-                 ("disc_proxy", "disc_generated", "real images instead of generated ones"),
-                 ("oracle_proxy", "oracle_generated", "real images instead of generated ones, label-share weights"),
-                 ("oracle_proxy", "fedavg", "the best distillation can do here against FedAvg"),
-                 ("authors_head", "disc_generated", "one head for all and early-only adversarial training (authors' code)")]
     for setting in SETTINGS:
-        for a, b, what in contrasts:
+        for a, b, what in CONTRASTS:
             fa, fb = figs.get((a, setting)), figs.get((b, setting))
-            if fa and fb:
+            if fa and fb and fa["acc"] and fb["acc"]:
                 lines.append(f"| {setting} | {a} − {b} | {what} | {_fmt(_paired(fa['acc'], fb['acc']))} |")
+    keys = ("eval/accuracy", "eval/accuracy_avg", "diag/domain_auc", "diag/reader_agreement")
+    rows = {cell: by_round(grid, cell, "epochs20", keys) for cell in GRID["epochs20"]}
+    if any(rows.values()):
+        lines += ["", "## The paper's E = 20 local epochs (seed 0), round by round", "",
+                  "Does the domain AUC or the reader's agreement rise with the paper's local work? Seconds a round: "
+                  "wall time of the whole round on one CPU thread (local training of 8 clients, the server's "
+                  "distillation, the evaluation and the diagnostics).", "",
+                  "| cell | round | accuracy | average before distillation | domain AUC | reader agreement | s a round |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for cell, hist in rows.items():
+            for r in hist:
+                cols = [f"{100 * r[k]:.2f}" if k in r else "—" for k in ("eval/accuracy", "eval/accuracy_avg")]
+                cols += [f"{r['diag/domain_auc']:.3f}" if "diag/domain_auc" in r else "—",
+                         f"{100 * r['diag/reader_agreement']:.1f}" if "diag/reader_agreement" in r else "—",
+                         f"{r['time/round_s']:.0f}" if "time/round_s" in r else "—"]
+                lines.append(f"| {cell} | {r['round']} | " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -216,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     if not grid:
         raise SystemExit(f"no finished run in {args.runs_dir}")
     figs = figures(grid)
-    md = markdown(figs, meta, args.runs_dir, table_runs, args.rounds)
+    md = markdown(figs, grid, meta, args.runs_dir, table_runs, args.rounds)
     harness.write(args.out, NAME, meta, {"cells": CELLS, "grid": {s: {c: list(v) for c, v in g.items()}
                                                                   for s, g in GRID.items()},
                                          "figures": {f"{c}/{s}": v for (c, s), v in figs.items()}}, md)
