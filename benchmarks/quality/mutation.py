@@ -289,11 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if args.record_only else 0.0, previous.get("runs", 1)
     runs = args.runs or runs
     if not args.record_only:
+        # a run that goes on from checked mutants adds its time to theirs; one from a fresh mutants/ starts the sum
+        resumed = MUTANTS.exists() and any(m["status"] != "not checked" for m in collect()["mutants"])
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         start = time.time()
         done = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "run", "--max-children",
                                str(args.max_children)], cwd=ROOT, env=env)
-        wall, runs = time.time() - start, 1
+        wall = time.time() - start + (previous.get("wall_s", 0.0) if resumed else 0.0)
+        runs = previous.get("runs", 0) + 1 if resumed else 1
         if done.returncode not in (0, 1):
             print(f"mutmut run exited {done.returncode}", file=sys.stderr)
             return done.returncode
