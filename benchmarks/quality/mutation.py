@@ -8,8 +8,9 @@ a fresh interpreter and the whole suite; and because ``mutmut show`` / ``mutmut 
 look at. Its mutants: operators, constants, strings, arguments dropped or set to None, calls, returns.
 
 Scope: every function of fedray/methods/ and fedray/learning/ (module-level code and class bodies are not mutated
-by mutmut 3), against tests/methods, tests/learning, tests/vectorized and tests/test_every_method.py without the
-tests marked ray, realdata or slow, with OMP_NUM_THREADS=1 (forked children and OpenMP's thread pool deadlock).
+by mutmut 3), against tests/methods, tests/learning, tests/vectorized, tests/test_every_method.py and the tests of
+the system simulation's hooks (tests/system/test_work.py, test_async.py), without the tests marked ray, realdata or
+slow, with OMP_NUM_THREADS=1 (forked children and OpenMP's thread pool deadlock).
 
     .venv/bin/python benchmarks/quality/mutation.py               # mutmut run (resumes where it stopped), the record
     .venv/bin/python benchmarks/quality/mutation.py --record-only # the record from mutants/ as it is

@@ -110,6 +110,32 @@ def test_the_fedbuff_step_by_hand():
     assert new.weights["n"].item() == 5  # integer buffers: the clients'
 
 
+def test_the_qffl_async_step_by_hand():
+    """q-FFL's Delta_k is relative to the model the client received, so a stale upload keeps it and only scales it by
+    its staleness weight, h_k unchanged: w_now - sum_k s_k Delta_k / sum_k h_k."""
+    from fedray.methods.qffl import QFFL, QFFLUpload
+
+    algo = QFFL(tiny_config(algorithm__name="qffl"), type("S", (), {"input_shape": (1, 4, 4), "num_classes": 2})())
+    now = {"w": torch.tensor([2.0, 0.0])}
+    a = QFFLUpload(delta={"w": torch.tensor([1.0, -2.0])}, h=2.0)
+    b = QFFLUpload(delta={"w": torch.tensor([4.0, 4.0])}, h=3.0)
+    sent = ModelPayload(weights={"w": torch.tensor([9.0, 9.0])})  # not read: Delta_k already says the change
+    s = staleness_weight("polynomial", 3)
+    rebased = [algo.rebase(a, sent, ModelState(weights=now), 1.0), algo.rebase(b, sent, ModelState(weights=now), s)]
+    assert rebased[0].delta["w"].tolist() == [1.0, -2.0] and rebased[1].delta["w"].tolist() == [4 * s, 4 * s]
+    assert [u.h for u in rebased] == [2.0, 3.0]
+    new, metrics = algo.server_update(ModelState(weights=now), rebased, None)
+    assert new.weights["w"].tolist() == pytest.approx([2 - (1 + 4 * s) / 5, 0 - (-2 + 4 * s) / 5])
+    assert metrics["server/h_sum"] == 5.0
+
+
+def test_a_method_without_async_refuses_to_rebase():
+    from fedray.methods.api import Algorithm
+
+    with pytest.raises(NotImplementedError, match="does not run async"):
+        Algorithm.rebase(type("NoAsync", (), {})(), None, None, None, 1.0)
+
+
 @pytest.mark.parametrize("overrides, key, fragment", [
     ({"federation__mode": "async"}, "federation.mode", "set system.devices"),
     ({"federation__mode": "async", "system__devices": "uniform", "system__overcommit": 1.3}, "system.overcommit",
