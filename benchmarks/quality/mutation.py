@@ -86,6 +86,10 @@ RULES = [
      "sum over axis -1 or +1: the classes, on (rows, classes) tensors"),
     ("keepdim", lambda old, new: "sum(0, keepdim=True)" in old and _same_but(r",?\s*keepdim=(?:True|False)")(old, new),
      "a (K, N) tensor divided by its sum over axis 0: (N,) and (1, N) broadcast the same"),
+    ("assert message", lambda old, new: old.startswith("assert ") and new.startswith("assert ") and _same_but(
+        r""",\s*(?:f?"[^"]*"|f?'[^']*')\s*$""")(old, new),
+     "the message of an internal assertion, which the config checks guarantee holds (the inputs that would break "
+     "it are refused before any work, each by its own test)"),
     ("einsum case", lambda old, new: "einsum" in old and old != new and old.lower() == new.lower(),
      "einsum's subscripts renamed in upper case throughout: the same contraction"),
 ]
