@@ -27,6 +27,10 @@ for ids it has not seen: a case inserted into the middle of a ``parametrize`` li
 so mutmut would run the old tests' reach under the new ids; and a function moved to a module of its own has no entry
 at all, so its mutants are marked "no tests" without running. Give a new case an explicit ``id`` (or put it last),
 and after moving functions delete the stats file to have it collected again.
+
+mutmut 3 throws away every verdict when ``[tool.mutmut]``'s pytest arguments or test selection change (its config
+fingerprint): a run after such a change starts from nothing (~6 hours on 2 cores). So each run here first saves the
+verdicts (``mutants/**/*.meta`` and the stats) to ``mutants-verdicts.tar.gz``; ``--restore`` puts them back.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import platform
 import re
 import subprocess
 import sys
+import tarfile
 import time
 from collections import Counter
 from datetime import date
@@ -49,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
 OUT = ROOT / "benchmarks" / "results"
 EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
+VERDICTS = ROOT / "mutants-verdicts.tar.gz"  # the verdicts as they were before the last run (gitignored)
 SCOPE = ("fedray/methods", "fedray/learning")
 # mutmut 3's exit codes (mutmut/stats.py)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
@@ -282,18 +288,39 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
+def save_verdicts() -> None:
+    """mutants/'s verdicts (``*.meta``) and test stats into :data:`VERDICTS`, written whole or not at all."""
+    partial = VERDICTS.with_suffix(".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in sorted(MUTANTS.glob("**/*.meta")) + sorted(MUTANTS.glob("mutmut-stats.json")):
+            tar.add(path, arcname=path.relative_to(ROOT).as_posix())
+    partial.replace(VERDICTS)
+
+
+def restore_verdicts() -> None:
+    with tarfile.open(VERDICTS) as tar:
+        tar.extractall(ROOT, filter="data")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--record-only", action="store_true", help="write the record from mutants/ as it is")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--wall-s", type=float, help="with --record-only: the wall time of the mutmut runs the record "
                     "comes from, when they ran outside this script")
+    ap.add_argument("--restore", action="store_true", help="put back the verdicts saved before the last run "
+                    f"({VERDICTS.name}) and write the record from them")
     ap.add_argument("--runs", type=int, help="with --wall-s: how many mutmut runs that time adds up")
     args = ap.parse_args(argv)
     previous = json.loads((OUT / "mutation.json").read_text())["meta"] if (OUT / "mutation.json").exists() else {}
-    wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if args.record_only else 0.0, previous.get("runs", 1)
+    only_record = args.record_only or args.restore
+    wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if only_record else 0.0, previous.get("runs", 1)
     runs = args.runs or runs
-    if not args.record_only:
+    if args.restore:
+        restore_verdicts()
+    elif not args.record_only:
+        if MUTANTS.exists():
+            save_verdicts()
         # a run that goes on from checked mutants adds its time to theirs; one from a fresh mutants/ starts the sum
         resumed = MUTANTS.exists() and any(m["status"] != "not checked" for m in collect()["mutants"])
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
