@@ -166,8 +166,10 @@ COVERED = {
     # batches of 34 end client 3's passes on one sample, padded to 34 rows, its noise (2 rows) to 34 (more padded
     # rounds: test_a_padded_round_is_exact_in_double_precision)
     "dafkd_padded_one_sample": dict(DAFKD, algorithm__generator="conditional", federation__batch_size=34),
-    # the class term (an extension): G's loss gains the classifier's cross-entropy, logged apart
-    "dafkd_class_term": dict(DAFKD, algorithm__generator="conditional", algorithm__gen_class_weight=0.5),
+    # the class term (an extension): G's loss gains the classifier's cross-entropy over the drawn rows only, logged
+    # apart; batches of 34 as above, so the noise is padded
+    "dafkd_class_term": dict(DAFKD, algorithm__generator="conditional", algorithm__gen_class_weight=0.5,
+                             federation__batch_size=34),
 }
 
 
