@@ -212,9 +212,10 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
               f"local steps (dafkd_fmnist's budget), `steps200`: 10x, {rounds} rounds each; `epochs20`: the paper's "
               f"E = 20 local epochs, {ROUNDS['epochs20']} rounds. Figures: test accuracy (%), mean of the last 5 "
               "rounds, ± the standard deviation over seeds; differences paired by seed (± standard error); n = 3 "
-              "seeds unless said.", "",
+              "seeds unless said. Seconds a round: the mean wall time of a round, each run on one CPU thread beside "
+              "other runs (a cost, not a benchmark of speed).", "",
               "| setting | cell | weights | data | accuracy | minus FedAvg | average before distillation | "
-              "distillation's own effect | Eq. 7 entropy |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+              "distillation's own effect | Eq. 7 entropy | s a round |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     present = [(setting, cell) for setting in SETTINGS for cell in CELLS if figs.get((cell, setting), {}).get("acc")]
     for setting, cell in present:
         f = figs[(cell, setting)]
@@ -225,7 +226,8 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
         lines.append(f"| {setting} | {cell} | {weights} | {data} | {_mean(f['acc'])} | "
                      f"{'' if cell == 'fedavg' else _fmt(_paired(f['acc'], fedavg))} | "
                      f"{_mean(f['avg']) if f['avg'] else '—'} | "
-                     f"{_fmt(_paired(f['acc'], f['avg'])) if f['avg'] else '—'} | {_mean(f['entropy'], 3)} |")
+                     f"{_fmt(_paired(f['acc'], f['avg'])) if f['avg'] else '—'} | {_mean(f['entropy'], 3)} | "
+                     f"{_mean(f['round_s'], 0)} |")
     lines += ["", "## The mechanism, cell by cell", "",
               "Last-5 means ± standard deviation over seeds. Domain AUC: each client's discriminator ranking its own "
               "training images above the other clients' (0.5: cannot tell). Reader: the fixed LeNet-5 (86 % on the "
