@@ -243,3 +243,23 @@ def test_fedcd_central_runs_once_per_architecture_on_all_the_data(tmp_path):
         (fed.federation.local_steps, fed.federation.batch_size, fed.federation.rounds)
     assert cfg.data.server_data == fed.data.server_data
     assert cd.make_config("fedavg", "alpha0.5_r100", 0, 30, "cpu", None).federation.rounds == 100
+
+
+def test_the_decomposition_shows_the_epochs_runs_round_by_round_and_the_mechanism(tmp_path):
+    """dafkd_decomposition: an E = 20 run appears round by round with its seconds a round, the mechanism table reads
+    the reader's figures (in %) and, from runs recorded before the rename, ``diag/ens_acc_oracle`` as the label share."""
+    dec = importlib.import_module("dafkd_decomposition")
+    runs = dec.planned(tmp_path, ["fedavg", "disc_generated"], ["epochs20"], [0])
+    for r in runs:
+        _finished(r.out, 0)
+        rows = [{"round": i, "eval/accuracy": 0.5 + 0.1 * i, "time/round_s": 400.0 + i,
+                 **({"diag/domain_auc": 0.6, "diag/reader_agreement": 0.25, "diag/ens_acc_oracle": 0.9}
+                    if r.method != "fedavg" else {})} for i in (1, 2)]
+        pq.write_table(pa.Table.from_pylist(rows), r.out / "history.parquet")
+    grid = harness.collect(runs)
+    figs = dec.figures(grid)
+    md = dec.markdown(figs, grid, {"date": "d", "commit": "c", "device": "CPU", "command": "x"}, tmp_path, runs, 60)
+    assert "| disc_generated | 2 | 70.00 | — | 0.600 | 25.0 | 402 |" in md
+    assert "| fedavg | 1 | 60.00 | — | — | — | 401 |" in md
+    assert figs[("disc_generated", "epochs20")]["diag/ens_acc_label_share"] == {0: pytest.approx(90.0)}
+    assert figs[("disc_generated", "epochs20")]["round_s"] == {0: 401.5}
