@@ -321,12 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     elif not args.record_only:
         if MUTANTS.exists():
             save_verdicts()
+        found = collect()["mutants"] if MUTANTS.exists() else []
         # a run that goes on from checked mutants adds its time to theirs; one from a fresh mutants/ starts the sum
-        resumed = MUTANTS.exists() and any(m["status"] != "not checked" for m in collect()["mutants"])
+        resumed = any(m["status"] != "not checked" for m in found)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(args.max_children)]
+        # the losses' unchecked mutants first (mutmut otherwise takes the fastest first, and the slowest, in the
+        # helpers every test reaches, take hours): a run stopped early has still checked what the record must explain
+        losses = [m["name"] for m in found if m["in_loss"] and m["status"] == "not checked"]
         start = time.time()
-        done = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "run", "--max-children",
-                               str(args.max_children)], cwd=ROOT, env=env)
+        done = subprocess.run(mutmut + losses, cwd=ROOT, env=env) if losses else None
+        if done is None or done.returncode in (0, 1):
+            done = subprocess.run(mutmut, cwd=ROOT, env=env)
         wall = time.time() - start + (previous.get("wall_s", 0.0) if resumed else 0.0)
         runs = previous.get("runs", 0) + 1 if resumed else 1
         if done.returncode not in (0, 1):
