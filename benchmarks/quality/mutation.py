@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"({VERDICTS.name}) and write the record from them")
     ap.add_argument("--runs", type=int, help="with --wall-s: how many mutmut runs that time adds up")
     args = ap.parse_args(argv)
-    previous = json.loads((OUT / "mutation.json").read_text())["meta"] if (OUT / "mutation.json").exists() else {}
+    record = json.loads((OUT / "mutation.json").read_text()) if (OUT / "mutation.json").exists() else {}
+    previous = record.get("meta", {})
     only_record = args.record_only or args.restore
     wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if only_record else 0.0, previous.get("runs", 1)
     runs = args.runs or runs
@@ -322,8 +323,10 @@ def main(argv: list[str] | None = None) -> int:
         if MUTANTS.exists():
             save_verdicts()
         found = collect()["mutants"] if MUTANTS.exists() else []
-        # a run that goes on from checked mutants adds its time to theirs; one from a fresh mutants/ starts the sum
-        resumed = any(m["status"] != "not checked" for m in found)
+        # a run that goes on from the record's verdicts adds its time to theirs; one from fewer (a fresh mutants/,
+        # verdicts mutmut dropped) starts the sum again
+        checked = sum(m["status"] != "not checked" for m in found)
+        resumed = checked > 0 and checked >= record.get("summary", {}).get("checked", 0)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(args.max_children)]
         # the losses' unchecked mutants first (mutmut otherwise takes the fastest first, and the slowest, in the
