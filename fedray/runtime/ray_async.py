@@ -18,7 +18,7 @@ log = logging.getLogger("fedray")
 
 @dataclass
 class Job:
-    """A client's task on a worker: its result's object references."""
+    """A client's task on a worker: its result's object references (the synchronous rounds' tasks too)."""
 
     client_id: int
     worker: int
@@ -90,7 +90,8 @@ class AsyncTasks:
         for job, info in zip(jobs, infos):
             if info.get("has_state", True):
                 self.client_states[job.client_id] = job.state
-        self._versions = {v: x for v, x in self._versions.items() if v in set(live)}
+        kept = set(live)
+        self._versions = {v: x for v, x in self._versions.items() if v in kept}
         return infos, metrics
 
     def sent_payloads(self) -> dict:

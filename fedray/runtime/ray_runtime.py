@@ -47,7 +47,7 @@ from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.evaluation import ClientScores, EvalIndex
 from fedray.runtime.base import Admit, RoundOutcome, Runtime
-from fedray.runtime.ray_async import AsyncTasks, Job as _Job
+from fedray.runtime.ray_async import AsyncTasks, Job
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
@@ -109,7 +109,7 @@ class RayRuntime(AsyncTasks, Runtime):
         self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device)
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
-        self._flight: dict[int, _Job] = {}  # async: each training client's task
+        self._flight: dict[int, Job] = {}  # async: each training client's task
         self._tasks: dict[int, tuple[int, int]] = {}  # async: each training client's (round, server version)
         self._versions: dict[int, tuple[ray.ObjectRef, int]] = {}  # async: payloads by server version, and bytes
         if data is not None:
@@ -137,7 +137,7 @@ class RayRuntime(AsyncTasks, Runtime):
         return deal(client_ids, self.client_cost, len(self.pool.workers))
 
     def _submit_batch(self, round_, cids: list[int], payload_ref, worker: int, start: float,
-                      attempt: int = 0) -> list[_Job]:
+                      attempt: int = 0) -> list[Job]:
         """One task training ``cids`` on ``worker`` (vectorised when ``runtime.vectorize`` says so): a job per
         client, all due when the last would be. A failure reruns the batch as a whole, so its clients get the
         numbers they would have had (a vectorised client's float rounding may depend on its batch-mates)."""
@@ -148,10 +148,10 @@ class RayRuntime(AsyncTasks, Runtime):
             round_, cids, payload_ref, *[self.client_states.get(c) for c in cids])
         k = len(cids)
         deadline = start + timeout * k if timeout else math.inf
-        return [_Job(c, worker, refs[i], refs[k + i], refs[2 * k + i], attempt, deadline, tuple(cids))
+        return [Job(c, worker, refs[i], refs[k + i], refs[2 * k + i], attempt, deadline, tuple(cids))
                 for i, c in enumerate(cids)]
 
-    def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> _Job:
+    def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> Job:
         timeout = self.cfg.runtime.client_timeout_s
         if self.batch_clients:  # a client alone (a rerun, or one per worker) takes the same path as a batch
             up, st, info = self.pool.workers[worker].train_many.options(num_returns=3).remote(
@@ -160,9 +160,9 @@ class RayRuntime(AsyncTasks, Runtime):
             up, st, info = self.pool.workers[worker].train.options(num_returns=3).remote(
                 round_, cid, payload_ref, self.client_states.get(cid))
         deadline = start + timeout * (queue_pos + 1) if timeout else math.inf
-        return _Job(cid, worker, up, st, info, attempt, deadline)
+        return Job(cid, worker, up, st, info, attempt, deadline)
 
-    def _retry_or_drop(self, job: _Job, round_, payload_ref, error: BaseException, jobs: dict) -> None:
+    def _retry_or_drop(self, job: Job, round_, payload_ref, error: BaseException, jobs: dict) -> None:
         """Rerun a client whose worker failed on a live worker, with the clients of its task (they failed with
         it: their pending jobs are replaced), or drop them after ``runtime.max_client_retries``."""
         self.pool.suspect.add(job.worker)
@@ -198,7 +198,7 @@ class RayRuntime(AsyncTasks, Runtime):
         # Clients' tasks go out before the payload's size is known: they start when the broadcast ends.
         payload_ref = self.server.broadcast(round_)
         start, queued = time.monotonic(), [0] * len(self.pool.workers)
-        jobs: dict[int, _Job] = {}
+        jobs: dict[int, Job] = {}
         if self.batch_clients:
             per_worker: dict[int, list[int]] = {}
             for cid, w in self._deal(client_ids):
@@ -211,7 +211,7 @@ class RayRuntime(AsyncTasks, Runtime):
                 jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
                 queued[w] += 1
         payload_bytes = self.server.payload_bytes(round_)
-        done: dict[int, tuple[_Job, dict, Any]] = {}
+        done: dict[int, tuple[Job, dict, Any]] = {}
         while jobs:
             by_ref = {job.info: job for job in jobs.values()}
             wait_s = max(0.0, min(j.deadline for j in jobs.values()) - time.monotonic())
