@@ -246,15 +246,16 @@ def test_fedcd_central_runs_once_per_architecture_on_all_the_data(tmp_path):
 
 
 def test_the_decomposition_shows_the_epochs_runs_round_by_round_and_the_mechanism(tmp_path):
-    """dafkd_decomposition: an E = 20 run appears round by round with its seconds a round, the mechanism table reads
-    the reader's figures (in %) and, from runs recorded before the rename, ``diag/ens_acc_oracle`` as the label share."""
+    """dafkd_decomposition: an E = 20 run appears round by round with its seconds a round and its median round (a
+    paused round left out), the mechanism table reads the reader's figures (in %) and, from runs recorded before the
+    rename, ``diag/ens_acc_oracle`` as the label share."""
     dec = importlib.import_module("dafkd_decomposition")
     runs = dec.planned(tmp_path, ["fedavg", "disc_generated"], ["epochs20"], [0])
     for r in runs:
         _finished(r.out, 0)
-        rows = [{"round": i, "eval/accuracy": 0.5 + 0.1 * i, "time/round_s": 400.0 + i,
+        rows = [{"round": i, "eval/accuracy": 0.5 + 0.1 * i, "time/round_s": 9000.0 if i == 3 else 400.0 + i,
                  **({"diag/domain_auc": 0.6, "diag/reader_agreement": 0.25, "diag/ens_acc_oracle": 0.9}
-                    if r.method != "fedavg" else {})} for i in (1, 2)]
+                    if r.method != "fedavg" else {})} for i in (1, 2, 3)]  # round 3 paused
         pq.write_table(pa.Table.from_pylist(rows), r.out / "history.parquet")
     grid = harness.collect(runs)
     figs = dec.figures(grid)
@@ -262,4 +263,5 @@ def test_the_decomposition_shows_the_epochs_runs_round_by_round_and_the_mechanis
     assert "| disc_generated | 2 | 70.00 | — | 0.600 | 25.0 | 402 |" in md
     assert "| fedavg | 1 | 60.00 | — | — | — | 401 |" in md
     assert figs[("disc_generated", "epochs20")]["diag/ens_acc_label_share"] == {0: pytest.approx(90.0)}
-    assert figs[("disc_generated", "epochs20")]["round_s"] == {0: 401.5}
+    assert figs[("disc_generated", "epochs20")]["round_s"] == {0: 402.0}  # the median: the paused round left out
+    assert "the median round: fedavg 402 s, disc_generated 402 s." in md

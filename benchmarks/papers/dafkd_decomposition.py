@@ -185,7 +185,7 @@ def figures(grid) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
                     fig.setdefault(name, {})[f.seed] = scale * value
             times = [r["time/round_s"] for r in f.history if r.get("time/round_s") is not None]
             if times:
-                fig["round_s"][f.seed] = float(np.mean(times))
+                fig["round_s"][f.seed] = float(np.median(times))  # a paused or crowded round does not count
         out[(cell, setting)] = fig
     return out
 
@@ -212,8 +212,8 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
               f"local steps (dafkd_fmnist's budget), `steps200`: 10x, {rounds} rounds each; `epochs20`: the paper's "
               f"E = 20 local epochs, {ROUNDS['epochs20']} rounds. Figures: test accuracy (%), mean of the last 5 "
               "rounds, ± the standard deviation over seeds; differences paired by seed (± standard error); n = 3 "
-              "seeds unless said. Seconds a round: the mean wall time of a round, each run on one CPU thread beside "
-              "other runs (a cost, not a benchmark of speed).", "",
+              "seeds unless said. Seconds a round: the median wall time of a round, each run on one CPU thread beside "
+              "other runs (a cost, not a benchmark of speed; the median leaves out rounds stretched by pauses).", "",
               "| setting | cell | weights | data | accuracy | minus FedAvg | average before distillation | "
               "distillation's own effect | Eq. 7 entropy | s a round |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     present = [(setting, cell) for setting in SETTINGS for cell in CELLS if figs.get((cell, setting), {}).get("acc")]
@@ -267,6 +267,10 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
                          f"{100 * r['diag/reader_agreement']:.1f}" if "diag/reader_agreement" in r else "—",
                          f"{r['time/round_s']:.0f}" if "time/round_s" in r else "—"]
                 lines.append(f"| {cell} | {r['round']} | " + " | ".join(cols) + " |")
+        medians = [f"{cell} {figs[(cell, 'epochs20')]['round_s'][0]:.0f} s" for cell, hist in rows.items()
+                   if hist and 0 in figs.get((cell, "epochs20"), {}).get("round_s", {})]
+        lines += ["", "A round's wall time counts the pauses of a shared machine; the median round: "
+                  + ", ".join(medians) + "."]
     return "\n".join(lines) + "\n"
 
 
