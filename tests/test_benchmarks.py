@@ -245,6 +245,19 @@ def test_fedcd_central_runs_once_per_architecture_on_all_the_data(tmp_path):
     assert cd.make_config("fedavg", "alpha0.5_r100", 0, 30, "cpu", None).federation.rounds == 100
 
 
+def test_every_decomposition_cell_is_a_valid_config_that_changes_what_its_name_says():
+    """dafkd_decomposition: each cell validates, and the ceiling on real images is the method with pooled negatives
+    and real distillation images (Eq. 7 as if the generator had reached p), the reader on generated cells only."""
+    dec = importlib.import_module("dafkd_decomposition")
+    cfgs = {cell: dec.make_config(cell, "steps20", 0, 60, None, "cpu").algorithm.model_dump() for cell in dec.CELLS}
+    ceiling, proxy = cfgs["ceiling_proxy"], cfgs["disc_proxy"]
+    assert {k: v for k, v in ceiling.items() if proxy.get(k) != v} == {"disc_negatives": "pooled"}
+    assert (ceiling["distill_data"], ceiling["alpha_source"]) == ("proxy", "discriminator")
+    reader = {c for c, a in cfgs.items() if a.get("diag_reader")}
+    assert {c for c in dec.CELLS if c.endswith("_generated")} <= reader  # every cell distilling on generated samples
+    assert not {c for c in reader if cfgs[c].get("distill_data") == "proxy"}
+
+
 def test_the_decomposition_shows_the_epochs_runs_round_by_round_and_the_mechanism(tmp_path):
     """dafkd_decomposition: an E = 20 run appears round by round with its seconds a round and its median round (a
     paused round left out), the mechanism table reads the reader's figures (in %) and, from runs recorded before the

@@ -15,8 +15,11 @@ the paper's conditional generator (the oracle needs each generated sample's clas
   adversarial training only in rounds 1-3 / 1-5), seed 0 beside the method;
 - ``theorem1_generated`` / ``theorem1_proxy``: Eq. 7 at Theorem 1's optimal discriminators under the run's label
   distributions (``alpha_source=theorem1``), the ceiling of the discriminators' weights;
-- ``ceiling_generated``: the discriminators trained against real images of every client's data instead of the
-  generator's samples (``disc_negatives=pooled``: Eq. 7 as if the generator had reached p; breaks privacy);
+- ``ceiling_proxy``: Eq. 7 as if the generator had reached p (Theorem 1's premise): the discriminators trained
+  against real images of every client's data instead of the generator's samples (``disc_negatives=pooled``; breaks
+  privacy: a diagnostic, not a method) and the distillation on real images, the samples p would give;
+- ``ceiling_generated``: the same discriminators on the generator's samples; the generator then trains against
+  discriminators that never see its samples, so this cell changes the samples too, not only the weights;
 - ``classterm_generated``: the generator also trained to make the client's classifier read G(z, y) as y
   (``gen_class_weight=1``, an extension): do samples that show their class rescue the method?
 
@@ -67,6 +70,7 @@ CELLS: dict[str, dict[str, Any]] = {
     "theorem1_generated": {"alpha_source": "theorem1", "distill_data": "generated"},
     "theorem1_proxy": {"alpha_source": "theorem1", "distill_data": "proxy"},
     "ceiling_generated": {"alpha_source": "discriminator", "distill_data": "generated", "disc_negatives": "pooled"},
+    "ceiling_proxy": {"alpha_source": "discriminator", "distill_data": "proxy", "disc_negatives": "pooled"},
     "classterm_generated": {"alpha_source": "discriminator", "distill_data": "generated", "gen_class_weight": 1.0},
 }
 # each setting's local work (alpha 0.1 throughout): 20 steps (dafkd_fmnist's budget), 10x that, or the paper's E = 20
@@ -86,7 +90,11 @@ GRID = {"steps20": ({c: (0, 1, 2) for c in CELLS if c != "authors_head"} | {"aut
 CONTRASTS = [
     ("oracle_generated", "disc_generated", "label-share weights instead of the discriminators'"),
     ("theorem1_generated", "disc_generated", "Theorem 1's optimal discriminators instead of the trained ones"),
-    ("ceiling_generated", "disc_generated", "discriminators trained against real images of p (breaks privacy)"),
+    ("ceiling_generated", "disc_generated", "discriminators trained against real images of p (breaks privacy); the "
+                                            "generator loses its adversary, so the samples change too"),
+    ("ceiling_proxy", "disc_proxy", "discriminators trained against images of p, on real images: Eq. 7 if the "
+                                    "generator had reached p"),
+    ("ceiling_proxy", "theorem1_proxy", "the discriminators at p against Theorem 1's optimum, on real images"),
     ("classterm_generated", "disc_generated", "samples that carry their class (the class term, an extension)"),
     ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
     ("uniform_proxy", "disc_proxy", "uniform weights instead of the discriminators', on real images"),
