@@ -84,9 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace, registries: bool = True):
-    """The config of ``args``; with ``registries=False`` only what :func:`fedray.config.load_config` checks
+    """The config of ``args``; with ``registries=False`` only what :func:`fedray.load.load_config` checks
     (no method imported, so no torch): the rest is :func:`fedray.methods.validate_experiment`'s."""
-    from fedray.config import load_config
+    from fedray.load import load_config
 
     overrides = list(args.overrides)
     if args.data_dir:
@@ -208,7 +208,7 @@ def cmd_run(args: argparse.Namespace, hooks=()) -> int:
 
 def _resume_target(args: argparse.Namespace):
     from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE, CheckpointError, load_checkpoint
-    from fedray.config import validate_config
+    from fedray.load import validate_config
     from fedray.overrides import apply_overrides
     from fedray.record.run_dir import SUMMARY_FILE, is_finished
     from fedray.simulation import check_resumable
@@ -269,7 +269,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from fedray.config import load_config
+    from fedray.load import load_config
     from fedray.record.console import comparison_table, make_console
     from fedray.data.datasets import input_spec
     from fedray.models import describe_models

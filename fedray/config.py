@@ -1,4 +1,5 @@
-"""Typed, validated experiment config: YAML presets or files plus dotted overrides (``a.b.c=value``).
+"""Typed, validated experiment config (read from presets, YAML files and dotted overrides by
+:mod:`fedray.load`).
 
 Every key below is a public contract (CLI overrides, presets, Tune search spaces). Unknown keys and bad
 values raise :class:`~fedray.errors.ConfigError` naming the dotted key and what is allowed, before any work
@@ -8,19 +9,15 @@ starts. Algorithm-specific keys (``algorithm.mu``) are validated by the algorith
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fedray.errors import ConfigError
-from fedray.overrides import apply_overrides, flatten
+from fedray.overrides import flatten
 from fedray.paths import absolute_path
 from fedray.system import SystemConfig, check_traces
-from fedray.validation import config_error
-
-PRESET_DIR = Path(__file__).parent / "configs"
 
 DatasetName = Literal["fashion_mnist", "mnist", "emnist", "svhn", "cifar10", "cifar100", "synthetic",
                       "fmnist_domains", "digit5", "office_caltech10", "domainnet"]
@@ -384,56 +381,3 @@ class ExperimentConfig(_Strict):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
-
-
-# --------------------------------------------------------------------------------------------------
-# loading
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def _read_yaml(name_or_path: str) -> dict:
-    path = Path(name_or_path)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
-        path = PRESET_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise ConfigError(
-                "config",
-                f"'{name_or_path}' is neither a preset nor a YAML file; presets: {', '.join(preset_names())}",
-            )
-    if not path.exists():
-        raise ConfigError("config", f"file {path} does not exist; give a YAML path or a preset name")
-    return read_yaml_mapping(path, "config")
-
-
-def read_yaml_mapping(path: Path, key: str) -> dict:
-    """A YAML file that must hold a mapping; errors name ``key`` (the argument that gave the path)."""
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(key, f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(key, f"{path} must hold a mapping of keys, got {type(raw).__name__}")
-    return raw
-
-
-def validate_config(raw: dict) -> ExperimentConfig:
-    """Validate a nested dict into an :class:`ExperimentConfig`.
-
-    The algorithm's own parameters and the model names are checked against their registries by
-    :func:`fedray.methods.validate_experiment` (this module imports no method and no model).
-    """
-    try:
-        return ExperimentConfig.model_validate(raw)
-    except ValidationError as e:
-        raise config_error(e, ExperimentConfig) from None
-
-
-def load_config(
-    name_or_path: str | None = None, overrides: list[str] | dict[str, Any] | None = None
-) -> ExperimentConfig:
-    """Load a preset name or YAML path (or the defaults when None) and apply dotted overrides."""
-    raw = _read_yaml(name_or_path) if name_or_path else {}
-    return validate_config(apply_overrides(raw, overrides or []))

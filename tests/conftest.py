@@ -33,7 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     torch.set_num_threads(1)
 
-from fedray.config import ExperimentConfig, load_config  # noqa: E402
+from fedray.config import ExperimentConfig  # noqa: E402
+
+from fedray.load import load_config
 from fedray.data.datasets import DATA_DIR_ENV, debian_fashion_mnist_dir  # noqa: E402
 
 FMNIST_FILES = (

@@ -295,7 +295,7 @@ def _check_fedray_command(argv: list[str], where: str) -> None:
     except SystemExit as e:  # fedray's parser prints one line and exits 2
         pytest.fail(f"{where}: fedray {shlex.join(argv)} does not parse (exit {e.code})")
     if cmd in ("run", "partition"):
-        from fedray.config import load_config
+        from fedray.load import load_config
 
         load_config(args.config, list(args.overrides))  # every override key and value is valid
     if cmd == "tune":

@@ -3,7 +3,8 @@ import os
 import pytest
 
 from fedray.methods import algorithm_params, validate_experiment
-from fedray.config import ExperimentConfig, load_config, preset_names
+from fedray.config import ExperimentConfig
+from fedray.load import load_config, preset_names
 from fedray.data.plot import partition_label
 from fedray.errors import ConfigError
 from fedray.overrides import apply_overrides, parse_override

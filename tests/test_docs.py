@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fedray.config import load_config, preset_names
+from fedray.load import load_config, preset_names
 from tests.test_readme import (DOCS, README, ROOT, all_ticked, cells, command_problems, config_keys,
                                config_sections, doc_commands, first_ticked, headings, in_fence, lines_of,
                                registered_methods, section, table_with_header, tables)

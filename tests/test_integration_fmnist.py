@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.simulation import run_experiment
 
 

@@ -21,7 +21,8 @@ import pytest
 from pydantic import BaseModel
 
 from fedray.cli import build_parser
-from fedray.config import ExperimentConfig, preset_names
+from fedray.config import ExperimentConfig
+from fedray.load import preset_names
 from fedray.errors import UserError
 from fedray.methods import ALGORITHMS, load_experiment
 

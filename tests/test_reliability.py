@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from fedray.record.checkpoint import FILENAME, CheckpointError, decode, encode, load_checkpoint, save_checkpoint
 from fedray.cli import main
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.errors import RunFailure, clear_interrupted, interrupt
 from fedray.seeding import sample_clients

@@ -123,7 +123,7 @@ def planned(runs_dir: Path, cells, settings, seeds) -> list[Run]:
 
 
 def make_config(cell: str, setting: str, seed: int, rounds: int, data_dir: str | None, device: str):
-    from fedray.config import validate_config
+    from fedray.load import validate_config
     from fedray.overrides import apply_overrides
 
     budget = dict(SETTINGS[setting])

@@ -110,7 +110,7 @@ TABLE1_METHODS = ("fedavg", "fedprox", "feddf", "fedgen", "fedftg", "dafkd")
 
 def make_config(method: str, alpha: float, seed: int, rounds: int, data_dir: str | None, eval_average: bool,
                 preset: str = "dafkd_fmnist", budget: dict | None = None, device: str = "cpu"):
-    from fedray.config import load_config, validate_config
+    from fedray.load import load_config, validate_config
     from fedray.overrides import apply_overrides
 
     raw = load_config(preset).model_dump(mode="json")

@@ -86,7 +86,7 @@ HELDOUT = tuple(f"{k}_heldout" for k in FITTED)
 
 def architectures() -> list[str]:
     """The preset's ten architectures, user by user."""
-    from fedray.config import load_config
+    from fedray.load import load_config
 
     return list(load_config("fedcd_fmnist").model.client_models)
 
@@ -107,7 +107,7 @@ def planned(runs_dir: Path, methods, settings, seeds) -> list[Run]:
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str, data_dir: str | None,
                 eval_every: int = 2):
     from fedray.methods import validate_experiment
-    from fedray.config import load_config, validate_config
+    from fedray.load import load_config, validate_config
     from fedray.overrides import apply_overrides
 
     raw = load_config("fedcd_fmnist").model_dump(mode="json")

@@ -51,7 +51,7 @@ DIAG = ("diag/teacher_acc_soft", "diag/teacher_acc_onehot", "diag/teacher_acc_av
 
 
 def pretrain_config(epochs: int, device: str):
-    from fedray.config import load_config
+    from fedray.load import load_config
 
     return load_config("fedd3a_fmnist_domains", {
         "name": "bench_pretrain", "seed": 0, "data.domains": [PUBLIC],
@@ -73,7 +73,7 @@ def pretrained(runs_dir: Path, epochs: int, device: str) -> Path:
 
 
 def make_config(method: str, setting: str, seed: int, opts: dict):
-    from fedray.config import load_config, validate_config
+    from fedray.load import load_config, validate_config
     from fedray.methods import validate_experiment
     from fedray.overrides import apply_overrides
 

@@ -171,7 +171,7 @@ def split_method(name: str) -> tuple[str, float | None]:
 def build(run: Run, opts: dict):
     """The run's config and data: the partition of (alpha, seed), data.min_samples lowered from 10 to 5, then
     2, when alpha is too small for it. The lr choice's runs are plain FedAvg with a validation set."""
-    from fedray.config import load_config
+    from fedray.load import load_config
     from fedray.data import build_federated_data
     from fedray.errors import DataError
 

@@ -109,7 +109,7 @@ def grid_args(ap: argparse.ArgumentParser, name: str, methods: Sequence[str], se
 def preset_config(preset: str, spec: dict[str, Any], overrides: dict[str, Any]):
     """A run's checked config: ``preset`` with ``spec`` (a method's settings: dotted keys, and ``algorithm``, a whole
     section replacing the preset's) and then ``overrides`` applied."""
-    from fedray.config import load_config, validate_config
+    from fedray.load import load_config, validate_config
     from fedray.methods import validate_experiment
     from fedray.overrides import apply_overrides
 

@@ -79,7 +79,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from fedray.learning.subspace import projection_cosine, projector  # noqa: E402
-from fedray.config import load_config  # noqa: E402
+from fedray.load import load_config  # noqa: E402
 from fedray.data import build_federated_data, to_float  # noqa: E402
 from fedray.models import build_model  # noqa: E402
 from fedray.report.runs import fmt_mean_std  # noqa: E402

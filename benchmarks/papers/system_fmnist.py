@@ -51,7 +51,7 @@ TARGETS = (0.4, 0.5)  # at alpha = 0.1 over 30 rounds not every seed of FedAvg r
 def make_config(method: str, setting: str, seed: int, rounds: int, device: str):
     spec = dict(METHODS[method])
     if isinstance(spec["algorithm"], str):  # a preset's algorithm section
-        from fedray.config import load_config
+        from fedray.load import load_config
 
         spec["algorithm"] = load_config(spec["algorithm"]).model_dump(mode="json")["algorithm"]
     return harness.preset_config("quickstart", spec, {

@@ -46,7 +46,7 @@ _CHILD = """
 import json, resource, sys, time
 import numpy as np, torch
 import fedray.evaluation, fedray.runtime.core
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.seeding import sample_clients

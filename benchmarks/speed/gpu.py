@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.simulation import run_experiment
 
 # Fashion-MNIST's 60,000 training images (the synthetic default, 100 per client, gives most clients short

@@ -40,7 +40,7 @@ import gpu  # noqa: E402  (the workloads of the GPU benchmark)
 
 from fedray.methods import validate_experiment  # noqa: E402
 from fedray.methods.api import ClientContext  # noqa: E402
-from fedray.config import load_config  # noqa: E402
+from fedray.load import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.runtime import make_runtime  # noqa: E402
 from fedray.vectorized import engine as vectorized  # noqa: E402

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from fedray.learning import cuda_graphs
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.simulation import run_experiment
 
 SETTING = ["data.dataset=synthetic", "data.synthetic_image_size=28", "data.synthetic_train_samples=60000",

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 import fedray
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.data.federated import to_float
 from fedray.models import build_model

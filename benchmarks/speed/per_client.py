@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scale import PssSampler  # noqa: E402
 
 from fedray.methods import validate_experiment  # noqa: E402
-from fedray.config import load_config  # noqa: E402
+from fedray.load import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.simulation import run_experiment  # noqa: E402
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.data.federated import FederatedData
 from fedray.runtime import make_runtime

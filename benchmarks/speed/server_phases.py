@@ -40,7 +40,7 @@ import torch
 from fedray.methods.dafkd import server as dafkd_server
 from fedray.methods.dafkd import DaFKD
 from fedray.learning.distill import KDSteps
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.runtime.core import ServerCore
 from fedray.simulation import RunHooks, run_experiment
 

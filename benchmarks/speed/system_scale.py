@@ -28,7 +28,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.simulation import run_experiment
 from fedray.system import SystemClock

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from fedray.config import ExperimentConfig, load_config
+from fedray.config import ExperimentConfig
+
+from fedray.load import load_config
 from fedray.errors import ConfigError
 from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
 from fedray.models import MODEL_NAMES
@@ -145,7 +147,7 @@ def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":
 
 
 def load_experiment(name_or_path: str | None = None, overrides=None) -> "ExperimentConfig":
-    """:func:`fedray.config.load_config` followed by :func:`validate_experiment`: a fully checked config."""
+    """:func:`fedray.load.load_config` followed by :func:`validate_experiment`: a fully checked config."""
     return validate_experiment(load_config(name_or_path, overrides))
 
 

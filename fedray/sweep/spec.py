@@ -44,7 +44,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedray.methods import load_experiment
-from fedray.config import ExperimentConfig, read_yaml_mapping
+from fedray.config import ExperimentConfig
+from fedray.load import read_yaml_mapping
 from fedray.errors import ConfigError, ResourceError
 from fedray.paths import PATH_KEYS, absolute_path
 from fedray.validation import config_error

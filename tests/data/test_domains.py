@@ -4,7 +4,9 @@ the server's domain."""
 import numpy as np
 import pytest
 
-from fedray.config import DataConfig, load_config
+from fedray.config import DataConfig
+
+from fedray.load import load_config
 from fedray.data import (
     FMNIST_DOMAINS,
     build_federated_data,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data, load_domains, partition_summary, plot_partition
 from fedray.errors import DataError
 

@@ -159,7 +159,7 @@ def test_split_train_test_needs_two_samples():
 
 
 def test_the_central_partition_is_one_client_holding_all_training_data():
-    from fedray.config import load_config
+    from fedray.load import load_config
     from fedray.data import build_federated_data
 
     cfg = load_config("synthetic", {"data.partition": "central", "data.synthetic_train_samples": 300})

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import (
     build_federated_data,
     partition_by_domain,

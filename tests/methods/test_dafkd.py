@@ -21,7 +21,7 @@ from fedray.methods.dafkd import DaFKD, DaFKDUpload
 from fedray.methods.dafkd import losses as dafkd_losses
 from fedray.methods.dafkd.types import DaFKDModules
 from fedray.methods.dafkd.server import alpha_metrics, correlation_weights, ensemble_teacher
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.models import build_model
 from fedray.models.dcgan import DCGANGenerator

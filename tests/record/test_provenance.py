@@ -13,7 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from fedray.cli import main
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data.federated import build_federated_data, to_float
 from fedray.record.provenance import run_label
 from tests.test_cli import TINY_ARGS

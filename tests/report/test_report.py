@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.errors import UserError
 from fedray.report import (
     RunRecord,

@@ -6,7 +6,7 @@ from collections import Counter
 import cloudpickle
 import pytest
 
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.errors import ResourceError
 from fedray.runtime import make_runtime, malloc

@@ -13,7 +13,7 @@ import torch
 from fedray.methods import ALGORITHMS, validate_experiment
 from fedray.methods.api import ClientResult
 from fedray.methods.fedavg import FedAvg
-from fedray.config import load_config
+from fedray.load import load_config
 from fedray.data import build_federated_data
 from fedray.runtime import make_runtime
 from fedray.learning.training import CLIENT_INPUTS, IGNORE_LABEL, OptimSpec, is_weights_only, run_update, weights_only
