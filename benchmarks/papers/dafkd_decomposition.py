@@ -218,8 +218,9 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
                            "alpha = 0.1)", meta, NAME, runs_dir, planned_runs)
     lines += ["LeNet-5, K=20, 8 clients a round, Adam lr 1e-3, batch 32, the conditional generator; `steps20`: 20 "
               f"local steps (dafkd_fmnist's budget), `steps200`: 10x, {rounds} rounds each; `epochs20`: the paper's "
-              f"E = 20 local epochs, {ROUNDS['epochs20']} rounds. Figures: test accuracy (%), mean of the last 5 "
-              "rounds, ± the standard deviation over seeds; differences paired by seed (± standard error); n = 3 "
+              f"E = 20 local epochs, {ROUNDS['epochs20']} rounds; FedAvg at 20 steps is dafkd_fmnist.py's (its "
+              "commit and device in dafkd_fmnist.md). Figures: test accuracy (%), mean of the last 5 rounds, ± the "
+              "standard deviation over seeds; differences paired by seed (± standard error); n = 3 "
               "seeds unless said. Seconds a round: the median wall time of a round, each run on one CPU thread beside "
               "other runs (a cost, not a benchmark of speed; the median leaves out rounds stretched by pauses).", "",
               "| setting | cell | weights | data | accuracy | minus FedAvg | average before distillation | "
