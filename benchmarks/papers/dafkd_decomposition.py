@@ -1,7 +1,8 @@
 """DaFKD taken apart on real Fashion-MNIST (alpha = 0.1): which part loses the points against FedAvg, Eq. 7's
 weights, the generated distillation data, or distillation itself?
 
-A 2 x 3 grid of DaFKD (``algorithm.alpha_source`` x ``algorithm.distill_data``) beside FedAvg, on
+A grid of DaFKD cells (Eq. 7's weights, ``algorithm.alpha_source``, x the distillation data,
+``algorithm.distill_data``, and the diagnostic cells below) beside FedAvg, on
 ``dafkd_fmnist``'s reduced budget (LeNet-5, K=20, 8 a round, 20 local Adam steps of batch 32, 60 rounds) with
 the paper's conditional generator (the oracle needs each generated sample's class):
 
@@ -11,8 +12,8 @@ the paper's conditional generator (the oracle needs each generated sample's clas
 - ``disc_proxy`` / ``oracle_proxy`` / ``uniform_proxy``: the same weights, distilled on real unlabelled images
   (500 a class held by the server, copied so that the clients' data is FedAvg's; labelled only for the
   oracle, which reads the labels; the distillation never does);
-- ``authors_head``: the authors' code where it differs cheaply (one discriminator head for all clients, here averaged by the server,
-  adversarial training only in rounds 1-3 / 1-5), seed 0 beside the method;
+- ``authors_head``: the authors' code where it differs cheaply (one discriminator head for all clients, here
+  averaged by the server, adversarial training only in rounds 1-3 / 1-5), seed 0 beside the method;
 - ``theorem1_generated`` / ``theorem1_proxy``: Eq. 7 at Theorem 1's optimal discriminators under the run's label
   distributions (``alpha_source=theorem1``), the ceiling of the discriminators' weights;
 - ``ceiling_proxy``: Eq. 7 as if the generator had reached p (Theorem 1's premise): the discriminators trained
@@ -22,16 +23,17 @@ the paper's conditional generator (the oracle needs each generated sample's clas
   discriminators that never see its samples, so this cell changes the samples too, not only the weights;
 - ``classterm_generated``: the generator also trained to make the client's classifier read G(z, y) as y
   (``gen_class_weight=1``, an extension): do samples that show their class rescue the method?
-
-Every generated cell scores its samples with the fixed reader (``diag_reader``: ``diag/reader_*``).
 - ``fedavg``: ``dafkd_fmnist.py``'s FedAvg runs (the same config), read from its run folders.
 
-Settings: ``steps20`` (3 seeds), ``steps200`` (10x the local steps, seed 0: the 2 x 3 grid and FedAvg) and
-``epochs20`` (the paper's E = 20 local epochs, 12 rounds, seed 0: the method and FedAvg, diagnostics on: do the
-domain AUC and the reader's agreement rise with the paper's local work?). Every DaFKD run also evaluates its plain average before distillation
-(``eval/accuracy_avg``), which separates what the distillation does from what the clients did.
+Every generated cell scores its samples with the fixed reader (``diag_reader``: ``diag/reader_*``).
 
-Cost on the 2-core CPU, one thread a run: ~46-51 s a round for DaFKD at 200 steps (~50 min a run), ~9 s for
+Settings: ``steps20`` (3 seeds), ``steps200`` (10x the local steps, seed 0: every cell but ``authors_head``) and
+``epochs20`` (the paper's E = 20 local epochs, 12 rounds, seed 0: the method and FedAvg, diagnostics on: do the
+domain AUC and the reader's agreement rise with the paper's local work?). Every DaFKD run also evaluates its plain
+average before distillation (``eval/accuracy_avg``), which separates what the distillation does from what the
+clients did.
+
+Cost on a 2-core CPU, one thread a run: ~28-50 s a round for DaFKD at 200 steps (30-50 min a run), ~8 s for
 FedAvg; more seeds at 200 steps add as much each (extend GRID["steps200"]).
 
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 --jobs 2   # the 3-seed grid
