@@ -34,8 +34,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     torch.set_num_threads(1)
 
 from fedray.config import ExperimentConfig  # noqa: E402
-
-from fedray.load import load_config
+from fedray.load import load_config  # noqa: E402
 from fedray.data.datasets import DATA_DIR_ENV, debian_fashion_mnist_dir  # noqa: E402
 
 FMNIST_FILES = (

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from fedray.config import ExperimentConfig
-
 from fedray.load import load_config
 from fedray.errors import ConfigError
 from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext

@@ -8,6 +8,7 @@ import os
 import time
 
 from fedray.record.console import comparison_table, make_console
+from fedray.record.provenance import command_line
 from fedray.sweep.spec import SweepSpec, format_bundles, planned_trials, search_plan, selects_on_test_data
 
 
@@ -46,8 +47,6 @@ def tune(spec: SweepSpec, args: argparse.Namespace) -> int:
     else:
         spec.name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"sweep {spec.name}: {len(trials)} trials, metric {spec.metric} ({spec.mode})", highlight=False)
-    from fedray.record.provenance import command_line
-
     best = run_sweep(spec, resume=args.resume, max_concurrent=args.max_concurrent, num_samples=args.num_samples,
                      address=args.address, verbose=args.verbose, console=console,
                      source=command_line(getattr(args, "argv", [])))
