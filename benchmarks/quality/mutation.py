@@ -28,9 +28,13 @@ so mutmut would run the old tests' reach under the new ids; and a function moved
 at all, so its mutants are marked "no tests" without running. Give a new case an explicit ``id`` (or put it last),
 and after moving functions delete the stats file to have it collected again.
 
-mutmut 3 throws away every verdict when ``[tool.mutmut]``'s pytest arguments or test selection change (its config
-fingerprint): a run after such a change starts from nothing (~6 hours on 2 cores). So each run here first saves the
-verdicts (``mutants/**/*.meta`` and the stats) to ``mutants-verdicts.tar.gz``; ``--restore`` puts them back.
+A run outlives the session that started it: every few minutes, and when it ends, the script writes the record and
+the verdicts (``benchmarks/results/mutation-verdicts.json``: each function's source hash and its mutants' exit codes,
+committed with the record). A run in a fresh checkout (no mutants/) starts from that file: mutmut regenerates the
+mutants and keeps the verdict of every function whose source is unchanged (its own hash check), so only new or
+changed functions are tested again. mutmut 3 throws away every verdict when ``[tool.mutmut]``'s pytest arguments or
+test selection change (its config fingerprint): after such a change a run starts from nothing (~6 hours on 2 cores);
+``--restore`` puts the committed verdicts back into mutants/.
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ import platform
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from collections import Counter
 from datetime import date
@@ -54,7 +57,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
 OUT = ROOT / "benchmarks" / "results"
 EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
-VERDICTS = ROOT / "mutants-verdicts.tar.gz"  # the verdicts as they were before the last run (gitignored)
+VERDICTS = OUT / "mutation-verdicts.json"  # the resume state, committed with the record
+SAVE_EVERY_S = 300
 SCOPE = ("fedray/methods", "fedray/learning")
 # mutmut 3's exit codes (mutmut/stats.py)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
@@ -222,7 +226,8 @@ def write_record(found: dict, meta: dict) -> None:
         f"{meta['tool']}; {meta['date']}, commit {meta['commit']}, {meta['device']}; wall time "
         f"{meta['wall_s'] / 60:.0f} min{' (the sum of the runs that built it)' if meta.get('runs', 1) > 1 else ''}.",
         f"Command: `{meta['command']}` (the record alone: `--record-only`). Scope and choice of tool: the script's "
-        "docstring, `benchmarks/quality/mutation.py`.",
+        "docstring, `benchmarks/quality/mutation.py`. A run goes on from `mutation-verdicts.json` (each function's "
+        "hash and its mutants' verdicts): mutmut keeps the verdicts of functions unchanged since they were checked.",
         "",
         "| mutants | checked | killed | timeout | survived | no test reaches it | equivalent (explained) | score |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -289,65 +294,123 @@ def _git(*args: str) -> str:
 
 
 def save_verdicts() -> None:
-    """mutants/'s verdicts (``*.meta``) and test stats into :data:`VERDICTS`, written whole or not at all."""
+    """mutants/'s verdicts into :data:`VERDICTS`: per file, each function's hash and its mutants' exit codes (by the
+    mutant's number, from 1; ``null``: not checked), one function a line so that git's diffs stay small."""
+    files = {}
+    for meta_path in sorted(MUTANTS.glob("fedray/**/*.py.meta")):
+        rel = meta_path.relative_to(MUTANTS).as_posix()[: -len(".meta")]
+        meta = json.loads(meta_path.read_text())
+        if not rel.startswith(SCOPE) or not meta["exit_code_by_key"]:
+            continue
+        codes: dict[str, dict[int, int | None]] = {}
+        for key, code in meta["exit_code_by_key"].items():
+            func, _, number = key.rpartition("__mutmut_")
+            codes.setdefault(func, {})[int(number)] = code
+        files[rel] = {"hash_by_function_name": meta["hash_by_function_name"],
+                      "exit_codes": {f: [c.get(i) for i in range(1, max(c) + 1)] for f, c in sorted(codes.items())}}
+    lines = ["{", f' "tool": {json.dumps(_mutmut_version())},', ' "files": {']
+    for i, (rel, entry) in enumerate(files.items()):
+        lines += [f"  {json.dumps(rel)}: {{", f'   "hash_by_function_name": '
+                  f"{json.dumps(entry['hash_by_function_name'], sort_keys=True, ensure_ascii=False)},", '   "exit_codes": {']
+        rows = [f"    {json.dumps(f, ensure_ascii=False)}: {json.dumps(c)}" for f, c in entry["exit_codes"].items()]
+        lines += [",\n".join(rows), "   }", "  }" + ("," if i < len(files) - 1 else "")]
     partial = VERDICTS.with_suffix(".partial")
-    with tarfile.open(partial, "w:gz") as tar:
-        for path in sorted(MUTANTS.glob("**/*.meta")) + sorted(MUTANTS.glob("mutmut-stats.json")):
-            tar.add(path, arcname=path.relative_to(ROOT).as_posix())
+    partial.write_text("\n".join(lines + [" }", "}"]) + "\n", encoding="utf-8")
     partial.replace(VERDICTS)
 
 
-def restore_verdicts() -> None:
-    with tarfile.open(VERDICTS) as tar:
-        tar.extractall(ROOT, filter="data")
+def restore_verdicts() -> int:
+    """:data:`VERDICTS` into mutants/'s meta files, as mutmut writes them; mutmut then keeps the exit code of each
+    function whose hash still matches its source. Returns the number of verdicts put back."""
+    restored = 0
+    for rel, entry in json.loads(VERDICTS.read_text(encoding="utf-8"))["files"].items():
+        codes = {f"{func}__mutmut_{i}": code for func, row in entry["exit_codes"].items()
+                 for i, code in enumerate(row, start=1)}
+        restored += sum(code is not None for code in codes.values())
+        meta_path = MUTANTS / f"{rel}.meta"
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text(json.dumps({"exit_code_by_key": codes,
+                                         "hash_by_function_name": entry["hash_by_function_name"],
+                                         "type_check_error_by_key": {}, "durations_by_key": {},
+                                         "estimated_durations_by_key": {}}, indent=4))
+        # the mutants file, if any, is older than the meta: mutmut must regenerate it and merge these verdicts
+        (MUTANTS / rel).unlink(missing_ok=True)
+    return restored
+
+
+def _mutmut_version() -> str:
+    shown = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True).stdout
+    return "mutmut " + next((line.split(":", 1)[1].strip() for line in shown.splitlines()
+                             if line.startswith("Version")), "?")
+
+
+def _run_saving(command: list[str], env: dict, meta: dict, since: float) -> int:
+    """``command`` to its end, the record and the verdicts written every :data:`SAVE_EVERY_S` seconds meanwhile (a
+    run stopped from outside leaves both as they were at most that long before)."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env)
+    while True:
+        try:
+            return proc.wait(timeout=SAVE_EVERY_S)
+        except subprocess.TimeoutExpired:
+            if any(MUTANTS.glob("fedray/**/*.py.meta")):
+                _save(meta, since)
+
+
+def _save(meta: dict, since: float) -> None:
+    save_verdicts()
+    write_record(collect(), {**meta, "date": date.today().isoformat(), "commit": _git("rev-parse", "--short", "HEAD"),
+                             "wall_s": round(meta["wall_s"] + time.time() - since, 1)})
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--record-only", action="store_true", help="write the record from mutants/ as it is")
+    ap.add_argument("--record-only", action="store_true", help="write the record and the verdicts from mutants/ as "
+                    "it is")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--wall-s", type=float, help="with --record-only: the wall time of the mutmut runs the record "
                     "comes from, when they ran outside this script")
-    ap.add_argument("--restore", action="store_true", help="put back the verdicts saved before the last run "
-                    f"({VERDICTS.name}) and write the record from them")
+    ap.add_argument("--restore", action="store_true", help=f"put the committed verdicts ({VERDICTS.name}) back into "
+                    "mutants/ (after mutmut dropped them); the next run keeps those of unchanged functions")
     ap.add_argument("--runs", type=int, help="with --wall-s: how many mutmut runs that time adds up")
     args = ap.parse_args(argv)
     record = json.loads((OUT / "mutation.json").read_text()) if (OUT / "mutation.json").exists() else {}
     previous = record.get("meta", {})
-    only_record = args.record_only or args.restore
-    wall, runs = (args.wall_s or previous.get("wall_s", 0.0)) if only_record else 0.0, previous.get("runs", 1)
-    runs = args.runs or runs
     if args.restore:
-        restore_verdicts()
-    elif not args.record_only:
-        if MUTANTS.exists():
-            save_verdicts()
-        found = collect()["mutants"] if MUTANTS.exists() else []
-        # a run that goes on from the record's verdicts adds its time to theirs; one from fewer (a fresh mutants/,
-        # verdicts mutmut dropped) starts the sum again
-        checked = sum(m["status"] != "not checked" for m in found)
-        resumed = checked > 0 and checked >= record.get("summary", {}).get("checked", 0)
+        print(f"{restore_verdicts()} verdicts put back into {MUTANTS.name}/ from {VERDICTS.relative_to(ROOT)}")
+        return 0
+    meta = {"tool": _mutmut_version(), "device": f"this CPU ({_cpu()}, {os.cpu_count()} cores)",
+            "command": ".venv/bin/python benchmarks/quality/mutation.py", "scope": list(SCOPE),
+            "wall_s": args.wall_s or previous.get("wall_s", 0.0), "runs": args.runs or previous.get("runs", 1)}
+    if not args.record_only:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         mutmut = [str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(args.max_children)]
+        start = time.time()
+        fresh = not any(MUTANTS.glob("fedray/**/*.py.meta"))
+        if fresh and VERDICTS.exists():
+            # a fresh checkout: the committed verdicts, then one known mutant so that mutmut generates every mutant
+            # (keeping the verdicts of unchanged functions) and collects the tests' reach before the losses go first
+            restore_verdicts()
+            known = next(f"{func}__mutmut_{i}" for entry in json.loads(VERDICTS.read_text("utf-8"))["files"].values()
+                         for func, row in entry["exit_codes"].items() for i, code in enumerate(row, 1) if code == 1)
+            subprocess.run(mutmut + [known], cwd=ROOT, env=env)
+        found = collect()["mutants"] if any(MUTANTS.glob("fedray/**/*.py.spans")) else []
+        # a run that goes on from the record's verdicts adds its time to theirs; one from fewer (verdicts mutmut
+        # dropped, no verdicts file) starts the sum again
+        checked = sum(m["status"] != "not checked" for m in found)
+        resumed = checked > 0 and checked >= record.get("summary", {}).get("checked", 0)
+        meta.update(wall_s=previous.get("wall_s", 0.0) if resumed else 0.0,
+                    runs=previous.get("runs", 0) + 1 if resumed else 1)
         # the losses' unchecked mutants first (mutmut otherwise takes the fastest first, and the slowest, in the
         # helpers every test reaches, take hours): a run stopped early has still checked what the record must explain
         losses = [m["name"] for m in found if m["in_loss"] and m["status"] == "not checked"]
-        start = time.time()
-        done = subprocess.run(mutmut + losses, cwd=ROOT, env=env) if losses else None
-        if done is None or done.returncode in (0, 1):
-            done = subprocess.run(mutmut, cwd=ROOT, env=env)
-        wall = time.time() - start + (previous.get("wall_s", 0.0) if resumed else 0.0)
-        runs = previous.get("runs", 0) + 1 if resumed else 1
-        if done.returncode not in (0, 1):
-            print(f"mutmut run exited {done.returncode}", file=sys.stderr)
-            return done.returncode
-    version = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True).stdout
-    version = next((line.split(":", 1)[1].strip() for line in version.splitlines() if line.startswith("Version")), "?")
-    meta = {"tool": f"mutmut {version}", "date": date.today().isoformat(), "commit": _git("rev-parse", "--short", "HEAD"),
-            "device": f"this CPU ({_cpu()}, {os.cpu_count()} cores)",
-            "command": ".venv/bin/python benchmarks/quality/mutation.py", "wall_s": round(wall, 1), "runs": runs,
-            "scope": list(SCOPE)}
-    write_record(collect(), meta)
+        code = _run_saving(mutmut + losses, env, meta, start) if losses else 0
+        if code in (0, 1):
+            code = _run_saving(mutmut, env, meta, start)
+        meta["wall_s"] = round(meta["wall_s"] + time.time() - start, 1)
+        if code not in (0, 1):
+            print(f"mutmut run exited {code}", file=sys.stderr)
+            return code
+    _save(meta, time.time())
     print((OUT / "mutation.md").read_text().split("## Per file")[0])
     return 0
 
