@@ -181,6 +181,7 @@ def _server(name: str, **params):
 
     cfg = tiny_config(**_case(name, **params))
     algo = resolve_experiment(cfg).build(data_spec(build_federated_data(cfg.data, cfg.seed)))
+    torch.manual_seed(0)  # the modules' initial weights come from the global generator: not from the tests run before
     modules = algo.build_modules()
     return algo, modules, algo.init_server_state(modules)
 
@@ -261,10 +262,11 @@ def test_fedgens_generator_is_moved_by_each_term_alone_down_that_term(term):
 @pytest.mark.parametrize("term", ["hard", "cls", "diversity"])
 def test_fedftgs_generator_is_moved_by_each_term_alone_down_that_term(term):
     """FedFTG's generator loss for teacher k: hard_weight L_md + cls_weight L_cls + diversity_weight L_dis / K, with
-    L_md = -mean_i alpha_k^{y_i} mean_c |s(x_i) - t_k(x_i)| (the student, the uploads' average, in eval mode),
-    L_cls = mean_i alpha_k^{y_i} CE(t_k(x_i), y_i), x_i = G(z_i, y_i). Two teachers, the second holding no label
-    (alpha = 0: its step moves the generator only by Adam's momentum, the same way), one iteration and no student
-    step. Each term by hand at the first step equals its logged figure, and the steps driven by it alone lower it."""
+    L_md = -mean_i alpha_k^{y_i} mean_c |s(x_i) - t_k(x_i)| (the student, the uploads' average, in eval mode; the
+    teacher's logits detached, so the step lowers L_md with them held where they were), L_cls = mean_i alpha_k^{y_i}
+    CE(t_k(x_i), y_i), x_i = G(z_i, y_i). Two teachers, the second holding no label (alpha = 0: its step moves the
+    generator only by Adam's momentum, the same way), one iteration and no student step. Each term by hand at the
+    first step equals its logged figure, and the steps driven by it alone lower it."""
     from fedray.learning.data_free import label_shares
     from fedray.learning.weights import weighted_average
     from fedray.methods.api import ServerContext
@@ -285,19 +287,22 @@ def test_fedftgs_generator_is_moved_by_each_term_alone_down_that_term(term):
     student.eval()
     modules.teacher.eval()
 
-    def value(gen_weights):
+    def value(gen_weights, held=None):
         gen.load_state_dict(gen_weights)
         gen.train()
         with torch.no_grad():
             x = gen(z, y)
             t = functional_call(modules.teacher, uploads[0].weights, (x,))
             if term == "hard":
-                return -((student(x) - t).abs().mean(1) * alpha).mean()
+                return -((student(x) - (t if held is None else held)).abs().mean(1) * alpha).mean()
             if term == "cls":
                 return (F.cross_entropy(t, y, reduction="none") * alpha).mean()
             return _by_hand_diversity(z, x)
 
-    before, after = value(state.generator), value(new.generator)
+    before = value(state.generator)
+    with torch.no_grad():  # the teacher's logits at the first step's images, which L_md's gradient holds fixed
+        held = functional_call(modules.teacher, uploads[0].weights, (gen(z, y),))
+    after = value(new.generator, held)
     if term != "diversity":  # the second teacher's term is 0 (alpha = 0): the logged mean over 2 steps is half
         assert metrics[f"server/ft_{term}"] == pytest.approx(float(before) / 2, rel=1e-4, abs=1e-7)
     assert float(after) < float(before)
