@@ -238,6 +238,20 @@ def _markers_say_what_a_test_needs(request):
         pytest.fail(f"{request.node.nodeid} started Ray without the ray marker: add @pytest.mark.ray", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _global_generators_seeded():
+    """Every test starts from the same state of torch's, numpy's and Python's global generators, whatever ran before
+    it in its process: a model a test builds without its own seed is then the same in any order, under xdist's
+    scheduling or mutmut's subsets of the suite (a FedFTG test's outcome once hung on the tests run before it)."""
+    import random
+
+    import numpy as np
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shutdown_ray_at_exit():
     yield
