@@ -34,7 +34,11 @@ committed with the record). A run in a fresh checkout (no mutants/) starts from 
 mutants and keeps the verdict of every function whose source is unchanged (its own hash check), so only new or
 changed functions are tested again. mutmut 3 throws away every verdict when ``[tool.mutmut]``'s pytest arguments or
 test selection change (its config fingerprint): after such a change a run starts from nothing (~6 hours on 2 cores);
-``--restore`` puts the committed verdicts back into mutants/.
+``--restore`` puts the committed verdicts back into mutants/. A kill is only as good as the test that made it:
+mutmut runs each mutant's tests in a subset and order of their own, so a test whose outcome hangs on the tests
+before it counts its chance failures as kills (tests/conftest.py seeds the global generators before each test for
+that reason); after mending such a test, ``--recheck <test name>`` sets the kills of every function it reaches back
+to unchecked (the state module: ``mutation_state.py``).
 """
 
 from __future__ import annotations
@@ -53,17 +57,11 @@ from collections import Counter
 from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-MUTANTS = ROOT / "mutants"
-OUT = ROOT / "benchmarks" / "results"
+from mutation_state import (MUTANTS, OUT, ROOT, SCOPE, VERDICTS, mutmut_version, recheck, restore_verdicts,
+                            save_verdicts, status_of)
+
 EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
-VERDICTS = OUT / "mutation-verdicts.json"  # the resume state, committed with the record
 SAVE_EVERY_S = 300
-SCOPE = ("fedray/methods", "fedray/learning")
-# mutmut 3's exit codes (mutmut/stats.py)
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
-          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "caught by type check",
-          -11: "segfault", -9: "segfault", None: "not checked"}
 # a function computing a loss, a distillation teacher or a teacher's weights (by its name, or a name it nests in)
 LOSS = re.compile(r"loss|_kl|kl_|^kl|kd|bce|entropy|distil|teacher|diversity|correlation_weights|objective|"
                   r"qffl_terms|label_shares|generator_losses|subspace_weights|projection_cosine|ensemble")
@@ -113,10 +111,6 @@ def verdict_of(old: str, new: str, explicit: str | None) -> tuple[str | None, st
         if applies(old, new):
             return name, reason
     return None, None
-
-
-def status_of(code) -> str:
-    return STATUS.get(code, "suspicious")
 
 
 def _mutant_function(name: str) -> tuple[str, str]:
@@ -293,57 +287,6 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-def save_verdicts() -> None:
-    """mutants/'s verdicts into :data:`VERDICTS`: per file, each function's hash and its mutants' exit codes (by the
-    mutant's number, from 1; ``null``: not checked), one function a line so that git's diffs stay small."""
-    files = {}
-    for meta_path in sorted(MUTANTS.glob("fedray/**/*.py.meta")):
-        rel = meta_path.relative_to(MUTANTS).as_posix()[: -len(".meta")]
-        meta = json.loads(meta_path.read_text())
-        if not rel.startswith(SCOPE) or not meta["exit_code_by_key"]:
-            continue
-        codes: dict[str, dict[int, int | None]] = {}
-        for key, code in meta["exit_code_by_key"].items():
-            func, _, number = key.rpartition("__mutmut_")
-            codes.setdefault(func, {})[int(number)] = code
-        files[rel] = {"hash_by_function_name": meta["hash_by_function_name"],
-                      "exit_codes": {f: [c.get(i) for i in range(1, max(c) + 1)] for f, c in sorted(codes.items())}}
-    lines = ["{", f' "tool": {json.dumps(_mutmut_version())},', ' "files": {']
-    for i, (rel, entry) in enumerate(files.items()):
-        lines += [f"  {json.dumps(rel)}: {{", f'   "hash_by_function_name": '
-                  f"{json.dumps(entry['hash_by_function_name'], sort_keys=True, ensure_ascii=False)},", '   "exit_codes": {']
-        rows = [f"    {json.dumps(f, ensure_ascii=False)}: {json.dumps(c)}" for f, c in entry["exit_codes"].items()]
-        lines += [",\n".join(rows), "   }", "  }" + ("," if i < len(files) - 1 else "")]
-    partial = VERDICTS.with_suffix(".partial")
-    partial.write_text("\n".join(lines + [" }", "}"]) + "\n", encoding="utf-8")
-    partial.replace(VERDICTS)
-
-
-def restore_verdicts() -> int:
-    """:data:`VERDICTS` into mutants/'s meta files, as mutmut writes them; mutmut then keeps the exit code of each
-    function whose hash still matches its source. Returns the number of verdicts put back."""
-    restored = 0
-    for rel, entry in json.loads(VERDICTS.read_text(encoding="utf-8"))["files"].items():
-        codes = {f"{func}__mutmut_{i}": code for func, row in entry["exit_codes"].items()
-                 for i, code in enumerate(row, start=1)}
-        restored += sum(code is not None for code in codes.values())
-        meta_path = MUTANTS / f"{rel}.meta"
-        meta_path.parent.mkdir(parents=True, exist_ok=True)
-        meta_path.write_text(json.dumps({"exit_code_by_key": codes,
-                                         "hash_by_function_name": entry["hash_by_function_name"],
-                                         "type_check_error_by_key": {}, "durations_by_key": {},
-                                         "estimated_durations_by_key": {}}, indent=4))
-        # the mutants file, if any, is older than the meta: mutmut must regenerate it and merge these verdicts
-        (MUTANTS / rel).unlink(missing_ok=True)
-    return restored
-
-
-def _mutmut_version() -> str:
-    shown = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True).stdout
-    return "mutmut " + next((line.split(":", 1)[1].strip() for line in shown.splitlines()
-                             if line.startswith("Version")), "?")
-
-
 def _run_saving(command: list[str], env: dict, meta: dict, since: float) -> int:
     """``command`` to its end, the record and the verdicts written every :data:`SAVE_EVERY_S` seconds meanwhile (a
     run stopped from outside leaves both as they were at most that long before)."""
@@ -372,13 +315,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restore", action="store_true", help=f"put the committed verdicts ({VERDICTS.name}) back into "
                     "mutants/ (after mutmut dropped them); the next run keeps those of unchanged functions")
     ap.add_argument("--runs", type=int, help="with --wall-s: how many mutmut runs that time adds up")
+    ap.add_argument("--recheck", metavar="TEST", help="set back to unchecked the verdicts (but 'survived') of every "
+                    "function a test whose id contains TEST reaches, after that test was mended: a flaky test's "
+                    "failures were counted as kills")
     args = ap.parse_args(argv)
+    if args.recheck:
+        print(f"{recheck(args.recheck)} verdicts set back to unchecked; the next run checks them again")
+        return 0
     record = json.loads((OUT / "mutation.json").read_text()) if (OUT / "mutation.json").exists() else {}
     previous = record.get("meta", {})
     if args.restore:
         print(f"{restore_verdicts()} verdicts put back into {MUTANTS.name}/ from {VERDICTS.relative_to(ROOT)}")
         return 0
-    meta = {"tool": _mutmut_version(), "device": f"this CPU ({_cpu()}, {os.cpu_count()} cores)",
+    meta = {"tool": mutmut_version(), "device": f"this CPU ({_cpu()}, {os.cpu_count()} cores)",
             "command": ".venv/bin/python benchmarks/quality/mutation.py", "scope": list(SCOPE),
             "wall_s": args.wall_s or previous.get("wall_s", 0.0), "runs": args.runs or previous.get("runs", 1)}
     if not args.record_only:

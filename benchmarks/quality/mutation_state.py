@@ -1,0 +1,93 @@
+"""The mutation run's resume state: mutmut's verdicts (``mutants/**/*.py.meta``) to and from the committed
+``benchmarks/results/mutation-verdicts.json``, and verdicts set back to unchecked after a test is mended."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MUTANTS = ROOT / "mutants"
+OUT = ROOT / "benchmarks" / "results"
+VERDICTS = OUT / "mutation-verdicts.json"  # the resume state, committed with the record
+SCOPE = ("fedray/methods", "fedray/learning")
+# mutmut 3's exit codes (mutmut/stats.py)
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
+          36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "caught by type check",
+          -11: "segfault", -9: "segfault", None: "not checked"}
+
+
+def status_of(code) -> str:
+    return STATUS.get(code, "suspicious")
+
+
+def save_verdicts() -> None:
+    """mutants/'s verdicts into :data:`VERDICTS`: per file, each function's hash and its mutants' exit codes (by the
+    mutant's number, from 1; ``null``: not checked), one function a line so that git's diffs stay small."""
+    files = {}
+    for meta_path in sorted(MUTANTS.glob("fedray/**/*.py.meta")):
+        rel = meta_path.relative_to(MUTANTS).as_posix()[: -len(".meta")]
+        meta = json.loads(meta_path.read_text())
+        if not rel.startswith(SCOPE) or not meta["exit_code_by_key"]:
+            continue
+        codes: dict[str, dict[int, int | None]] = {}
+        for key, code in meta["exit_code_by_key"].items():
+            func, _, number = key.rpartition("__mutmut_")
+            codes.setdefault(func, {})[int(number)] = code
+        files[rel] = {"hash_by_function_name": meta["hash_by_function_name"],
+                      "exit_codes": {f: [c.get(i) for i in range(1, max(c) + 1)] for f, c in sorted(codes.items())}}
+    lines = ["{", f' "tool": {json.dumps(mutmut_version())},', ' "files": {']
+    for i, (rel, entry) in enumerate(files.items()):
+        lines += [f"  {json.dumps(rel)}: {{", f'   "hash_by_function_name": '
+                  f"{json.dumps(entry['hash_by_function_name'], sort_keys=True, ensure_ascii=False)},", '   "exit_codes": {']
+        rows = [f"    {json.dumps(f, ensure_ascii=False)}: {json.dumps(c)}" for f, c in entry["exit_codes"].items()]
+        lines += [",\n".join(rows), "   }", "  }" + ("," if i < len(files) - 1 else "")]
+    partial = VERDICTS.with_suffix(".partial")
+    partial.write_text("\n".join(lines + [" }", "}"]) + "\n", encoding="utf-8")
+    partial.replace(VERDICTS)
+
+
+def restore_verdicts() -> int:
+    """:data:`VERDICTS` into mutants/'s meta files, as mutmut writes them; mutmut then keeps the exit code of each
+    function whose hash still matches its source. Returns the number of verdicts put back."""
+    restored = 0
+    for rel, entry in json.loads(VERDICTS.read_text(encoding="utf-8"))["files"].items():
+        codes = {f"{func}__mutmut_{i}": code for func, row in entry["exit_codes"].items()
+                 for i, code in enumerate(row, start=1)}
+        restored += sum(code is not None for code in codes.values())
+        meta_path = MUTANTS / f"{rel}.meta"
+        meta_path.parent.mkdir(parents=True, exist_ok=True)
+        meta_path.write_text(json.dumps({"exit_code_by_key": codes,
+                                         "hash_by_function_name": entry["hash_by_function_name"],
+                                         "type_check_error_by_key": {}, "durations_by_key": {},
+                                         "estimated_durations_by_key": {}}, indent=4))
+        # the mutants file, if any, is older than the meta: mutmut must regenerate it and merge these verdicts
+        (MUTANTS / rel).unlink(missing_ok=True)
+    return restored
+
+
+def recheck(test: str) -> int:
+    """Sets the kills and timeouts of every function a test matching ``test`` reaches back to unchecked (in
+    mutants/'s meta files and in :data:`VERDICTS`). Run it with mutmut stopped: mutmut rewrites the meta files."""
+    reach = json.loads((MUTANTS / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
+    functions = {f for f, tests in reach.items() if any(test in t for t in tests)}
+    if not functions:
+        raise SystemExit(f"--recheck {test!r}: no test id in {MUTANTS.name}/mutmut-stats.json contains it")
+    reset = 0
+    for meta_path in MUTANTS.glob("fedray/**/*.py.meta"):
+        meta = json.loads(meta_path.read_text())
+        for key, code in meta["exit_code_by_key"].items():
+            if key.rpartition("__mutmut_")[0] in functions and status_of(code) not in ("survived", "not checked"):
+                meta["exit_code_by_key"][key] = None
+                reset += 1
+        meta_path.write_text(json.dumps(meta, indent=4))
+    save_verdicts()
+    return reset
+
+
+def mutmut_version() -> str:
+    shown = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True).stdout
+    return "mutmut " + next((line.split(":", 1)[1].strip() for line in shown.splitlines()
+                             if line.startswith("Version")), "?")
