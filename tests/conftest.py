@@ -242,7 +242,7 @@ def _markers_say_what_a_test_needs(request):
 def _global_generators_seeded():
     """Every test starts from the same state of torch's, numpy's and Python's global generators, whatever ran before
     it in its process: a model a test builds without its own seed is then the same in any order, under xdist's
-    scheduling or mutmut's subsets of the suite (a FedFTG test's outcome once hung on the tests run before it)."""
+    scheduling or mutmut's subsets of the suite (where a test passing by the draw counts its failures as kills)."""
     import random
 
     import numpy as np

@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads((OUT / "mutation.json").read_text()) if (OUT / "mutation.json").exists() else {}
     previous = record.get("meta", {})
     if args.restore:
-        print(f"{restore_verdicts()} verdicts put back into {MUTANTS.name}/ from {VERDICTS.relative_to(ROOT)}")
+        print(f"{len(restore_verdicts())} verdicts put back into {MUTANTS.name}/ from {VERDICTS.relative_to(ROOT)}")
         return 0
     meta = {"tool": mutmut_version(), "device": f"this CPU ({_cpu()}, {os.cpu_count()} cores)",
             "command": ".venv/bin/python benchmarks/quality/mutation.py", "scope": list(SCOPE),
@@ -338,10 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         if fresh and VERDICTS.exists():
             # a fresh checkout: the committed verdicts, then one known mutant so that mutmut generates every mutant
             # (keeping the verdicts of unchanged functions) and collects the tests' reach before the losses go first
-            restore_verdicts()
-            known = next(f"{func}__mutmut_{i}" for entry in json.loads(VERDICTS.read_text("utf-8"))["files"].values()
-                         for func, row in entry["exit_codes"].items() for i, code in enumerate(row, 1) if code == 1)
-            subprocess.run(mutmut + [known], cwd=ROOT, env=env)
+            known = next((key for key, code in restore_verdicts().items() if status_of(code) == "killed"), None)
+            if known:
+                subprocess.run(mutmut + [known], cwd=ROOT, env=env)
         found = collect()["mutants"] if any(MUTANTS.glob("fedray/**/*.py.spans")) else []
         # a run that goes on from the record's verdicts adds its time to theirs; one from fewer (verdicts mutmut
         # dropped, no verdicts file) starts the sum again

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -49,14 +50,14 @@ def save_verdicts() -> None:
     partial.replace(VERDICTS)
 
 
-def restore_verdicts() -> int:
+def restore_verdicts() -> dict[str, int]:
     """:data:`VERDICTS` into mutants/'s meta files, as mutmut writes them; mutmut then keeps the exit code of each
-    function whose hash still matches its source. Returns the number of verdicts put back."""
-    restored = 0
+    function whose hash still matches its source. Returns the verdicts put back, by mutant."""
+    restored = {}
     for rel, entry in json.loads(VERDICTS.read_text(encoding="utf-8"))["files"].items():
         codes = {f"{func}__mutmut_{i}": code for func, row in entry["exit_codes"].items()
                  for i, code in enumerate(row, start=1)}
-        restored += sum(code is not None for code in codes.values())
+        restored.update((key, code) for key, code in codes.items() if code is not None)
         meta_path = MUTANTS / f"{rel}.meta"
         meta_path.parent.mkdir(parents=True, exist_ok=True)
         meta_path.write_text(json.dumps({"exit_code_by_key": codes,
@@ -78,15 +79,18 @@ def recheck(test: str) -> int:
     reset = 0
     for meta_path in MUTANTS.glob("fedray/**/*.py.meta"):
         meta = json.loads(meta_path.read_text())
-        for key, code in meta["exit_code_by_key"].items():
-            if key.rpartition("__mutmut_")[0] in functions and status_of(code) not in ("survived", "not checked"):
-                meta["exit_code_by_key"][key] = None
-                reset += 1
-        meta_path.write_text(json.dumps(meta, indent=4))
+        codes = meta["exit_code_by_key"]
+        stale = [key for key, code in codes.items()
+                 if key.rpartition("__mutmut_")[0] in functions and status_of(code) not in ("survived", "not checked")]
+        if stale:
+            codes.update(dict.fromkeys(stale))
+            meta_path.write_text(json.dumps(meta, indent=4))
+            reset += len(stale)
     save_verdicts()
     return reset
 
 
+@functools.cache
 def mutmut_version() -> str:
     shown = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True).stdout
     return "mutmut " + next((line.split(":", 1)[1].strip() for line in shown.splitlines()

@@ -181,7 +181,6 @@ def _server(name: str, **params):
 
     cfg = tiny_config(**_case(name, **params))
     algo = resolve_experiment(cfg).build(data_spec(build_federated_data(cfg.data, cfg.seed)))
-    torch.manual_seed(0)  # the modules' initial weights come from the global generator: not from the tests run before
     modules = algo.build_modules()
     return algo, modules, algo.init_server_state(modules)
 
@@ -287,22 +286,24 @@ def test_fedftgs_generator_is_moved_by_each_term_alone_down_that_term(term):
     student.eval()
     modules.teacher.eval()
 
-    def value(gen_weights, held=None):
+    gen.load_state_dict(state.generator)
+    gen.train()
+    with torch.no_grad():  # the teacher's logits at the first step's images, which L_md's gradient holds fixed
+        held = functional_call(modules.teacher, uploads[0].weights, (gen(z, y),))
+
+    def value(gen_weights):
         gen.load_state_dict(gen_weights)
         gen.train()
         with torch.no_grad():
             x = gen(z, y)
             t = functional_call(modules.teacher, uploads[0].weights, (x,))
             if term == "hard":
-                return -((student(x) - (t if held is None else held)).abs().mean(1) * alpha).mean()
+                return -((student(x) - held).abs().mean(1) * alpha).mean()
             if term == "cls":
                 return (F.cross_entropy(t, y, reduction="none") * alpha).mean()
             return _by_hand_diversity(z, x)
 
-    before = value(state.generator)
-    with torch.no_grad():  # the teacher's logits at the first step's images, which L_md's gradient holds fixed
-        held = functional_call(modules.teacher, uploads[0].weights, (gen(z, y),))
-    after = value(new.generator, held)
+    before, after = value(state.generator), value(new.generator)
     if term != "diversity":  # the second teacher's term is 0 (alpha = 0): the logged mean over 2 steps is half
         assert metrics[f"server/ft_{term}"] == pytest.approx(float(before) / 2, rel=1e-4, abs=1e-7)
     assert float(after) < float(before)
