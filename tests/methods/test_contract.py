@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch.nn.functional as F
 
+from fedray.errors import ConfigError
 from fedray.learning.training import LocalTraining, StepwiseTraining, run_update
 from fedray.methods import ALGORITHMS, Experiment, resolve_experiment
 from fedray.methods.api import Algorithm, ClientResult
 from fedray.methods.fedavg import FedAvg
+from fedray.methods.registry import get_algorithm
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
 
@@ -110,3 +112,11 @@ def tiny_runtime():
     with make_runtime(cfg, build_federated_data(cfg.data, cfg.seed)) as rt:
         ctx, _ = rt.worker._context(1, 3, None)
         yield rt, ctx, rt.server.broadcast(1)[0]
+
+
+def test_an_unknown_method_is_refused_naming_the_field_and_the_methods_allowed():
+    assert get_algorithm("fedavg") is FedAvg
+    with pytest.raises(ConfigError) as err:
+        get_algorithm("fedavgg")
+    assert err.value.key == "algorithm.name"
+    assert "'fedavgg'" in err.value.message and all(name in err.value.message for name in ALGORITHMS)
