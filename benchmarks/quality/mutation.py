@@ -37,8 +37,8 @@ test selection change (its config fingerprint): after such a change a run starts
 ``--restore`` puts the committed verdicts back into mutants/. A kill is only as good as the test that made it:
 mutmut runs each mutant's tests in a subset and order of their own, so a test whose outcome hangs on the tests
 before it counts its chance failures as kills (tests/conftest.py seeds the global generators before each test for
-that reason); after mending such a test, ``--recheck <test name>`` sets the kills of every function it reaches back
-to unchecked (the state module: ``mutation_state.py``).
+that reason); after mending such a test, ``--recheck <test name>`` sets the verdicts of every function it reaches
+back to unchecked (the state module: ``mutation_state.py``).
 """
 
 from __future__ import annotations
@@ -315,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restore", action="store_true", help=f"put the committed verdicts ({VERDICTS.name}) back into "
                     "mutants/ (after mutmut dropped them); the next run keeps those of unchanged functions")
     ap.add_argument("--runs", type=int, help="with --wall-s: how many mutmut runs that time adds up")
-    ap.add_argument("--recheck", metavar="TEST", help="set back to unchecked the verdicts (but 'survived') of every "
-                    "function a test whose id contains TEST reaches, after that test was mended: a flaky test's "
-                    "failures were counted as kills")
+    ap.add_argument("--recheck", metavar="TEST", help="set back to unchecked the verdicts of every function a test "
+                    "whose id contains TEST reaches, after that test was mended: a flaky test's failures were "
+                    "counted as kills, its chance passes as survivals")
     args = ap.parse_args(argv)
     if args.recheck:
         print(f"{recheck(args.recheck)} verdicts set back to unchecked; the next run checks them again")

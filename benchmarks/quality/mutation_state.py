@@ -70,8 +70,9 @@ def restore_verdicts() -> dict[str, int]:
 
 
 def recheck(test: str) -> int:
-    """Sets the kills and timeouts of every function a test matching ``test`` reaches back to unchecked (in
-    mutants/'s meta files and in :data:`VERDICTS`). Run it with mutmut stopped: mutmut rewrites the meta files."""
+    """Sets every verdict of every function a test matching ``test`` reaches back to unchecked (in mutants/'s meta
+    files and in :data:`VERDICTS`): the mended test may no longer kill what it killed by chance, and may now kill
+    what survived. Run it with mutmut stopped: mutmut rewrites the meta files."""
     reach = json.loads((MUTANTS / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
     functions = {f for f, tests in reach.items() if any(test in t for t in tests)}
     if not functions:
@@ -81,7 +82,7 @@ def recheck(test: str) -> int:
         meta = json.loads(meta_path.read_text())
         codes = meta["exit_code_by_key"]
         stale = [key for key, code in codes.items()
-                 if key.rpartition("__mutmut_")[0] in functions and status_of(code) not in ("survived", "not checked")]
+                 if key.rpartition("__mutmut_")[0] in functions and code is not None]
         if stale:
             codes.update(dict.fromkeys(stale))
             meta_path.write_text(json.dumps(meta, indent=4))
