@@ -342,10 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             if known:
                 subprocess.run(mutmut + [known], cwd=ROOT, env=env)
         found = collect()["mutants"] if any(MUTANTS.glob("fedray/**/*.py.spans")) else []
-        # a run that goes on from the record's verdicts adds its time to theirs; one from fewer (verdicts mutmut
-        # dropped, no verdicts file) starts the sum again
-        checked = sum(m["status"] != "not checked" for m in found)
-        resumed = checked > 0 and checked >= record.get("summary", {}).get("checked", 0)
+        # a run that goes on from verdicts already checked adds its time to theirs, also after some were set back
+        # (--recheck, a changed function); one from none (mutmut dropped them all, no verdicts file) starts again
+        resumed = any(m["status"] != "not checked" for m in found)
         meta.update(wall_s=previous.get("wall_s", 0.0) if resumed else 0.0,
                     runs=previous.get("runs", 0) + 1 if resumed else 1)
         # the losses' unchecked mutants first (mutmut otherwise takes the fastest first, and the slowest, in the

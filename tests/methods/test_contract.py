@@ -10,6 +10,7 @@ from fedray.learning.training import LocalTraining, StepwiseTraining, run_update
 from fedray.methods import ALGORITHMS, Experiment, resolve_experiment
 from fedray.methods.api import Algorithm, ClientResult
 from fedray.methods.fedavg import FedAvg
+from fedray.methods.fedprox import FedProx, FedProxParams
 from fedray.methods.registry import get_algorithm
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
@@ -120,3 +121,19 @@ def test_an_unknown_method_is_refused_naming_the_field_and_the_methods_allowed()
         get_algorithm("fedavgg")
     assert err.value.key == "algorithm.name"
     assert "'fedavgg'" in err.value.message and all(name in err.value.message for name in ALGORITHMS)
+
+
+def test_a_methods_parameters_are_checked_naming_the_field_and_the_fix():
+    """An unknown parameter names itself and every parameter the method has; a bad value names its field."""
+    assert FedProx.parse_params({"mu": 0.5}).mu == 0.5
+    with pytest.raises(ConfigError) as err:
+        FedProx.parse_params({"muu": 0.5})
+    assert err.value.key == "algorithm.muu"
+    allowed = ", ".join(f"algorithm.{k}" for k in FedProxParams.model_fields)
+    assert err.value.message == f"not a parameter of 'fedprox'; allowed: {allowed}"
+    with pytest.raises(ConfigError) as err:
+        get_algorithm("local").parse_params({"mu": 0.1})  # a method without parameters says so
+    assert err.value.message == "not a parameter of 'local'; allowed: none"
+    with pytest.raises(ConfigError) as err:
+        FedProx.parse_params({"mu": -1})
+    assert err.value.key == "algorithm.mu" and "greater than or equal to 0" in err.value.message
