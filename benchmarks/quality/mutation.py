@@ -38,7 +38,8 @@ test selection change (its config fingerprint): after such a change a run starts
 mutmut runs each mutant's tests in a subset and order of their own, so a test whose outcome hangs on the tests
 before it counts its chance failures as kills (tests/conftest.py seeds the global generators before each test for
 that reason); after mending such a test, ``--recheck <test name>`` sets the verdicts of every function it reaches
-back to unchecked (the state module: ``mutation_state.py``).
+back to unchecked; after adding a test, ``--retry-survivors <function>`` sets that function's survivors back (the
+state module: ``mutation_state.py``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from datetime import date
 from pathlib import Path
 
 from mutation_state import (MUTANTS, OUT, ROOT, SCOPE, VERDICTS, mutmut_version, recheck, restore_verdicts,
-                            save_verdicts, status_of)
+                            retry_survivors, save_verdicts, status_of)
 
 EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
 SAVE_EVERY_S = 300
@@ -296,13 +297,14 @@ def _run_saving(command: list[str], env: dict, meta: dict, since: float) -> int:
             return proc.wait(timeout=SAVE_EVERY_S)
         except subprocess.TimeoutExpired:
             if any(MUTANTS.glob("fedray/**/*.py.meta")):
-                _save(meta, since)
+                _save(meta, meta["wall_s"] + time.time() - since)
 
 
-def _save(meta: dict, since: float) -> None:
+def _save(meta: dict, wall_s: float) -> None:
+    """The verdicts and the record, with ``wall_s`` the runs' time so far (collecting the record is not a run)."""
     save_verdicts()
     write_record(collect(), {**meta, "date": date.today().isoformat(), "commit": _git("rev-parse", "--short", "HEAD"),
-                             "wall_s": round(meta["wall_s"] + time.time() - since, 1)})
+                             "wall_s": round(wall_s, 1)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,9 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recheck", metavar="TEST", help="set back to unchecked the verdicts of every function a test "
                     "whose id contains TEST reaches, after that test was mended: a flaky test's failures were "
                     "counted as kills, its chance passes as survivals")
+    ap.add_argument("--retry-survivors", metavar="FUNCTION", help="set back to unchecked the survivors of FUNCTION "
+                    "(clone_weights, Algorithm.parse_params) after a test reaching it was added")
     args = ap.parse_args(argv)
-    if args.recheck:
-        print(f"{recheck(args.recheck)} verdicts set back to unchecked; the next run checks them again")
+    if args.recheck or args.retry_survivors:
+        reset = recheck(args.recheck) if args.recheck else retry_survivors(args.retry_survivors)
+        print(f"{reset} verdicts set back to unchecked; the next run checks them again")
         return 0
     record = json.loads((OUT / "mutation.json").read_text()) if (OUT / "mutation.json").exists() else {}
     previous = record.get("meta", {})
@@ -343,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(mutmut + [known], cwd=ROOT, env=env)
         found = collect()["mutants"] if any(MUTANTS.glob("fedray/**/*.py.spans")) else []
         # a run that goes on from verdicts already checked adds its time to theirs, also after some were set back
-        # (--recheck, a changed function); one from none (mutmut dropped them all, no verdicts file) starts again
+        # (--recheck, --retry-survivors, a changed function); one from none (all dropped, no verdicts file) starts
+        # the sum again
         resumed = any(m["status"] != "not checked" for m in found)
         meta.update(wall_s=previous.get("wall_s", 0.0) if resumed else 0.0,
                     runs=previous.get("runs", 0) + 1 if resumed else 1)
@@ -359,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if code != 0:
             print(f"mutmut run exited {code}", file=sys.stderr)
             return code
-    _save(meta, time.time())
+    _save(meta, meta["wall_s"])
     print((OUT / "mutation.md").read_text().split("## Per file")[0])
     return 0
 

@@ -77,16 +77,39 @@ def recheck(test: str) -> int:
     functions = {f for f, tests in reach.items() if any(test in t for t in tests)}
     if not functions:
         raise SystemExit(f"--recheck {test!r}: no test id in {MUTANTS.name}/mutmut-stats.json contains it")
+    return _set_back(lambda func, code: func in functions and code is not None)
+
+
+def retry_survivors(function: str) -> int:
+    """Sets the survivors of ``function`` (``clone_weights``, ``Algorithm.parse_params``) back to unchecked, after a
+    test that reaches it was added: mutmut keeps a verdict while the function is unchanged, and a new test is not in
+    its reach yet, so ``recheck`` cannot name it. Kills stand: one more test cannot undo them."""
+    hit = _set_back(lambda func, code: function in (_shown(func), _shown(func).rpartition(".")[2])
+                    and status_of(code) == "survived")
+    if not hit:
+        raise SystemExit(f"--retry-survivors {function!r}: no survivor in a function of that name")
+    return hit
+
+
+def _shown(mangled: str) -> str:
+    """mutmut's mangled name as the source writes it: ``pkg.mod.xǁAlgorithmǁparse_params`` ->
+    ``Algorithm.parse_params``, ``pkg.mod.x_clone_weights`` -> ``clone_weights``."""
+    name = mangled.rpartition(".")[2]
+    return name.removeprefix("xǁ").replace("ǁ", ".") if name.startswith("xǁ") else name.removeprefix("x_")
+
+
+def _set_back(stale) -> int:
+    """Sets the verdicts for which ``stale(function, exit code)`` holds back to unchecked, in mutants/ and in
+    :data:`VERDICTS`; returns how many."""
     reset = 0
     for meta_path in MUTANTS.glob("fedray/**/*.py.meta"):
         meta = json.loads(meta_path.read_text())
         codes = meta["exit_code_by_key"]
-        stale = [key for key, code in codes.items()
-                 if key.rpartition("__mutmut_")[0] in functions and code is not None]
-        if stale:
-            codes.update(dict.fromkeys(stale))
+        keys = [key for key, code in codes.items() if stale(key.rpartition("__mutmut_")[0], code)]
+        if keys:
+            codes.update(dict.fromkeys(keys))
             meta_path.write_text(json.dumps(meta, indent=4))
-            reset += len(stale)
+            reset += len(keys)
     save_verdicts()
     return reset
 
