@@ -18,12 +18,39 @@ import torch
 
 from fedray.config import FederationConfig
 from fedray.data.federated import ClientBatches
+from fedray.learning.aggregation import Aggregation, WeightedMean
 from fedray.learning.weights import Weights
 from fedray.models import build_model
 from fedray.models.base import channels_last_if_faster
 from fedray.seeding import derive_seed
 
 # --- what crosses the client/server boundary: each method subclasses these with its own dataclasses ---
+
+#: The field metadata key under which a message's field declares how the channel reads it (:func:`model_field`,
+#: :func:`values_field`, :func:`counts_field`; docs/channel.md). An undeclared field is read by its tensors' dtype:
+#: floating tensors are values, integer tensors counts.
+WIRE = "fedray.wire"
+
+
+def model_field(against: str | None, **kwargs: Any) -> Any:
+    """Declare a message field as a model (a tensor, or a dict of tensors such as :data:`Weights`): what it carries
+    is weights, and a channel stage that sends updates (compression's error feedback) sends it as the update against
+    the payload field ``against`` as the client decoded it (the same key in a dict; an asynchronous ``rebase`` does
+    likewise). ``against=None``: a model the payload does not carry (a private discriminator's update is sent
+    whole). ``kwargs`` go to :func:`dataclasses.field` (a default, ``repr``...)."""
+    return field(metadata={WIRE: ("model", against)}, **kwargs)
+
+
+def values_field(**kwargs: Any) -> Any:
+    """Declare a message field as plain values (logits, generator outputs, scores): transformed as they are."""
+    return field(metadata={WIRE: ("values", None)}, **kwargs)
+
+
+def counts_field(**kwargs: Any) -> Any:
+    """Declare a message field as counts (label histograms, sample counts): never transformed by any stage, even
+    when stored as floating point."""
+    return field(metadata={WIRE: ("counts", None)}, **kwargs)
+
 
 
 @dataclass
@@ -204,6 +231,8 @@ class ServerContext(Generic[M]):
     # replay loops of fixed-shape steps as CUDA graphs where the device allows (``runtime.cuda_graphs``;
     # :class:`fedray.learning.cuda_graphs.GraphedStep`)
     cuda_graphs: bool = False
+    # the one aggregation hook: every mean over the clients' uploads goes through it (:mod:`.aggregation`)
+    aggregation: Aggregation = field(default_factory=WeightedMean)
 
 
 @dataclass

@@ -1,0 +1,46 @@
+"""The one server-side aggregation hook: every mean over the clients' uploads (the averaging family's weighted
+mean of models, FedDistill's and FedCD's means of logits, label histograms and the like) goes through
+``ctx.aggregation.mean``, so that a rule replacing the weighted mean (central noise for differential privacy, a
+robust rule against adversaries) plugs in once, for every method, instead of into each method.
+
+The only rule today is :class:`WeightedMean`: sum_k w_k x_k / sum_k w_k, the arithmetic of
+:func:`fedray.learning.weights.weighted_average` (FedAvg's server step, Algorithm 1 of McMahan et al. 2017).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, TypeVar
+
+import torch
+
+from fedray.learning.weights import Weights, weighted_average
+
+T = TypeVar("T", Weights, torch.Tensor)
+
+
+class Aggregation:
+    """A rule combining one item per client (a model's weights, or a tensor of values) into one. Items arrive in
+    client-id order with each client's weight (its sample count, a staleness weight, 1 for a uniform mean)."""
+
+    name = "aggregation"
+
+    def mean(self, items: Sequence[T], weights: Sequence[float]) -> T:
+        raise NotImplementedError
+
+
+class WeightedMean(Aggregation):
+    """sum_k w_k x_k / sum_k w_k. Models: :func:`~fedray.learning.weights.weighted_average` (float64
+    accumulation in the given order; integer buffers are the first client's). Tensors: the same arithmetic over
+    the stacked items, in float64, returned in the first item's dtype."""
+
+    name = "mean"
+
+    def mean(self, items: Sequence[T], weights: Sequence[float]) -> T:
+        if not items:
+            raise ValueError("aggregation over no uploads")
+        if isinstance(items[0], dict):
+            return weighted_average(list(items), list(weights))
+        return weighted_average([{"": x} for x in items], list(weights))[""]
+
+
+__all__ = ["Aggregation", "WeightedMean"]
