@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fedray.errors import ConfigError
 from fedray.overrides import flatten
 from fedray.paths import absolute_path
+from fedray.channel.config import ChannelConfig
 from fedray.system import SystemConfig, check_traces
+from fedray.system.protocol import schedule_class
 
 DatasetName = Literal["fashion_mnist", "mnist", "emnist", "svhn", "cifar10", "cifar100", "synthetic",
                       "fmnist_domains", "digit5", "office_caltech10", "domainnet"]
@@ -173,9 +175,10 @@ class FederationConfig(_Strict):
     diag_every: int = Field(
         default=1, ge=1, description="simulation-only diag/* figures every N rounds and after the last; they are "
         "server time a real deployment would not spend (DaFKD's probe: ~a quarter of a graphed GPU round)")
-    mode: Literal["sync", "async"] = Field(
-        default="sync", description="async: buffered asynchronous aggregation (FedBuff) on the simulated clock "
-        "(docs/system.md): a round is then one server step of buffer_size uploads")
+    mode: str = Field(
+        default="sync", description="the schedule (docs/system.md): sync, rounds of fresh uploads; async: buffered "
+        "asynchronous aggregation (FedBuff) on the simulated clock, a round is then one server step of buffer_size "
+        "uploads; or a schedule registered with fedray.system.register_schedule")
     concurrency: int | None = Field(default=None, ge=1, description="async: clients training at once (default "
                                     "clients_per_round)")
     buffer_size: int | None = Field(default=None, ge=1, description="async: uploads per server step (default "
@@ -299,6 +302,7 @@ class ExperimentConfig(_Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
+    channel: ChannelConfig = Field(default_factory=ChannelConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
@@ -334,7 +338,7 @@ class ExperimentConfig(_Strict):
                 f"allowed: 1..{self.data.num_clients}",
             )
         self.system.check()
-        self.system.check_federation(fed, self.data.num_clients)
+        schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self
 

@@ -21,17 +21,16 @@ from fedray.record.checkpoint import CheckpointError, load_checkpoint, restore_r
 from fedray.config import ExperimentConfig
 from fedray.record.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
-from fedray.errors import RunFailure, check_interrupted
+from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
 from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
                                    unmark_finished, write_run_outputs)
 from fedray.methods import Experiment, resolve_experiment
 from fedray.runtime import Runtime, make_runtime
+from fedray.runtime.base import RuntimeState
 from fedray.runtime.core import summarise_clients
 from fedray.runtime.server_inputs import setup_bytes
-from fedray.seeding import sample_clients
-from fedray.system import SystemClock
-from fedray.system.schedule import AsyncSchedule
+from fedray.system import Schedule, build_schedule
 
 log = logging.getLogger("fedray")
 
@@ -130,20 +129,13 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         data = data if data is not None else build_federated_data(cfg.data, cfg.seed)
         runtime.attach(data)
         where = runtime.describe()
-        system = (SystemClock(cfg.system, data.num_clients, fed.clients_per_round, cfg.seed)
-                  if cfg.system.enabled else None)
-        if fed.mode == "async":
-            system = AsyncSchedule(system, fed.in_flight(), fed.buffer(), fed.staleness)
+        schedule = build_schedule(cfg, data.num_clients)
         if ckpt is not None:
-            runtime.import_state(ckpt["server_state"], ckpt["client_states"])
+            runtime.import_state(RuntimeState(ckpt["server_state"], ckpt["client_states"],
+                                              ckpt.get("channel_states", {}), ckpt.get("sent_payloads", {})))
             restore_rng(ckpt["rng"])
-            if system is not None:
-                system.load(ckpt["system"])
-            if isinstance(system, AsyncSchedule):  # the work in flight at the checkpoint, started again
-                runtime.load_sent_payloads(ckpt["sent_payloads"])
-                for cid in sorted(system.flight):
-                    version = system.flight[cid]["version"]
-                    system.flight[cid]["down"] = runtime.submit(version + 1, cid, version)
+            schedule.load(ckpt.get("system"))
+            schedule.restart(runtime)  # the work in flight at the checkpoint, started again
         if output_dir is not None and ckpt is not None and unmark_finished(output_dir):
             log.info("%s: extending its finished run to %d rounds", output_dir, fed.rounds)
         if output_dir is not None and ckpt is None and (removed := clear_previous_run(output_dir)):
@@ -163,11 +155,11 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
             with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
                 for r in range(len(history) + 1, fed.rounds + 1):
-                    row = _round(cfg, runtime, data, r, client_history, system)
+                    row = _round(cfg, runtime, r, schedule, client_history)
                     history.append(row)
                     bar.update(row)
                     if every and (r % every == 0 or r == fed.rounds):  # the last one too: a run may be extended
-                        folder = _checkpoint(Path(output_dir), cfg, runtime, history, system)
+                        folder = _checkpoint(Path(output_dir), cfg, runtime, history, schedule)
                         for hook in hooks:
                             getattr(hook, "on_checkpoint", lambda f: None)(folder)
                     for hook in hooks:
@@ -224,95 +216,33 @@ def check_extension(saved: ExperimentConfig, rounds: int, done: int) -> None:
                                       f"last round, which a run of {rounds} rounds would not do")
 
 
-def _checkpoint(out: Path, cfg: ExperimentConfig, runtime, history: list[dict[str, Any]],
-                system: SystemClock | AsyncSchedule | None = None) -> Path:
-    server_state, client_states = runtime.export_state()
-    ckpt = {"round": len(history), "config": cfg.model_dump(mode="json"), "server_state": server_state,
-            "client_states": client_states, "history": history, "rng": rng_state()}
-    if system is not None:  # the clock and the availability state, so that a resume continues the same clock
-        ckpt["system"] = system.state()
-    if isinstance(system, AsyncSchedule):  # and the models clients are training from
-        ckpt["sent_payloads"] = runtime.sent_payloads()
+def _checkpoint(out: Path, cfg: ExperimentConfig, runtime: Runtime, history: list[dict[str, Any]],
+                schedule: Schedule) -> Path:
+    state = runtime.export_state()
+    ckpt = {"round": len(history), "config": cfg.model_dump(mode="json"), "server_state": state.server,
+            "client_states": state.clients, "channel_states": state.channel, "sent_payloads": state.sent,
+            "history": history, "rng": rng_state()}
+    system = schedule.state()
+    if system is not None:  # the clock, the availability state, the work in flight: a resume continues them
+        ckpt["system"] = system
     save_checkpoint(out, ckpt)
     return out
 
 
-def _round(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
-           client_history: ClientHistory | None = None,
-           system: SystemClock | AsyncSchedule | None = None) -> dict[str, Any]:
+def _round(cfg: ExperimentConfig, runtime: Runtime, r: int, schedule: Schedule,
+           client_history: ClientHistory | None = None) -> dict[str, Any]:
+    """Round ``r``: the schedule's server step (its work run by the runtime), then evaluation."""
     t0 = time.perf_counter()
-    if isinstance(system, AsyncSchedule):
-        row, server_s = _async_step(runtime, r, system)
-        clock = system.clock
-    else:
-        row, server_s = _sync_step(cfg, runtime, data, r, system)
-        clock = system
+    report = schedule.step(r, runtime)
+    row: dict[str, Any] = {"round": r, **summarise_clients(report.step.infos), "comm/bytes_down": report.bytes_down,
+                           **report.step.metrics, **report.sim}
     evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
     row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
     row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
     if evaluated and client_history is not None:
         columns = runtime.client_scores().columns()
-        if clock is not None:
-            columns.update(clock.client_columns(columns["client"]))
+        columns.update(schedule.client_columns(columns["client"]))
         client_history.add(r, columns)
-    row["time/server_s"] = server_s
+    row["time/server_s"] = report.step.wall_s
     row["time/round_s"] = time.perf_counter() - t0
     return row
-
-
-def _sync_step(cfg: ExperimentConfig, runtime, data: FederatedData, r: int,
-               system: SystemClock | None) -> tuple[dict[str, Any], float]:
-    """A synchronous round's figures before evaluation, and the server's wall time."""
-    if system is None:
-        clients = sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round)
-        outcome = runtime.run_round(r, clients)
-    else:  # online clients only; the uploads that arrive in simulated time
-        clients = system.select(r)
-        outcome = runtime.run_round(r, clients, lambda ids, infos, down: system.admit(
-            ids, [i["work_samples"] for i in infos], [i["bytes_up"] for i in infos], down))
-    row: dict[str, Any] = {"round": r, **summarise_clients(outcome.client_infos)}
-    row["comm/bytes_down"] = float(outcome.payload_bytes * len(clients))
-    row.update(outcome.server_metrics)
-    if system is not None:
-        row.update(system.end_round(outcome.server_metrics.get("sim/server_samples", 0.0)))
-    return row, outcome.server_s
-
-
-#: An asynchronous server step gives up after this many dropouts in a row per client training at once: no upload
-#: can arrive (a deadline shorter than every client's work, or phones never online long enough)
-DROPOUTS_PER_SLOT = 100
-
-
-def _async_step(runtime, r: int, sched: AsyncSchedule) -> tuple[dict[str, Any], float]:
-    """Round ``r`` of ``federation.mode=async``: one server step. Clients are dispatched until the buffer holds
-    ``buffer_size`` uploads, each event taken in simulated-time order (:class:`AsyncSchedule`); the work itself is
-    the runtime's (on Ray it runs while the driver waits for the figures that time it)."""
-    clock = sched.clock
-    start, down, dispatched, dropouts = clock.clock, 0.0, 0, 0
-    while len(sched.buffer) < sched.buffer_size:
-        for cid, version in sched.dispatch():
-            sched.flight[cid]["down"] = runtime.submit(version + 1, cid, version)
-            down += sched.flight[cid]["down"]
-            dispatched += 1
-        for cid in sched.untimed():  # after every submit: the tasks run meanwhile
-            info = runtime.finished(cid)
-            sched.time(cid, info["work_samples"], info["bytes_up"])
-        cid, arrived = sched.next_event()
-        if not arrived:
-            runtime.discard(cid)
-            dropouts += 1
-            if dropouts > DROPOUTS_PER_SLOT * sched.concurrency and not sched.buffer:
-                raise RunFailure(f"round {r}: {dropouts} clients in a row dropped out and none arrived; raise "
-                                 "system.deadline_s or make the clients online longer (system.mean_online_s)")
-    clients, versions, weights, taus = sched.take_buffer()
-    t0 = time.perf_counter()
-    infos, metrics = runtime.apply(r, clients, versions, weights, sched.live())
-    wall_s = time.perf_counter() - t0
-    server_s = (metrics.get("sim/server_samples", 0.0) / clock.cfg.server_sps) if clock.cfg.server_sps else 0.0
-    clock.clock += server_s
-    online, _ = clock.availability.at(clock.clock)
-    row: dict[str, Any] = {"round": r, **summarise_clients(infos), "comm/bytes_down": down, **metrics}
-    row.update({"sim/round_s": clock.clock - start, "sim/clock_s": clock.clock, "sim/available": float(online.sum()),
-                "sim/selected": float(dispatched), "sim/stragglers": 0.0, "sim/dropouts": float(dropouts),
-                "sim/server_s": server_s, "sim/staleness": float(np.mean(taus))})
-    return row, wall_s

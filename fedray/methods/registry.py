@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.load import load_config
 from fedray.errors import ConfigError
@@ -94,6 +95,13 @@ class Experiment:
     cfg: ExperimentConfig
     method: type[Algorithm]
     params: BaseModel
+    #: what every message passes through (:class:`fedray.channel.channel.Channel`): built from ``cfg.channel`` unless
+    #: given (a test's own stage)
+    channel: Channel = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.channel is None:
+            object.__setattr__(self, "channel", build_channel(self.cfg))
 
     def build(self, spec: DataSpec) -> Algorithm:
         """The method's instance for data of ``spec`` (one per process: a worker, the server, the driver)."""

@@ -94,14 +94,16 @@ class ClientWorker:
             raise WorkerNotAttached("restarted without its dataset")
         return self.core
 
-    def train(self, round_: int, client_id: int, payload: Any, state: Any):
-        return self._core().train(round_, client_id, payload, state)
+    def train(self, round_: int, client_id: int, payload: Any, state: Any, wire: Any):
+        return self._core().train(round_, client_id, payload, state, wire)
 
     def train_many(self, round_: int, client_ids: list[int], payload: Any, *states: Any) -> list:
-        """Several clients in one task (vectorised on the worker): uploads, then states, then infos, flat, so
-        each is its own object reference and the rest of the round handles them client by client."""
-        done = self._core().train_many(round_, client_ids, payload, list(states))
-        return [part[i] for i in range(3) for part in done]
+        """Several clients in one task (vectorised on the worker); ``states``: the clients' states, then their
+        channel states. Returns uploads, then states, then infos, then channel states, flat, so each is its own
+        object reference and the rest of the round handles them client by client."""
+        k = len(client_ids)
+        done = self._core().train_many(round_, client_ids, payload, list(states[:k]), list(states[k:]))
+        return [part[i] for i in range(4) for part in done]
 
     def evaluate_clients(self, client_ids: list[int], *states: Any):
         # States arrive as top-level arguments so Ray resolves their references before the call.
@@ -131,31 +133,20 @@ class ServerActor:
     def ready(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def broadcast(self, round_: int):
-        return self.core.broadcast(round_)
+    def payload(self, version: int):
+        return self.core.payload(version)
 
     def receive(self, client_ids: list[int], *uploads: Any) -> None:
         # Uploads arrive as top-level arguments: resolving them pulled them to this node.
         self.inbox.update(zip(client_ids, uploads))
 
-    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+    def step(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float] | None,
+             live: list[int], keep: list[int]) -> dict[str, float]:
+        """The server step over the uploads of ``client_ids``; of the rest of the inbox only ``keep`` stays (clients
+        still training: their uploads wait for a later step; the others were dropped)."""
         uploads = [self.inbox.pop(c) for c in client_ids]
-        self.inbox.clear()  # uploads of clients dropped this round
-        return self.core.aggregate(round_, uploads, client_ids)
-
-    def payload_of(self, version: int):
-        return self.core.payload_of(version)
-
-    def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
-                        live: list[int]) -> dict[str, float]:
-        uploads = [self.inbox.pop(c) for c in client_ids]
-        return self.core.aggregate_stale(round_, uploads, client_ids, versions, weights, live)
-
-    def sent_payloads(self):
-        return self.core.sent_payloads()
-
-    def load_sent_payloads(self, sent) -> None:
-        self.core.load_sent_payloads(sent)
+        self.inbox = {c: u for c, u in self.inbox.items() if c in set(keep)}
+        return self.core.step(round_, uploads, client_ids, versions, weights, live)
 
     def evaluate(self) -> dict[str, float]:
         return self.core.evaluate()
@@ -169,8 +160,8 @@ class ServerActor:
     def global_weights(self):
         return self.core.global_weights()
 
-    def get_state(self):
-        return self.core.state
+    def export_state(self):
+        return self.core.export_state()
 
-    def set_state(self, state) -> None:
-        self.core.state = state
+    def import_state(self, state, sent) -> None:
+        self.core.import_state(state, sent)

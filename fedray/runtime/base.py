@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -12,22 +12,36 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import ResourceError
 from fedray.evaluation import ClientScores
-
-
-#: The simulated system's say on a round's uploads (:meth:`fedray.system.SystemClock.admit` behind it): given the
-#: clients that finished, in client-id order, their infos and the broadcast's size, the ids whose uploads arrive.
-Admit = Callable[[list[int], list[dict], int], list[int]]
+from fedray.system.protocol import Step
+from fedray.system.rounds import fresh_round
 
 
 @dataclass
 class RoundOutcome:
+    """A synchronous round run by :meth:`Runtime.run_round` (scripts and tests)."""
+
     client_infos: list[dict]  # one per client, in client-id order
     server_metrics: dict[str, float]
-    payload_bytes: int  # size of the broadcast sent to each sampled client
-    server_s: float = 0.0  # wall time of the server's aggregation (the method's server update), as the runtime waited
+    payload_bytes: int  # size of the payload sent to each client, after the channel
+    server_s: float = 0.0  # wall time of the server step, as the runtime waited
+
+
+@dataclass
+class RuntimeState:
+    """What a checkpoint keeps of a runtime: the server state, each client's private state and channel state, and
+    the payloads clients still train from (by server version; asynchronous schedules only)."""
+
+    server: Any
+    clients: dict[int, Any]
+    channel: dict[int, Any] = field(default_factory=dict)
+    sent: dict[int, Any] = field(default_factory=dict)
 
 
 class Runtime(ABC):
+    """Where the work runs. It implements the one round protocol (:class:`fedray.system.protocol.Work`:
+    :meth:`start`, :meth:`results`, :meth:`drop`, :meth:`step`) that every schedule drives, synchronous or not;
+    the rest evaluates, checkpoints and describes."""
+
     #: Personalised methods: each client's figures at the last evaluation (set by ``evaluate``).
     _client_rows: list[dict] | None = None
     #: Every method: the evaluated clients' figures at the last evaluation (set by ``evaluate``).
@@ -38,39 +52,31 @@ class Runtime(ABC):
         """Give the runtime its dataset (once, before the first round). Separate from construction so that
         a runtime with processes to start (Ray) starts them while the caller loads the data."""
 
+    # --- the round protocol (fedray.system.protocol.Work) ------------------------------------------------------
     @abstractmethod
-    def run_round(self, round_: int, client_ids: list[int], admit: Admit | None = None) -> RoundOutcome:
-        """Broadcast, train ``client_ids`` (sorted), aggregate their uploads on the server. With ``admit`` only the
-        uploads it lets through reach the server (none: the server state stays as it was), and only those clients
-        keep their new state; ``client_infos`` are theirs."""
+    def start(self, round_: int, client_ids: list[int], version: int) -> list[int]:
+        """Start ``client_ids``' training from the payload of the model after ``version`` server steps; returns the
+        bytes sent to each. One piece of work per client at a time."""
 
-    # --- federation.mode=async (the driver's schedule orders the events; these run the work) ----------------------
-    def submit(self, round_: int, client_id: int, version: int) -> int:
-        """Start ``client_id``'s training from the payload of the model after ``version`` server steps (``round_``:
-        the round its context gets, version + 1); returns that payload's bytes. One task per client at a time."""
-        raise NotImplementedError(f"{type(self).__name__} does not run federation.mode=async")
+    @abstractmethod
+    def results(self, client_ids: list[int]) -> list[dict | None]:
+        """Each started client's info (waits); None where its work was lost."""
 
-    def finished(self, client_id: int) -> dict:
-        """The info of ``client_id``'s submitted training (waits for it)."""
-        raise NotImplementedError
+    @abstractmethod
+    def drop(self, client_ids: list[int]) -> None:
+        """Forget the started work of ``client_ids``: uploads and new states lost."""
 
-    def discard(self, client_id: int) -> None:
-        """Forget ``client_id``'s submitted training (a dropout): its upload and new state are lost."""
-        raise NotImplementedError
+    @abstractmethod
+    def step(self, round_: int, client_ids: list[int], versions: list[int],
+             weights: list[float] | None) -> Step:
+        """One server step over the uploads of ``client_ids`` (their work started, results taken); those clients
+        keep their new states. See :meth:`fedray.system.protocol.Work.step`."""
 
-    def apply(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
-              live: list[int]) -> tuple[list[dict], dict[str, float]]:
-        """One asynchronous server step on the finished uploads of ``client_ids`` (client-id order), trained from
-        ``versions`` and weighted by ``weights`` (:meth:`ServerCore.aggregate_stale`); those clients keep their new
-        state. ``live``: the versions clients still train from. Returns (their infos, server metrics)."""
-        raise NotImplementedError
-
-    def sent_payloads(self) -> dict:
-        """Async: the payloads clients still train from, by version (for a checkpoint)."""
-        return {}
-
-    def load_sent_payloads(self, sent: dict) -> None:
-        """Continue from a checkpoint's :meth:`sent_payloads`."""
+    def run_round(self, round_: int, client_ids: list[int]) -> RoundOutcome:
+        """A synchronous round of ``client_ids`` (sorted) through the protocol, every upload arriving: for scripts
+        and tests (a run's rounds come from its schedule)."""
+        step, down = fresh_round(self, round_, client_ids)
+        return RoundOutcome(step.infos, step.metrics, down[0] if down else 0, step.wall_s)
 
     @abstractmethod
     def evaluate(self) -> dict[str, float]:
@@ -93,11 +99,11 @@ class Runtime(ABC):
         return self._client_scores
 
     @abstractmethod
-    def export_state(self) -> tuple[Any, dict[int, Any]]:
-        """(server state, {client id: private state}) for a checkpoint, as plain objects."""
+    def export_state(self) -> RuntimeState:
+        """What a checkpoint keeps, as plain objects."""
 
     @abstractmethod
-    def import_state(self, server_state: Any, client_states: dict[int, Any]) -> None:
+    def import_state(self, state: RuntimeState) -> None:
         """Continue from a checkpoint's states."""
 
     @abstractmethod

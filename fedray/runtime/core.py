@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,7 @@ class ClientWorkerCore:
         check_precision(cfg.runtime.precision, device)
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(exp, data, device)
+        self.channel = exp.channel
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
@@ -99,10 +101,15 @@ class ClientWorkerCore:
             self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
 
     @at_local_precision
-    def train(self, round_: int, client_id: int, payload: Any,
-              state: ClientState | None) -> tuple[Upload, ClientState | None, dict]:
+    def train(self, round_: int, client_id: int, payload: Any, state: ClientState | None,
+              wire: Any = None) -> Done:
+        """One client's work: ``payload`` as it came over the wire (decoded here, where the client runs), its
+        update, and its upload encoded for the wire with its channel state ``wire``."""
+        return self._train(round_, client_id, self.channel.decode_down(payload), state, wire)
+
+    def _train(self, round_: int, client_id: int, payload: Any, state: ClientState | None, wire: Any) -> Done:
         ctx, state = self._context(round_, client_id, state)
-        return self._outcome(ctx, self._alone(ctx, self.algo.client_update(ctx, payload, state)))
+        return self._outcome(ctx, self._alone(ctx, self.algo.client_update(ctx, payload, state)), payload, wire)
 
     def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
         """One client's update run by itself; a StepwiseTraining without a run of its own goes through the
@@ -112,19 +119,23 @@ class ClientWorkerCore:
         return run_update(ctx, update)
 
     @at_local_precision
-    def train_many(self, round_: int, client_ids: list[int], payload: Any,
-                   states: list[ClientState | None]) -> list[tuple[Upload, ClientState | None, dict]]:
-        """Train several clients of a round (client-id order kept). With ``runtime.vectorize`` on, the clients whose
-        ``client_update`` returns a training plan and that share a module and a loss are trained in lockstep as one
-        batched computation (:mod:`fedray.vectorized.engine`); otherwise one by one."""
+    def train_many(self, round_: int, client_ids: list[int], payload: Any, states: list[ClientState | None],
+                   wires: list[Any] | None = None) -> list[Done]:
+        """Train several clients of a round from one payload (decoded once; client-id order kept), each with its
+        state and channel state. With ``runtime.vectorize`` on, the clients whose ``client_update`` returns a
+        training plan and that share a module and a loss are trained in lockstep as one batched computation
+        (:mod:`fedray.vectorized.engine`); otherwise one by one."""
+        payload = self.channel.decode_down(payload)
+        wires = wires if wires is not None else [None] * len(client_ids)
         if not self.vectorize or len(client_ids) < self.vectorize_min:
-            return [self.train(round_, c, payload, s) for c, s in zip(client_ids, states)]
+            return [self._train(round_, c, payload, s, w) for c, s, w in zip(client_ids, states, wires)]
         ctxs, plans, results = [], [], {}
+        wire_of = dict(zip(client_ids, wires))
         for cid, state in zip(client_ids, states):
             ctx, state = self._context(round_, cid, state)
             update = self.algo.client_update(ctx, payload, state)
             if isinstance(update, ClientResult):  # not a plan (e.g. DaFKD with a gradient penalty): done already
-                results[cid] = self._outcome(ctx, update)
+                results[cid] = self._outcome(ctx, update, payload, wire_of[cid])
             else:
                 ctxs.append(ctx)
                 plans.append(update)
@@ -139,15 +150,19 @@ class ClientWorkerCore:
                 trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part],
                                            pad=self.cfg.runtime.vectorize_pad, cuda_graphs=self.cfg.runtime.cuda_graphs)
                 for i, result in zip(part, trained):
-                    results[ctxs[i].client_id] = self._outcome(ctxs[i], result)
+                    cid = ctxs[i].client_id
+                    results[cid] = self._outcome(ctxs[i], result, payload, wire_of[cid])
         return [results[c] for c in client_ids]
 
-    def _outcome(self, ctx: ClientContext, result: ClientResult) -> tuple[Upload, ClientState | None, dict]:
-        info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": nbytes(result.upload),
+    def _outcome(self, ctx: ClientContext, result: ClientResult, payload: Any, wire: Any) -> Done:
+        """The client's upload through the channel's client side (here, where the client runs), its new state, its
+        info (``bytes_up``: what the channel sent) and its new channel state."""
+        sent, wire = self.channel.encode_up(result.upload, payload, wire, ctx.client_id)
+        info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": self.channel.nbytes(sent),
                 "has_state": result.state is not None, "pid": os.getpid(),
                 "work_samples": self.algo.client_samples(ctx)}  # the simulated system's samples_k
         info.update(result.metrics)
-        return result.upload, result.state, info
+        return sent, result.state, info, wire
 
     def _context(self, round_: int, client_id: int, state: ClientState | None) -> tuple[ClientContext, ClientState | None]:
         idx = self.data.client_train[client_id]
@@ -215,8 +230,23 @@ class ClientWorkerCore:
         return out
 
 
+#: A client's work as a worker returns it: (upload as sent, new client state, info, new channel state).
+Done = tuple[Any, "ClientState | None", dict, Any]
+
+
+@dataclass
+class Sent:
+    """A payload sent to clients: the method's, as sent (after the channel's stages), its bytes, and as the clients
+    decoded it (what their uploads are updates against)."""
+
+    payload: Any
+    wire: Any
+    nbytes: int
+    decoded: Any
+
+
 class ServerCore:
-    """Holds the server state; broadcasts, aggregates and evaluates the global model."""
+    """Holds the server state; sends payloads, takes server steps, evaluates the global model."""
 
     def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData, device: torch.device):
         exp = resolve_experiment(experiment)
@@ -229,38 +259,45 @@ class ServerCore:
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
-        self.sent: dict[int, tuple[Any, int]] = {}  # async: (payload, bytes) by server version, while clients train
+        self.channel = exp.channel
+        self.sent: dict[int, Sent] = {}  # what was sent, by server version, while clients train from it
         self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)
         self.data = data
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
 
-    def broadcast(self, round_: int) -> tuple[Any, int]:
-        payload = self.algo.broadcast(self.state, round_)
-        return payload, nbytes(payload)
-
-    # --- federation.mode=async: clients train from the payloads of older server steps ---------------------------
-    def payload_of(self, version: int) -> tuple[Any, int]:
-        """The payload of the model after ``version`` server steps (broadcast as for round version + 1), kept while
-        a client trains from it: an upload is rebased on it when it arrives."""
+    def payload(self, version: int) -> tuple[Any, int]:
+        """What is sent to a client training from the model after ``version`` server steps (the method's broadcast
+        for round version + 1, through the channel's server side, once per broadcast) and its bytes. Kept while a
+        client trains from it: an upload is rebased on it, as the clients decoded it, when it arrives."""
         if version not in self.sent:
-            self.sent[version] = self.broadcast(version + 1)
-        return self.sent[version]
+            self.sent[version] = self._send(self.algo.broadcast(self.state, version + 1))
+        return self.sent[version].wire, self.sent[version].nbytes
 
-    def aggregate_stale(self, round_: int, uploads: list[Any], client_ids: list[int], versions: list[int],
-                        weights: list[float], live: list[int]) -> dict[str, float]:
-        """One asynchronous server step: each upload rebased (:meth:`Algorithm.rebase`) from the payload of its
-        ``versions`` entry onto the current state, its change times its staleness weight, then the method's server
-        update; the payloads of versions not in ``live`` (no client trains from them any more) are dropped."""
-        rebased = [self.algo.rebase(u, self.sent[v][0], self.state, w) for u, v, w in zip(uploads, versions, weights)]
-        metrics = self.aggregate(round_, rebased, client_ids)
+    def _send(self, payload: Any) -> "Sent":
+        wire = self.channel.encode_down(payload)
+        return Sent(payload, wire, self.channel.nbytes(wire), self.channel.decode_down(wire))
+
+    def step(self, round_: int, uploads: list[Any], client_ids: list[int], versions: list[int],
+             weights: list[float] | None, live: list[int]) -> dict[str, float]:
+        """One server step: the uploads as they arrived (the channel's server side), each rebased
+        (:meth:`Algorithm.rebase`) from the payload of its ``versions`` entry onto the current state with its change
+        times its weight when ``weights`` are given (stale uploads), then the method's server update. The payloads
+        of versions not in ``live`` (no client trains from them any more) are dropped."""
+        arrived = [self.channel.decode_up(u) for u in uploads]
+        if weights is not None:
+            arrived = [self.algo.rebase(u, self.sent[v].decoded, self.state, w)
+                       for u, v, w in zip(arrived, versions, weights)]
+        metrics = self.aggregate(round_, arrived, client_ids)
         self.sent = {v: p for v, p in self.sent.items() if v in set(live)}
         return metrics
 
-    def sent_payloads(self) -> dict[int, tuple[Any, int]]:
-        return dict(self.sent)
+    def export_state(self) -> tuple[Any, dict[int, Any]]:
+        """(server state, {version: the method's payload} of the versions clients train from) for a checkpoint."""
+        return self.state, {v: p.payload for v, p in self.sent.items()}
 
-    def load_sent_payloads(self, sent: dict[int, tuple[Any, int]]) -> None:
-        self.sent = dict(sent)
+    def import_state(self, state: Any, sent: dict[int, Any]) -> None:
+        self.state = state
+        self.sent = {int(v): self._send(p) for v, p in sent.items()}
 
     def aggregate(self, round_: int, uploads: list[Any], client_ids: list[int]) -> dict[str, float]:
         """Reject non-finite uploads, then run the method's server update on the rest (client-id order). No upload
@@ -273,7 +310,8 @@ class ServerCore:
             raise RunFailure(f"round {round_}: every upload was non-finite (clients {', '.join(map(str, client_ids))}); "
                              "the run stops with its last good checkpoint intact; lower federation.lr or check the data")
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
-                            modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs)
+                            modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs,
+                            aggregation=self.channel.aggregation)
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
         diag: dict[str, float] = {}
         if self.cfg.federation.diagnoses(round_):

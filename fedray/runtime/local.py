@@ -10,9 +10,10 @@ import torch
 from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
-from fedray.runtime.base import Admit, RoundOutcome, Runtime, local_device
+from fedray.runtime.base import Runtime, RuntimeState, local_device
 from fedray.runtime.core import ClientWorkerCore, ServerCore
 from fedray.runtime.process import claim_process, torch_threads
+from fedray.system.protocol import Step
 from fedray.runtime.personal import client_table, personal_evaluation, personal_models
 from fedray.vectorized.policy import describe_vectorised
 
@@ -25,7 +26,8 @@ class LocalRuntime(Runtime):
         self._give_back = claim_process(cfg)
         self.threads = torch_threads(cfg)
         self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
-        self._flight: dict[int, tuple] = {}  # async: each training client's (upload, new state, info)
+        self.channel_states: dict[int, Any] = {}  # each client's channel state (stages that keep one per client)
+        self._work: dict[int, tuple] = {}  # each started client's (version, (upload as sent, state, info, wire))
         self.personalised = self.experiment.method.personalised
         if data is not None:
             self.attach(data)
@@ -35,48 +37,33 @@ class LocalRuntime(Runtime):
         self.worker = ClientWorkerCore(self.experiment, data, self.device)
         self.num_clients = data.num_clients
 
-    def run_round(self, round_: int, client_ids: list[int], admit: Admit | None = None) -> RoundOutcome:
-        payload, payload_bytes = self.server.broadcast(round_)
-        done = self.worker.train_many(round_, client_ids, payload, [self.client_states.get(c) for c in client_ids])
-        kept = set(admit(client_ids, [info for _, _, info in done], payload_bytes)) if admit else set(client_ids)
-        uploads, infos, ids = [], [], []
-        for cid, (upload, state, info) in zip(client_ids, done):
-            if cid not in kept:
-                continue
+    # --- the round protocol: the work runs at once, in this process; results wait in _work until taken ----------
+    def start(self, round_: int, client_ids: list[int], version: int) -> list[int]:
+        payload, nbytes = self.server.payload(version)
+        done = self.worker.train_many(round_, client_ids, payload, [self.client_states.get(c) for c in client_ids],
+                                      [self.channel_states.get(c) for c in client_ids])
+        for cid, work in zip(client_ids, done):
+            self._work[cid] = (version, work)
+        return [nbytes] * len(client_ids)
+
+    def results(self, client_ids: list[int]) -> list[dict | None]:
+        return [self._work[c][1][2] for c in client_ids]
+
+    def drop(self, client_ids: list[int]) -> None:
+        for cid in client_ids:
+            del self._work[cid]
+
+    def step(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float] | None) -> Step:
+        done = [self._work.pop(c)[1] for c in client_ids]
+        for cid, (_, state, _, wire) in zip(client_ids, done):
             if state is not None:
                 self.client_states[cid] = state
-            uploads.append(upload)
-            infos.append(info)
-            ids.append(cid)
+            if wire is not None:
+                self.channel_states[cid] = wire
+        live = sorted({version for version, _ in self._work.values()})
         t0 = time.perf_counter()
-        metrics = self.server.aggregate(round_, uploads, ids)
-        return RoundOutcome(infos, metrics, payload_bytes, time.perf_counter() - t0)
-
-    def submit(self, round_: int, client_id: int, version: int) -> int:
-        payload, payload_bytes = self.server.payload_of(version)
-        (done,) = self.worker.train_many(round_, [client_id], payload, [self.client_states.get(client_id)])
-        self._flight[client_id] = done
-        return payload_bytes
-
-    def finished(self, client_id: int) -> dict:
-        return self._flight[client_id][2]
-
-    def discard(self, client_id: int) -> None:
-        del self._flight[client_id]
-
-    def apply(self, round_, client_ids, versions, weights, live):
-        done = [self._flight.pop(c) for c in client_ids]
-        for cid, (_, state, _) in zip(client_ids, done):
-            if state is not None:
-                self.client_states[cid] = state
-        metrics = self.server.aggregate_stale(round_, [d[0] for d in done], client_ids, versions, weights, live)
-        return [d[2] for d in done], metrics
-
-    def sent_payloads(self) -> dict:
-        return self.server.sent_payloads()
-
-    def load_sent_payloads(self, sent: dict) -> None:
-        self.server.load_sent_payloads(sent)
+        metrics = self.server.step(round_, [d[0] for d in done], client_ids, versions, weights, live)
+        return Step([d[2] for d in done], metrics, time.perf_counter() - t0)
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
@@ -93,12 +80,14 @@ class LocalRuntime(Runtime):
             return personal_models(self.worker.algo, self.client_states)
         return self.server.global_weights()
 
-    def export_state(self):
-        return self.server.state, dict(self.client_states)
+    def export_state(self) -> RuntimeState:
+        server, sent = self.server.export_state()
+        return RuntimeState(server, dict(self.client_states), dict(self.channel_states), sent)
 
-    def import_state(self, server_state, client_states) -> None:
-        self.server.state = server_state
-        self.client_states = dict(client_states)
+    def import_state(self, state: RuntimeState) -> None:
+        self.server.import_state(state.server, state.sent)
+        self.client_states = dict(state.clients)
+        self.channel_states = dict(state.channel)
 
     def describe(self) -> str:
         vec = describe_vectorised(self.worker.vectorize, self.worker.vectorize_min)

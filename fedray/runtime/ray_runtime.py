@@ -25,8 +25,11 @@
   ``runtime.client_timeout_s``. Workers restart in place when their node is alive; one that cannot come back
   is removed and the pool shrinks (:mod:`fedray.runtime.worker_pool`). Losing a server actor stops the run with
   :class:`~fedray.errors.RunFailure` (resumable from the last checkpoint).
-- ``federation.mode=async``: a task per client, rerun on its restarted worker if that dies
-  (:mod:`fedray.runtime.ray_async`).
+- One round protocol (:class:`fedray.system.protocol.Work`) for every schedule: ``start`` submits the tasks of
+  clients starting from one model version (a synchronous round's clients, or FedBuff's dispatch), ``results``
+  waits for the ones asked (uploads handed to the server as their task ends), ``drop`` forgets some, ``step``
+  aggregates. Clients of different versions can be in flight at once; the server keeps each version's payload
+  while a client trains from it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,8 +50,7 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.evaluation import ClientScores, EvalIndex
-from fedray.runtime.base import Admit, RoundOutcome, Runtime
-from fedray.runtime.ray_async import AsyncTasks, Job
+from fedray.runtime.base import Runtime, RuntimeState
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
@@ -57,12 +60,33 @@ from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.server_host import ActorServer, DriverServer, server_in_driver
 from fedray.vectorized.policy import describe_vectorised, vectorize_enabled, vectorize_min_clients
 from fedray.runtime.worker_pool import WorkerPool
+from fedray.system.protocol import Step
 
 
 log = logging.getLogger("fedray")
 
 
-class RayRuntime(AsyncTasks, Runtime):
+@dataclass
+class Job:
+    """A client's task on a worker: its result's object references, and what the driver learnt of it."""
+
+    client_id: int
+    round: int  # the round its context gets
+    version: int  # the server version it trains from
+    worker: int
+    upload: Any
+    state: Any
+    info: Any
+    wire: Any  # its new channel state
+    attempt: int
+    deadline: float
+    batch: tuple[int, ...] = ()  # the clients trained with it in one task (vectorised), itself included
+    done: dict | None = None  # its info, once fetched
+    receipt: Any = None  # the server's receipt of its upload
+    confirmed: bool = False  # the server holds its upload
+
+
+class RayRuntime(Runtime):
     """Starts Ray and the actors at once; ``attach(data)`` (or ``data`` here) gives them the dataset."""
 
     def __init__(self, experiment: Experiment | ExperimentConfig, data: FederatedData | None = None,
@@ -109,9 +133,10 @@ class RayRuntime(AsyncTasks, Runtime):
         self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device)
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
-        self._flight: dict[int, Job] = {}  # async: each training client's task
-        self._tasks: dict[int, tuple[int, int]] = {}  # async: each training client's (round, server version)
-        self._versions: dict[int, tuple[ray.ObjectRef, int]] = {}  # async: payloads by server version, and bytes
+        self.channel_states: dict[int, ray.ObjectRef] = {}  # each client's channel state, as client states
+        self._work: dict[int, Job] = {}  # each started client's task, until its step or drop
+        self._versions: dict[int, tuple[ray.ObjectRef, Any]] = {}  # payloads by server version, and their bytes
+        self._lost = 0  # clients whose work was lost since the last step (health/dropped_clients)
         if data is not None:
             self.attach(data)
 
@@ -136,136 +161,157 @@ class RayRuntime(AsyncTasks, Runtime):
             return [(c, c) for c in client_ids]
         return deal(client_ids, self.client_cost, len(self.pool.workers))
 
-    def _submit_batch(self, round_, cids: list[int], payload_ref, worker: int, start: float,
+    # --- the round protocol ----------------------------------------------------------------------------------
+    def start(self, round_: int, client_ids: list[int], version: int) -> list[int]:
+        if self.pool.check():
+            self.one_actor_per_client = False
+        if version not in self._versions:
+            self._versions[version] = self.server.payload(version)
+        payload_ref, nbytes = self._versions[version]
+        # The tasks go out before the payload's size is known: they start when the payload is ready.
+        begin, queued = time.monotonic(), [0] * len(self.pool.workers)
+        if self.batch_clients:
+            per_worker: dict[int, list[int]] = {}
+            for cid, w in self._deal(client_ids):
+                per_worker.setdefault(w, []).append(cid)
+            for w, cids in per_worker.items():
+                for job in self._submit_batch(round_, version, sorted(cids), payload_ref, w, begin):
+                    self._work[job.client_id] = job
+        else:
+            for cid, w in self._deal(client_ids):
+                self._work[cid] = self._submit(round_, version, cid, payload_ref, w, 0, queued[w], begin)
+                queued[w] += 1
+        nbytes = self.server.nbytes(nbytes, round_)
+        self._versions[version] = (payload_ref, nbytes)
+        return [nbytes] * len(client_ids)
+
+    def results(self, client_ids: list[int]) -> list[dict | None]:
+        """The infos of ``client_ids``' tasks, waited for in the order they finish; a task's uploads go to the
+        server as it ends (an actor fetches them from the worker's node at once). A task whose worker fails is
+        rerun from the same inputs (:meth:`_retry_or_drop`); a client past ``runtime.client_timeout_s`` or out of
+        retries, or whose upload died with its node, is None."""
+        while pending := [j for c in client_ids if (j := self._work.get(c)) is not None and j.done is None]:
+            by_ref = {job.info: job for job in pending}
+            wait_s = max(0.0, min(j.deadline for j in pending) - time.monotonic())
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=None if math.isinf(wait_s) else wait_s)
+            if not ready:
+                for job in [j for j in pending if j.deadline <= time.monotonic()]:
+                    log.warning("round %d: dropped client %d: not done within runtime.client_timeout_s=%gs",
+                                job.round, job.client_id, self.cfg.runtime.client_timeout_s)
+                    self._lose(job.client_id)
+                    ray.kill(self.pool.workers[job.worker], no_restart=False)  # stop the straggler; it restarts
+                    self.pool.suspect.add(job.worker)
+                continue
+            job = by_ref[ready[0]]
+            # The clients of its task finished with it (one task, one outcome): handled together
+            task = [j for j in self._work.values() if j is job or (job.batch and j.batch == job.batch and j.done is None
+                                                                    and j.attempt == job.attempt
+                                                                    and j.worker == job.worker)]
+            try:
+                infos = ray.get([j.info for j in task])
+                receipt = self.server.receive([j.client_id for j in task], [j.upload for j in task])
+            except WORKER_ERRORS as e:
+                self._retry_or_drop(job, e)
+                continue
+            for j, info in zip(task, infos):
+                j.done, j.receipt = info, receipt
+        out: list[dict | None] = []
+        for cid in client_ids:
+            job = self._work.get(cid)
+            if job is not None and not job.confirmed:
+                job.confirmed = self.server.confirm(job.receipt, cid, job.round)
+                if not job.confirmed:  # the upload died with its node before the server fetched it
+                    log.warning("round %d: dropped client %d: its upload was lost with its node", job.round, cid)
+                    self._lose(cid)
+                    job = None
+            out.append(job.done if job is not None else None)
+        return out
+
+    def drop(self, client_ids: list[int]) -> None:
+        for cid in client_ids:
+            self._work.pop(cid, None)
+
+    def step(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float] | None) -> Step:
+        jobs = [self._work.pop(c) for c in client_ids]
+        live = sorted({j.version for j in self._work.values()})
+        keep = sorted(c for c, j in self._work.items() if j.receipt is not None)  # uploads a later step takes
+        t0 = time.perf_counter()
+        metrics = self.server.step(round_, client_ids, versions, weights, live, keep)
+        server_s = time.perf_counter() - t0
+        for job in jobs:
+            if job.done.get("has_state", True):
+                self.client_states[job.client_id] = job.state
+            if self.experiment.channel.stateful:
+                self.channel_states[job.client_id] = job.wire
+        metrics["health/dropped_clients"] = float(self._lost)
+        self._lost = 0
+        self._versions = {v: x for v, x in self._versions.items() if v in set(live)}
+        return Step([j.done for j in jobs], metrics, server_s)
+
+    def _lose(self, client_id: int) -> None:
+        del self._work[client_id]
+        self._lost += 1
+
+    def _submit_batch(self, round_: int, version: int, cids: list[int], payload_ref, worker: int, start: float,
                       attempt: int = 0) -> list[Job]:
         """One task training ``cids`` on ``worker`` (vectorised when ``runtime.vectorize`` says so): a job per
         client, all due when the last would be. A failure reruns the batch as a whole, so its clients get the
         numbers they would have had (a vectorised client's float rounding may depend on its batch-mates)."""
         if len(cids) == 1:
-            return [self._submit(round_, cids[0], payload_ref, worker, attempt, 0, start)]
+            return [self._submit(round_, version, cids[0], payload_ref, worker, attempt, 0, start)]
         timeout = self.cfg.runtime.client_timeout_s
-        refs = self.pool.workers[worker].train_many.options(num_returns=3 * len(cids)).remote(
-            round_, cids, payload_ref, *[self.client_states.get(c) for c in cids])
         k = len(cids)
+        refs = self.pool.workers[worker].train_many.options(num_returns=4 * k).remote(
+            round_, cids, payload_ref, *[self.client_states.get(c) for c in cids],
+            *[self.channel_states.get(c) for c in cids])
         deadline = start + timeout * k if timeout else math.inf
-        return [Job(c, worker, refs[i], refs[k + i], refs[2 * k + i], attempt, deadline, tuple(cids))
-                for i, c in enumerate(cids)]
+        return [Job(c, round_, version, worker, refs[i], refs[k + i], refs[2 * k + i], refs[3 * k + i], attempt,
+                    deadline, tuple(cids)) for i, c in enumerate(cids)]
 
-    def _submit(self, round_, cid, payload_ref, worker: int, attempt: int, queue_pos: int, start: float) -> Job:
+    def _submit(self, round_: int, version: int, cid: int, payload_ref, worker: int, attempt: int, queue_pos: int,
+                start: float) -> Job:
         timeout = self.cfg.runtime.client_timeout_s
         if self.batch_clients:  # a client alone (a rerun, or one per worker) takes the same path as a batch
-            up, st, info = self.pool.workers[worker].train_many.options(num_returns=3).remote(
-                round_, [cid], payload_ref, self.client_states.get(cid))
+            up, st, info, wire = self.pool.workers[worker].train_many.options(num_returns=4).remote(
+                round_, [cid], payload_ref, self.client_states.get(cid), self.channel_states.get(cid))
         else:
-            up, st, info = self.pool.workers[worker].train.options(num_returns=3).remote(
-                round_, cid, payload_ref, self.client_states.get(cid))
+            up, st, info, wire = self.pool.workers[worker].train.options(num_returns=4).remote(
+                round_, cid, payload_ref, self.client_states.get(cid), self.channel_states.get(cid))
         deadline = start + timeout * (queue_pos + 1) if timeout else math.inf
-        return Job(cid, worker, up, st, info, attempt, deadline)
+        return Job(cid, round_, version, worker, up, st, info, wire, attempt, deadline)
 
-    def _retry_or_drop(self, job: Job, round_, payload_ref, error: BaseException, jobs: dict) -> None:
+    def _retry_or_drop(self, job: Job, error: BaseException) -> None:
         """Rerun a client whose worker failed on a live worker, with the clients of its task (they failed with
         it: their pending jobs are replaced), or drop them after ``runtime.max_client_retries``."""
+        round_ = job.round
         self.pool.suspect.add(job.worker)
-        mates = [c for c in job.batch if c != job.client_id and c in jobs and jobs[c].batch == job.batch
-                 and jobs[c].attempt == job.attempt]
+        mates = [c for c, j in self._work.items() if c != job.client_id and job.batch and j.batch == job.batch
+                 and j.attempt == job.attempt and j.done is None]
         cids = sorted([job.client_id, *mates])
         names = (f"client {cids[0]}" if len(cids) == 1 else "clients " + ", ".join(map(str, cids)))
         them = "it" if len(cids) == 1 else "them together"
         if job.attempt >= self.cfg.runtime.max_client_retries:
             log.warning("round %d: dropped %s after %d attempt(s) (%s)", round_, names, job.attempt + 1,
                         type(error).__name__)
-            for c in mates:
-                del jobs[c]
+            for c in cids:
+                self._lose(c)
             return
         live = [i for i in range(len(self.pool.workers)) if i not in self.pool.suspect]
         if live:
             worker = live[(job.client_id + job.attempt) % len(live)]
         else:  # every worker failed this round: wait for this one to restart rather than burn the retries
-            worker = job.worker
+            worker = job.worker if job.worker < len(self.pool.workers) else 0  # the pool may have shrunk since
             if self.pool.revive(self.pool.workers[worker]) is None:
                 log.warning("round %d: dropped %s: no worker came back to rerun %s", round_, names, them.split()[0])
-                for c in mates:
-                    del jobs[c]
+                for c in cids:
+                    self._lose(c)
                 return
         log.warning("round %d: %s lost %s worker (%s); rerunning %s on worker %d", round_, names,
                     "its" if len(cids) == 1 else "their", type(error).__name__, them, worker)
-        for new in self._submit_batch(round_, cids, payload_ref, worker, time.monotonic(), job.attempt + 1):
-            jobs[new.client_id] = new
-
-    def run_round(self, round_: int, client_ids: list[int], admit: Admit | None = None) -> RoundOutcome:
-        if self.pool.check():
-            self.one_actor_per_client = False
-        # Clients' tasks go out before the payload's size is known: they start when the broadcast ends.
-        payload_ref = self.server.broadcast(round_)
-        start, queued = time.monotonic(), [0] * len(self.pool.workers)
-        jobs: dict[int, Job] = {}
-        if self.batch_clients:
-            per_worker: dict[int, list[int]] = {}
-            for cid, w in self._deal(client_ids):
-                per_worker.setdefault(w, []).append(cid)
-            for w, cids in per_worker.items():
-                for job in self._submit_batch(round_, sorted(cids), payload_ref, w, start):
-                    jobs[job.client_id] = job
-        else:
-            for cid, w in self._deal(client_ids):
-                jobs[cid] = self._submit(round_, cid, payload_ref, w, 0, queued[w], start)
-                queued[w] += 1
-        payload_bytes = self.server.payload_bytes(round_)
-        done: dict[int, tuple[Job, dict, Any]] = {}
-        while jobs:
-            by_ref = {job.info: job for job in jobs.values()}
-            wait_s = max(0.0, min(j.deadline for j in jobs.values()) - time.monotonic())
-            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=None if math.isinf(wait_s) else wait_s)
-            if not ready:
-                for job in [j for j in jobs.values() if j.deadline <= time.monotonic()]:
-                    log.warning("round %d: dropped client %d: not done within runtime.client_timeout_s=%gs",
-                                round_, job.client_id, self.cfg.runtime.client_timeout_s)
-                    del jobs[job.client_id]
-                    ray.kill(self.pool.workers[job.worker], no_restart=False)  # stop the straggler; it restarts
-                    self.pool.suspect.add(job.worker)
-                continue
-            job = by_ref[ready[0]]
-            # The clients of its task finished with it (one task, one outcome): handled together
-            task = [j for j in jobs.values() if j is job or (job.batch and j.batch == job.batch
-                                                              and j.attempt == job.attempt and j.worker == job.worker)]
-            for j in task:
-                del jobs[j.client_id]
-            try:
-                infos = ray.get([j.info for j in task])
-                # Hand the uploads to the server now, in one call: an actor fetches them from the worker's node at once.
-                received = self.server.receive([j.client_id for j in task], [j.upload for j in task])
-                done.update((j.client_id, (j, info, received)) for j, info in zip(task, infos))
-            except WORKER_ERRORS as e:
-                for j in task:  # back, for _retry_or_drop to rerun the task's clients together
-                    if j is not job:
-                        jobs[j.client_id] = j
-                self._retry_or_drop(job, round_, payload_ref, e, jobs)
-        kept = []
-        for cid in client_ids:
-            if cid not in done:
-                continue
-            job, info, received = done[cid]
-            if self.server.confirm(received, cid, round_):
-                kept.append(cid)
-            else:  # the upload died with its node before the server fetched it
-                log.warning("round %d: dropped client %d: its upload was lost with its node", round_, cid)
-        if not kept:
-            raise RunFailure(f"round {round_}: no client finished (all dropped after failures or timeouts)")
-        lost = len(client_ids) - len(kept)
-        if admit is not None:  # the simulated system: only the uploads that arrive in simulated time
-            arrived = set(admit(kept, [done[c][1] for c in kept], payload_bytes))
-            kept = [c for c in kept if c in arrived]
-        t0 = time.perf_counter()
-        metrics = self.server.aggregate(round_, kept)
-        server_s = time.perf_counter() - t0
-        infos = []
-        for cid in kept:
-            job, info, _ = done[cid]
-            if info.get("has_state", True):
-                self.client_states[cid] = job.state
-            infos.append(info)
-        metrics["health/dropped_clients"] = float(lost)
-        return RoundOutcome(infos, metrics, payload_bytes, server_s)
+        payload_ref = self._versions[job.version][0]
+        for new in self._submit_batch(round_, job.version, cids, payload_ref, worker, time.monotonic(),
+                                      job.attempt + 1):
+            self._work[new.client_id] = new
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
@@ -316,14 +362,19 @@ class RayRuntime(AsyncTasks, Runtime):
             return personal_models(self.algo, dict(zip(cids, ray.get([self.client_states[c] for c in cids]))))
         return self.server.call("global_weights")
 
-    def export_state(self):
-        cids = sorted(self.client_states)
-        states = ray.get([self.client_states[c] for c in cids])
-        return self.server.call("get_state"), dict(zip(cids, states))
+    def export_state(self) -> RuntimeState:
+        def fetched(refs: dict[int, ray.ObjectRef]) -> dict[int, Any]:
+            cids = sorted(refs)
+            return dict(zip(cids, ray.get([refs[c] for c in cids])))
 
-    def import_state(self, server_state, client_states) -> None:
-        self.server.call("set_state", server_state)
-        self.client_states = {cid: ray.put(st) for cid, st in client_states.items()}
+        server, sent = self.server.call("export_state")
+        return RuntimeState(server, fetched(self.client_states), fetched(self.channel_states), sent)
+
+    def import_state(self, state: RuntimeState) -> None:
+        self.server.call("import_state", state.server, state.sent)
+        self.client_states = {cid: ray.put(st) for cid, st in state.clients.items()}
+        self.channel_states = {cid: ray.put(st) for cid, st in state.channel.items()}
+        self._versions = {}
 
     def describe(self) -> str:
         rt = self.cfg.runtime

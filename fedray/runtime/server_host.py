@@ -51,7 +51,7 @@ class ActorServer:
 
     def __init__(self, spec: bytes, options: dict[str, Any]):
         self.actor = ServerActor.options(**options).remote(spec)
-        self._ready = self._bytes = None
+        self._ready = None
 
     def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:
         """Starts giving it the dataset; :meth:`wait_ready` waits for that."""
@@ -60,12 +60,15 @@ class ActorServer:
     def wait_ready(self) -> tuple[int, str]:
         return ray.get(self._ready)  # (pid, node id)
 
-    def broadcast(self, round_: int) -> ray.ObjectRef:
-        payload_ref, self._bytes = self.actor.broadcast.options(num_returns=2).remote(round_)
-        return payload_ref
+    def payload(self, version: int) -> tuple[ray.ObjectRef, Any]:
+        """The payload of server version ``version`` (a reference, for the workers) and its bytes, to be fetched
+        with :meth:`nbytes` once the clients' tasks are out (they start when the payload is ready)."""
+        payload_ref, nbytes_ref = self.actor.payload.options(num_returns=2).remote(version)
+        return payload_ref, nbytes_ref
 
-    def payload_bytes(self, round_: int) -> int:
-        return self._get(self._bytes, f"round {round_}: ")
+    def nbytes(self, nbytes: Any, round_: int) -> int:
+        """The bytes :meth:`payload` gave (a reference, or the number once fetched), for a round's clients."""
+        return nbytes if isinstance(nbytes, int) else self._get(nbytes, f"round {round_}: ")
 
     def receive(self, client_ids: list[int], uploads: list[ray.ObjectRef]) -> ray.ObjectRef:
         # One call: the actor resolves the references as arguments, fetching the uploads from the workers' nodes.
@@ -81,13 +84,11 @@ class ActorServer:
         except SYSTEM_ERRORS:
             return False
 
-    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
-        return self._step(round_, self.actor.aggregate.remote(round_, client_ids))
-
-    def _step(self, round_: int, ref: ray.ObjectRef) -> dict[str, float]:
+    def step(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float] | None,
+             live: list[int], keep: list[int]) -> dict[str, float]:
         """A server step's metrics; its RunFailure (every upload non-finite) as it was raised."""
         try:
-            return ray.get(ref)
+            return ray.get(self.actor.step.remote(round_, client_ids, versions, weights, live, keep))
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, RunFailure):
                 raise e.cause from None
@@ -95,23 +96,13 @@ class ActorServer:
         except SYSTEM_ERRORS as e:
             raise _lost(f"round {round_}: ", e) from None
 
-    def payload_of(self, version: int) -> tuple[ray.ObjectRef, int]:
-        """Async: the payload of server version ``version`` (a reference, for the workers) and its bytes."""
-        payload_ref, nbytes = self.actor.payload_of.options(num_returns=2).remote(version)
-        return payload_ref, self._get(nbytes, f"server version {version}: ")
-
-    def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
-                        live: list[int]) -> dict[str, float]:
-        return self._step(round_, self.actor.aggregate_stale.remote(round_, client_ids, versions, weights, live))
-
     def eval_models(self) -> tuple[ray.ObjectRef, dict]:
         """The models to score (one object, for the workers) and the server's part of the report."""
         models_ref, report_ref = self.actor.eval_models.options(num_returns=2).remote()
         return models_ref, self._get(report_ref)
 
     def call(self, method: str, *args: Any) -> Any:
-        """``evaluate``, ``evaluation``, ``global_weights``, ``get_state``, ``set_state`` or (async) ``sent_payloads``,
-        ``load_sent_payloads``."""
+        """``evaluate``, ``evaluation``, ``global_weights``, ``export_state`` or ``import_state``."""
         return self._get(getattr(self.actor, method).remote(*args))
 
     def _get(self, ref: ray.ObjectRef, where: str = "") -> Any:
@@ -138,7 +129,6 @@ class DriverServer:
         self.core = None
         self.inbox: dict[int, Any] = {}
         self._give_back = claim_process(cfg)
-        self._bytes = 0
 
     def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:
         import torch
@@ -151,12 +141,12 @@ class DriverServer:
     def wait_ready(self) -> tuple[int, str]:
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def broadcast(self, round_: int) -> ray.ObjectRef:
-        payload, self._bytes = self.core.broadcast(round_)
-        return ray.put(payload)
+    def payload(self, version: int) -> tuple[ray.ObjectRef, int]:
+        payload, nbytes = self.core.payload(version)
+        return ray.put(payload), nbytes
 
-    def payload_bytes(self, round_: int) -> int:
-        return self._bytes
+    def nbytes(self, nbytes: int, round_: int) -> int:
+        return nbytes
 
     def receive(self, client_ids: list[int], uploads: list[ray.ObjectRef]) -> dict[int, ray.ObjectRef]:
         return dict(zip(client_ids, uploads))
@@ -174,30 +164,17 @@ class DriverServer:
                     return False
         return True
 
-    def aggregate(self, round_: int, client_ids: list[int]) -> dict[str, float]:
+    def step(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float] | None,
+             live: list[int], keep: list[int]) -> dict[str, float]:
         uploads = [self.inbox.pop(c) for c in client_ids]
-        self.inbox.clear()
-        return self.core.aggregate(round_, uploads, client_ids)
-
-    def payload_of(self, version: int) -> tuple[ray.ObjectRef, int]:
-        payload, nbytes = self.core.payload_of(version)
-        return ray.put(payload), nbytes
-
-    def aggregate_stale(self, round_: int, client_ids: list[int], versions: list[int], weights: list[float],
-                        live: list[int]) -> dict[str, float]:
-        uploads = [self.inbox.pop(c) for c in client_ids]
-        return self.core.aggregate_stale(round_, uploads, client_ids, versions, weights, live)
+        self.inbox = {c: u for c, u in self.inbox.items() if c in set(keep)}
+        return self.core.step(round_, uploads, client_ids, versions, weights, live)
 
     def eval_models(self) -> tuple[ray.ObjectRef, dict]:
         models, report = self.core.eval_models()
         return ray.put(models), report
 
     def call(self, method: str, *args: Any) -> Any:
-        if method == "get_state":
-            return self.core.state
-        if method == "set_state":
-            self.core.state = args[0]
-            return None
         return getattr(self.core, method)(*args)
 
     def close(self) -> None:

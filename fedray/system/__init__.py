@@ -1,10 +1,13 @@
-"""The simulated system: devices, networks and availability on a virtual clock (arrays, seeded; knows no method
-and no Ray). ``system.devices=none`` (the default) leaves it out: no simulated time, figures as without it."""
+"""The simulated system: devices, networks and availability on a virtual clock, and the schedules that drive a run's
+work through the one round protocol (:mod:`.protocol`; arrays, seeded; knows no method and no Ray).
+``system.devices=none`` (the default) leaves the clock out: no simulated time, figures as without it."""
 
 from fedray.system.clock import SystemClock
 from fedray.system.config import SystemConfig
+from fedray.system.protocol import Report, Schedule, Step, Work, build_schedule, register_schedule
 
-__all__ = ["SystemClock", "SystemConfig", "check_traces"]
+__all__ = ["Report", "Schedule", "Step", "SystemClock", "SystemConfig", "Work", "build_schedule", "check_traces",
+           "register_schedule"]
 
 
 def check_traces(cfg: SystemConfig, num_clients: int) -> None:

@@ -65,13 +65,15 @@ class SystemClock:
                        "until": until[chosen] - self.clock}
         return [int(c) for c in chosen]
 
-    def admit(self, client_ids: list[int], samples: list[int], bytes_up: list[int], bytes_down: int) -> list[int]:
+    def admit(self, client_ids: list[int], samples: list[int], bytes_up: list[int], bytes_down) -> list[int]:
         """The clients among ``client_ids`` (those of :meth:`select` that finished their work) whose upload reaches
-        the server, in client-id order; records the round's figures for :meth:`end_round`."""
+        the server, in client-id order; records the round's figures for :meth:`end_round`. ``bytes_down``: what
+        each was sent (one number for all, or one per client)."""
         r = self._round
         assert r is not None, "select comes first"
         ids = np.asarray(client_ids, dtype=np.int64)
-        t = self.devices.client_time(ids, np.asarray(samples, dtype=np.float64), float(bytes_down),
+        t = self.devices.client_time(ids, np.asarray(samples, dtype=np.float64),
+                                     np.asarray(bytes_down, dtype=np.float64),
                                      np.asarray(bytes_up, dtype=np.float64))
         offline_at = r["until"][np.searchsorted(r["ids"], ids)]  # seconds after the start it goes offline
         deadline = self.cfg.deadline_s if self.cfg.deadline_s is not None else math.inf

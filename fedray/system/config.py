@@ -76,26 +76,3 @@ class SystemConfig(BaseModel):
                 if getattr(self, key) != getattr(default, key):
                     raise ConfigError(f"system.{key}", "needs a simulated clock; set system.devices to uniform, "
                                       "heterogeneous or trace")
-
-    def check_federation(self, fed: Any, num_clients: int) -> None:
-        """``federation.mode`` and its keys (``fed``: the ``federation`` section) against this section."""
-        if fed.mode == "async":
-            if not self.enabled:
-                raise ConfigError("federation.mode", "async orders the uploads by simulated time; set system.devices "
-                                  "to uniform, heterogeneous or trace (docs/system.md)")
-            if self.overcommit != 1:
-                raise ConfigError("system.overcommit", "over-selection is for synchronous rounds; with "
-                                  "federation.mode=async set federation.concurrency instead")
-            if fed.buffer() > num_clients:
-                raise ConfigError("federation.buffer_size", f"{fed.buffer()} exceeds data.num_clients={num_clients}: "
-                                  "a client's upload waits in the buffer until the step, so at most that many fit; "
-                                  f"allowed: 1..{num_clients}")
-            if fed.in_flight() > num_clients:
-                raise ConfigError("federation.concurrency", f"{fed.in_flight()} exceeds data.num_clients="
-                                  f"{num_clients}; allowed: 1..{num_clients}")
-            return
-        for key in ("concurrency", "buffer_size"):
-            if getattr(fed, key) is not None:
-                raise ConfigError(f"federation.{key}", "is only read with federation.mode=async")
-        if fed.staleness != "none":
-            raise ConfigError("federation.staleness", "is only read with federation.mode=async")

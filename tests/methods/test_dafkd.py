@@ -48,7 +48,8 @@ def _run_rounds(cfg, rounds: int):
     with make_runtime(cfg, data) as rt:
         outcomes = [rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, cfg.federation.clients_per_round))
                     for r in range(1, rounds + 1)]
-        server_state, client_states = rt.export_state()
+        state = rt.export_state()
+        server_state, client_states = state.server, state.clients
         return rt.global_weights(), outcomes, server_state, client_states
 
 
@@ -111,7 +112,7 @@ def test_discriminator_head_persists_per_client_and_is_never_averaged():
         for r in range(1, 6):
             ids = sample_clients(cfg.seed, r, 6, 3)
             outcome = rt.run_round(r, ids)
-            _, states = rt.export_state()
+            states = rt.export_state().clients
             counts.update(ids)
             for c, st in states.items():
                 assert st.client_id == c and st.rounds == counts[c]
@@ -144,7 +145,8 @@ def test_state_payload_and_upload_are_plain_typed_data(variant):
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
         rt.run_round(1, [0, 1, 2])
-        server_state, client_states = rt.export_state()
+        state = rt.export_state()
+        server_state, client_states = state.server, state.clients
         payload = rt.server.broadcast(2)[0]
         upload = rt.worker.train(2, 0, payload, client_states[0])[0]
     for obj in (server_state, payload, upload, *client_states.values()):

@@ -36,7 +36,7 @@ def test_local_training_keeps_each_clients_own_model_and_sends_nothing():
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
         rows = [rt.run_round(r, sample_clients(cfg.seed, r, data.num_clients, 3)) for r in (1, 2, 3)]
-        _, states = rt.export_state()
+        states = rt.export_state().clients
         assert all(o.payload_bytes == 0 for o in rows)
         assert all(info["bytes_up"] == 0 for o in rows for info in o.client_infos)
         sampled = {c for r in (1, 2, 3) for c in sample_clients(cfg.seed, r, data.num_clients, 3)}
@@ -69,7 +69,7 @@ def test_a_clients_model_continues_from_its_last_round():
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
         rt.run_round(1, [0, 1, 2])
-        after_one = rt.export_state()[1][0].weights
+        after_one = rt.export_state().clients[0].weights
         fresh = rt.worker.train(2, 0, rt.server.broadcast(2)[0], None)[1].weights
         continued = rt.worker.train(2, 0, rt.server.broadcast(2)[0], rt.client_states[0])[1].weights
     assert any(not torch.equal(fresh[k], continued[k]) for k in fresh)
@@ -83,7 +83,7 @@ def test_personalised_evaluation_scores_each_clients_own_model():
         rt.run_round(1, [0, 1, 4])
         got = rt.evaluate()
         per_client = rt.client_scores().columns()
-        states = rt.export_state()[1]
+        states = rt.export_state().clients
         algo = rt.worker.algo
     ev = Evaluator(data, None, torch.device("cpu"), 64)
     own_acc, own_loss, glob_acc, correct, total = [], [], [], 0, 0

@@ -14,7 +14,7 @@ from fedray.methods import resolve_experiment
 from fedray.methods.fedavg import ModelPayload, ModelState, ModelUpload
 from fedray.simulation import run_experiment
 from fedray.system import SystemClock, SystemConfig
-from fedray.system.schedule import AsyncSchedule, staleness_weight
+from fedray.system.fedbuff import FedBuff, staleness_weight
 from tests.conftest import tiny_config
 
 
@@ -28,13 +28,25 @@ def _schedule(tmp_path, speeds, concurrency, buffer, online=None, staleness="non
         path.write_text("client,start_s,end_s\n" + "".join(f"{c},{a},{b}\n" for c, a, b in online))
         extra = {"availability": "trace", "availability_trace": str(path)}
     cfg = SystemConfig(devices="trace", trace=str(devices), deadline_s=deadline, **extra)
-    return AsyncSchedule(SystemClock(cfg, len(speeds), 1, seed=0), concurrency, buffer, staleness)
+    return FedBuff(SystemClock(cfg, len(speeds), 1, seed=0), concurrency, buffer, staleness)
+
+
+class _Figures:
+    """The work's side of the protocol, as a schedule's timing reads it: every client's work ``samples`` long."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def results(self, client_ids):
+        return [{"work_samples": self.samples, "bytes_up": 0} for _ in client_ids]
 
 
 def _time_all(s, samples=10):
-    for c in s.untimed():
-        s.flight[c]["down"] = 0
-        s.time(c, samples, 0)
+    s.time(_Figures(samples))
+
+
+def _live(s):
+    return sorted({f.version for f in s.flight.values()})
 
 
 def test_events_follow_the_simulated_clock_and_a_finished_client_is_replaced(tmp_path):
@@ -42,19 +54,19 @@ def test_events_follow_the_simulated_clock_and_a_finished_client_is_replaced(tmp
     steps after two arrivals; every arrival waits in the buffer until its step."""
     s = _schedule(tmp_path, speeds=[10, 5, 2, 1], concurrency=3, buffer=2)
     started = s.dispatch()
-    assert len(started) == 3 and all(v == 0 for _, v in started)
-    idle = ({0, 1, 2, 3} - {c for c, _ in started}).pop()
+    assert len(started) == 3 and all(s.flight[c].version == 0 for c in started)
+    idle = ({0, 1, 2, 3} - set(started)).pop()
     _time_all(s)
-    first = min((c for c, _ in started), key=lambda c: 10 / [10, 5, 2, 1][c])
+    first = min(started, key=lambda c: 10 / [10, 5, 2, 1][c])
     assert s.next_event() == (first, True) and s.clock.clock == pytest.approx(10 / [10, 5, 2, 1][first])
-    assert s.dispatch() == [(idle, 0)]  # the idle client; never one in flight or in the buffer
+    assert s.dispatch() == [idle] and s.flight[idle].version == 0  # never one in flight or in the buffer
     assert s.dispatch() == []
     _time_all(s)
     second, arrived = s.next_event()
     assert arrived and len(s.buffer) == 2
     clients, versions, weights, taus = s.take_buffer()
     assert clients == sorted([first, second]) and versions == [0, 0] and weights == [1.0, 1.0] and taus == [0, 0]
-    assert s.version == 1 and s.live() == [0] and not s.buffer
+    assert s.version == 1 and _live(s) == [0] and not s.buffer
 
 
 def test_staleness_is_the_server_steps_since_the_dispatch():
@@ -70,9 +82,9 @@ def test_a_stale_upload_is_weighted_by_its_age(tmp_path):
     for version in (0, 1):
         assert s.next_event() == (0, True)
         assert s.take_buffer() == ([0], [version], [1.0], [0])
-        assert s.dispatch() == [(0, version + 1)]
+        assert s.dispatch() == [0] and s.flight[0].version == version + 1
         _time_all(s)
-    assert s.live() == [0, 2]
+    assert _live(s) == [0, 2]
     s.next_event()  # client 0 again, at 3 s
     s.take_buffer()
     assert s.next_event() == (1, True) and s.clock.clock == 10.0
@@ -171,8 +183,9 @@ def test_on_ray_results_arriving_in_reverse_order_give_the_in_process_figures(ra
     local = run_experiment(tiny_config(**kw), progress=False)
     ray = run_experiment(tiny_config(**kw, runtime__backend="ray", runtime__num_workers=2), progress=False)
 
-    def figures(history):
-        return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in history]
+    def figures(history):  # Ray counts the clients it lost (health/dropped_clients, 0 here); in process none are
+        return [{k: v for k, v in row.items() if not k.startswith("time/") and k != "health/dropped_clients"}
+                for row in history]
 
     assert figures(ray.history) == figures(local.history)
     assert sum(row["sim/staleness"] for row in local.history) > 0  # some uploads were stale
@@ -210,21 +223,22 @@ def test_on_ray_an_async_task_whose_worker_dies_runs_again_to_the_same_model(ray
     data = build_federated_data(cfg.data, cfg.seed)
     remote = RayRuntime(cfg, data)
     try:
-        remote.submit(1, 0, 0)
+        remote.start(1, [0], 0)
         deadline = time.monotonic() + 60
         while not list(gates.glob("slow-first-*-0")) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert list(gates.glob("slow-first-*-0")), "client 0's task never started"
-        ray.kill(remote.pool.workers[remote._flight[0].worker], no_restart=False)
+        ray.kill(remote.pool.workers[remote._work[0].worker], no_restart=False)
         with caplog.at_level("WARNING", logger="fedray"):
-            info = remote.finished(0)
+            (info,) = remote.results([0])
         assert "lost its worker" in caplog.text and info["client"] == 0
-        remote.apply(1, [0], [0], [1.0], [])
+        remote.step(1, [0], [0], [1.0])
         got = remote.global_weights()
     finally:
         remote.close()
     local = LocalRuntime(tiny_config(**kw), data)
-    local.submit(1, 0, 0)
-    local.apply(1, [0], [0], [1.0], [])
+    local.start(1, [0], 0)
+    local.results([0])
+    local.step(1, [0], [0], [1.0])
     want = local.global_weights()
     assert all(torch.equal(want[k], got[k]) for k in want)

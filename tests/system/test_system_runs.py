@@ -15,6 +15,7 @@ from fedray.data import build_federated_data
 from fedray.record.run_dir import CLIENT_HISTORY_FILE
 from fedray.runtime.local import LocalRuntime
 from fedray.simulation import run_experiment
+from fedray.system.rounds import fresh_round
 from tests.conftest import tiny_config
 
 SIM_KEYS = {"sim/round_s", "sim/clock_s", "sim/available", "sim/selected", "sim/stragglers", "sim/dropouts",
@@ -55,10 +56,10 @@ def test_the_server_sees_exactly_the_uploads_that_arrive():
         seen.update(ids=ids, samples=[i["work_samples"] for i in infos], down=down)
         return [ids[1], ids[3]]
 
-    outcome = admitted.run_round(1, [0, 1, 2, 3], admit)
-    assert seen["ids"] == [0, 1, 2, 3] and seen["down"] == outcome.payload_bytes > 0
+    step, down = fresh_round(admitted, 1, [0, 1, 2, 3], admit)
+    assert seen["ids"] == [0, 1, 2, 3] and seen["down"] == down and min(down) > 0 and len(set(down)) == 1
     assert all(s > 0 for s in seen["samples"])
-    assert [i["client"] for i in outcome.client_infos] == [1, 3]
+    assert [i["client"] for i in step.infos] == [1, 3]
     alone = LocalRuntime(cfg, data)
     alone.run_round(1, [1, 3])
     want, got = alone.global_weights(), admitted.global_weights()
@@ -66,7 +67,7 @@ def test_the_server_sees_exactly_the_uploads_that_arrive():
     assert set(admitted.client_states) == {1, 3}
     nobody = LocalRuntime(cfg, data)
     before = {k: v.clone() for k, v in nobody.global_weights().items()}
-    assert nobody.run_round(1, [0, 1], lambda ids, infos, down: []).server_metrics == {}
+    assert fresh_round(nobody, 1, [0, 1], lambda ids, infos, down: [])[0].metrics == {}
     assert all(torch.equal(before[k], v) for k, v in nobody.global_weights().items()) and not nobody.client_states
 
 

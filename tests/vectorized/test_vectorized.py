@@ -391,7 +391,7 @@ def test_fedkf_generators_carry_their_adam_state_into_the_next_round_when_batche
         with make_runtime(cfg, data) as rt:
             for r in (1, 2):
                 rt.run_round(r, [0, 1, 2])
-            states.append(rt.export_state()[1])
+            states.append(rt.export_state().clients)
             weights.append({0: rt.global_weights()})
     for cid, seq in states[0].items():
         vec = states[1][cid]

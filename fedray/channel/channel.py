@@ -1,0 +1,105 @@
+"""The channel every message between clients and server passes through (see :mod:`fedray.channel`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from fedray.channel.message import Leaf, join, split
+from fedray.channel.stages import Precision, Stage
+from fedray.learning.aggregation import Aggregation, WeightedMean
+from fedray.learning.weights import nbytes
+
+
+@dataclass
+class Packet:
+    """A message as it crosses the wire: its skeleton (counts and scalars in place) and its leaves as the stages
+    encoded them. Its bytes are the skeleton's and the encoded leaves' (:meth:`Channel.nbytes`); the leaves'
+    dtypes and shapes are the header a receiver decodes to, not counted, as a message's structure is not."""
+
+    skeleton: Any
+    leaves: list[Leaf]
+
+
+class Channel:
+    """Stages in their fixed order (:data:`fedray.channel.stages.ORDER`) and the aggregation hook's rule.
+
+    Without stages (the default config) every message passes as it is, at no cost, and its bytes are the
+    message's own: the figures of a run without a channel."""
+
+    def __init__(self, stages: Sequence[Stage] = (), aggregation: Aggregation | None = None):
+        self.stages = sorted(stages, key=lambda s: s.order)
+        self.aggregation = aggregation if aggregation is not None else WeightedMean()
+
+    @property
+    def stateful(self) -> bool:
+        """Whether a client keeps channel state (some stage's ``per_client``)."""
+        return any(s.per_client for s in self.stages)
+
+    def init_state(self, client_id: int) -> dict[str, Any] | None:
+        """A client's channel state before its first upload: each stateful stage's, by name."""
+        if not self.stateful:
+            return None
+        return {s.name: s.init_state(client_id) for s in self.stages if s.per_client}
+
+    # --- uplink -------------------------------------------------------------------------------------------------
+    def encode_up(self, upload: Any, payload: Any, state: dict[str, Any] | None,
+                  client_id: int) -> tuple[Any, dict[str, Any] | None]:
+        """Client side: (what is sent, the client's new channel state). ``payload``: the payload as this client
+        decoded it (the reference of the upload's model fields)."""
+        if not self.stages:
+            return upload, state
+        state = dict(state) if state is not None else self.init_state(client_id)
+        skeleton, leaves = split(upload, payload)
+        for stage in self.stages:
+            if stage.per_client:
+                leaves, state[stage.name] = stage.client_encode(leaves, state[stage.name], client_id)
+            else:
+                leaves, _ = stage.client_encode(leaves, None, client_id)
+        return Packet(skeleton, leaves), state
+
+    def decode_up(self, sent: Any) -> Any:
+        """Server side: the upload as it arrived."""
+        if not isinstance(sent, Packet):
+            return sent
+        leaves = [Leaf(l.path, l.kind, l.data, l.dtype, l.shape, l.against) for l in sent.leaves]
+        for stage in reversed(self.stages):
+            leaves = stage.server_decode(leaves)
+        return join(sent.skeleton, leaves)
+
+    # --- downlink -----------------------------------------------------------------------------------------------
+    def encode_down(self, payload: Any) -> Any:
+        """Server side, once per broadcast: what is sent to every client."""
+        if not self.stages:
+            return payload
+        skeleton, leaves = split(payload)
+        for stage in self.stages:
+            leaves = stage.server_encode(leaves)
+        return Packet(skeleton, leaves)
+
+    def decode_down(self, sent: Any) -> Any:
+        """Client side: the payload as the client decoded it."""
+        if not isinstance(sent, Packet):
+            return sent
+        leaves = [Leaf(l.path, l.kind, l.data, l.dtype, l.shape, l.against) for l in sent.leaves]
+        for stage in reversed(self.stages):
+            leaves = stage.client_decode(leaves)
+        return join(sent.skeleton, leaves)
+
+    @staticmethod
+    def nbytes(sent: Any) -> int:
+        """The bytes of a message as sent: after the stages."""
+        if isinstance(sent, Packet):
+            return nbytes(sent.skeleton) + sum(nbytes(leaf.data) for leaf in sent.leaves)
+        return nbytes(sent)
+
+
+def build_channel(cfg: Any) -> Channel:
+    """The channel ``cfg.channel`` configures (``cfg``: the ExperimentConfig)."""
+    stages: list[Stage] = []
+    if cfg.channel.precision != "fp32":
+        stages.append(Precision(cfg.channel.precision))
+    return Channel(stages)
+
+
+__all__ = ["Channel", "Packet", "build_channel"]
