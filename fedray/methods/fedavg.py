@@ -186,10 +186,10 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
     def server_update(
         self, state: ModelState, uploads: list[ModelUpload], ctx: ServerContext
     ) -> tuple[ModelState, dict[str, float]]:
-        weights = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        weights = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         if state.cache is None:
             return dataclasses.replace(state, weights=weights), {}
         cache = update_cache(state.cache, [u.client_id for u in uploads], [u.weights for u in uploads],
-                             [u.num_samples for u in uploads])
+                             [u.num_samples for u in uploads], ctx.aggregation)
         return dataclasses.replace(state, weights=weights, cache=cache), {
             "server/cache_filled": float(len(cache.slots))}

@@ -212,6 +212,8 @@ class FedCD(PersonalisedAlgorithm):
         else:
             gamma, solver = uniform, {}
         teacher = torch.einsum("n,nbc->bc", gamma, z)
+        # Eq. 4's ensemble and the uniform average it is scored against stay outside the aggregation hook: einsum's
+        # reduction rounds otherwise than the hook's sum of float64 terms, and the teacher trains every client
         avg = torch.einsum("n,nbc->bc", uniform, z)
         metrics = {
             "server/teacher_ce": float(F.cross_entropy(teacher, y)),
@@ -248,7 +250,7 @@ def heldout_scores(state: FedCDServerState, uploads: list[FedCDUpload], z: torch
     gamma = torch.tensor([weight[c] for c in now], dtype=z.dtype)
     zf, yf = z[:, fresh.to(z.device)], y[fresh]
     teacher = torch.einsum("n,nbc->bc", gamma, zf)
-    avg = zf.mean(0)
+    avg = zf.mean(0)  # the same baseline as server/uniform_ce, on the same arithmetic as the teacher's
     return {"server/teacher_ce_heldout": float(F.cross_entropy(teacher, yf)),
             "server/uniform_ce_heldout": float(F.cross_entropy(avg, yf)),
             "server/teacher_acc_heldout": float((teacher.argmax(1) == yf).double().mean()),

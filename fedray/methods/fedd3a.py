@@ -220,7 +220,7 @@ class FedD3A(Algorithm):
         probs = soft_targets(logits, p.temperature)  # (K, N, C)
         alpha = weights_for(p.weighting, r, derive_seed(ctx.seed, "fedd3a/random-weights")).to(probs.dtype)
         targets = torch.einsum("nk,knc->nc", alpha, probs)  # Eq. 7
-        start = (weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        start = (ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
                  if not self.heterogeneous else state.weights)
         fed = self.cfg.federation
         # the server's lr follows the clients' schedule (federation.lr_schedule): the same factor each round

@@ -70,9 +70,11 @@ class FedDF(FedAvg):
     def server_update(self, state: ModelState, uploads: list[ModelUpload],
                       ctx: ServerContext) -> tuple[ModelState, dict[str, float]]:
         assert self.server_data is not None
-        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         model, x = ctx.modules.model, self.server_data.x
         logits = teacher_logits(((model, u.weights) for u in uploads), x, self.spec, self.cfg.federation.eval_batch_size)
+        # the teacher: the ensemble of the uploaded models' logits on the server's data, which the server computes; a
+        # float32 mean (the aggregation hook's float64 sum would change its bits)
         targets = soft_targets(logits.mean(0), self.params.temperature)
         weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
                                   derive_seed(ctx.seed, "feddf/distill"), ctx.cuda_graphs)

@@ -118,8 +118,10 @@ class FedDistill(PersonalisedAlgorithm):
                       ctx: ServerContext) -> tuple[LabelLogits, dict[str, float]]:
         held = torch.stack([u.counts > 0 for u in uploads]).to(torch.float64)  # (n, C)
         rows = torch.stack([u.logits for u in uploads]).to(torch.float64)  # (n, C, C)
-        holders = held.sum(0)
-        table = (held.unsqueeze(2) * rows).sum(0) / holders.clamp_min(1).unsqueeze(1)
-        present = holders > 0
+        present = held.sum(0) > 0
+        # row c: the mean over the clients holding label c (weight 1; 0 for the others, whose row c is zeros)
+        table = torch.zeros(rows.shape[1:], dtype=torch.float64)
+        for c in present.nonzero().flatten().tolist():
+            table[c] = ctx.aggregation.mean(list(rows[:, c]), held[:, c].tolist())
         return LabelLogits(logits=table.float(), present=present), {
             "server/labels_present": float(present.sum())}

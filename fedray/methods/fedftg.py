@@ -152,7 +152,7 @@ class FedFTG(FedAvg):
 
     def server_update(self, state: FedFTGState, uploads: list[LabelCountUpload],
                       ctx: ServerContext) -> tuple[FedFTGState, dict[str, float]]:
-        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         kept = average if self.params.eval_average else None
         if self.params.iterations == 0:
             return dataclasses.replace(state, weights=average, average=kept), {}
@@ -172,6 +172,8 @@ class FedFTG(FedAvg):
         shares = label_shares(counts)[0].to(dev)  # (K, C): alpha_k^y
         batch = p.batch_size or self.cfg.federation.batch_size
         rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "fedftg/generator") % (1 << 63))
+        # the round's exact class totals, not through the aggregation hook: a float mean's rounding would move the
+        # cumulative floor of proportional_labels where it lands on an integer
         labels_all = proportional_labels(counts.sum(0), p.iterations * batch, rng)
         gen_params = list(gen.parameters())
         opt_g = optim.Adam(gen_params, lr=p.gen_lr * decay)

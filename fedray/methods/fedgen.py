@@ -250,9 +250,9 @@ class FedGen(FedAvg):
     # --- server -----------------------------------------------------------------------------------------------
     def server_update(self, state: FedGenState, uploads: list[LabelCountUpload],
                       ctx: ServerContext) -> tuple[FedGenState, dict[str, float]]:
-        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         counts = torch.stack([u.label_counts for u in uploads])
-        seen = state.labels_seen | (counts.sum(0) > 0)
+        seen = state.labels_seen | (counts.sum(0) > 0)  # a union of the labels held, not a mean: no aggregation rule
         new = dataclasses.replace(state, weights=average, labels_seen=seen)
         metrics: dict[str, float] = {}
         if self.params.gen_steps > 0:

@@ -63,7 +63,10 @@ def qffl_terms(w: Weights, w_k: Weights, loss: float, q: float, lr: float) -> tu
 
 
 def qffl_step(w: Weights, uploads: list[QFFLUpload]) -> Weights:
-    """w - sum_k Delta_k / sum_k h_k, accumulated in client-id order in float64; integer buffers kept."""
+    """w - sum_k Delta_k / sum_k h_k, accumulated in client-id order in float64; integer buffers kept.
+
+    A ratio of two sums, not a mean of the uploads: it does not go through the aggregation hook (as
+    mean(Delta) / mean(h) it would round each mean to the weights' dtype before the division)."""
     hsum = sum(u.h for u in uploads)
     out: Weights = {}
     for key, ref in w.items():

@@ -100,11 +100,11 @@ class Scaffold(FedAvg):
 
     def server_update(self, state: ScaffoldState, uploads: list[ScaffoldUpload],
                       ctx: ServerContext) -> tuple[ScaffoldState, dict[str, float]]:
-        mean = weighted_average([u.weights for u in uploads], [1.0] * len(uploads))
+        mean = ctx.aggregation.mean([u.weights for u in uploads], [1.0] * len(uploads))
         eta = self.params.server_lr
         weights = {k: state.weights[k] + eta * (v - state.weights[k]) if v.is_floating_point() else v
                    for k, v in mean.items()}  # line 16
-        delta = weighted_average([u.control_delta for u in uploads], [1.0] * len(uploads))
+        delta = ctx.aggregation.mean([u.control_delta for u in uploads], [1.0] * len(uploads))
         share = len(uploads) / self.spec.num_clients  # |S| / N, line 17
         control = {k: state.control[k] + share * delta[k] for k in state.control}
         norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in control.values())))

@@ -121,6 +121,8 @@ def ensemble_teacher(algo: DaFKDMethod, uploads: list["DaFKDUpload"], x: torch.T
     the samples' classes ``y``), or uniform (:attr:`DaFKD.weighting`)."""
     p = algo.params
     if p.private_discriminator:  # Appendix B: sum_k (f_k + eps) s_k / sum_k (f_k + eps)
+        # Appendix B's secure-aggregation sums (sum_k f_k s_k, sum_k f_k), a ratio of sums in float32, outside the
+        # aggregation hook as the main variant's per-sample Eq. 7 ensemble is
         num = torch.stack([u.weighted_outputs.to(ctx.device) for u in uploads]).sum(0)
         if p.correlation:
             w = torch.stack([u.output_weights.to(ctx.device) for u in uploads])  # (K, N), f_k + eps
@@ -189,10 +191,10 @@ def server_round(algo: DaFKDMethod, state: "DaFKDServerState", uploads: list["Da
                  ctx: ServerContext) -> tuple["DaFKDServerState", dict[str, float]]:
     p = algo.params
     coefs = [1.0] * len(uploads) if p.aggregation == "uniform" else [float(u.num_samples) for u in uploads]
-    average = weighted_average([u.weights for u in uploads], coefs)  # Eq. 6
-    generator = weighted_average([u.generator for u in uploads], coefs)  # Eq. 4
+    average = ctx.aggregation.mean([u.weights for u in uploads], coefs)  # Eq. 6
+    generator = ctx.aggregation.mean([u.generator for u in uploads], coefs)  # Eq. 4
     # disc_head=averaged: one head for every client, averaged (the authors' code passes one from client to client)
-    head = weighted_average([u.disc for u in uploads], coefs) if p.disc_head == "averaged" else None
+    head = ctx.aggregation.mean([u.disc for u in uploads], coefs) if p.disc_head == "averaged" else None
     weights, metrics = average, {}
     if ctx.round >= p.distill_start_round:
         # the set comes from the generator broadcast this round (the clients' theta^g_t), not the new average
