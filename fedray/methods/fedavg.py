@@ -22,14 +22,12 @@ from fedray.methods.api import (
     ClientContext,
     ClientResult,
     ClientState,
-    ConfigError,
     Payload,
     ServerContext,
     ServerState,
     Upload,
     Weights,
 )
-from fedray.config import ExperimentConfig
 from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
 from fedray.learning.training import LocalTraining, Trained, weights_only
 from fedray.learning.weights import clone_weights, weighted_average
@@ -90,19 +88,14 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
 
     name = "fedavg"
     Params = FedAvgParams
-    asynchronous = True
-
-    @classmethod
-    def check_config(cls, cfg: ExperimentConfig, params: FedAvgParams) -> None:
-        super().check_config(cfg, params)
-        if cfg.federation.mode == "async" and getattr(params, "report_model", None) == "oca":
-            raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
-                              "federation.mode=async use report_model=aca")
+    asynchronous = True  # its uploads are weights trained from the payload's: rebase moves their change (FedBuff)
+    keeps_cache = True  # algorithm.report_model=oca: "FedAvg (OCA)" of FedKF Table XII
 
     @property
     def uses_cache(self) -> bool:
-        """Keep T1 cache slots (only when the OCA model is asked for: plain FedAvg stays exactly FedAvg)."""
-        return getattr(self.params, "report_model", None) == "oca"
+        """Keep T1 cache slots: a method that declares ``keeps_cache``, when the OCA model is asked for (plain
+        FedAvg stays exactly FedAvg)."""
+        return self.keeps_cache and self.params.report_model == "oca"
 
     def build_modules(self) -> Modules:
         return Modules(model=build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes))

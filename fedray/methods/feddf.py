@@ -47,7 +47,6 @@ def require_server_data(name: str, cfg: ExperimentConfig) -> None:
 
 class FedDF(FedAvg):
     name = "feddf"
-    asynchronous = False
     synchronous_because = "it distils the ensemble of one round's uploads on the server's data"
     Params = FedDFParams
 

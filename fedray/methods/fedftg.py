@@ -107,7 +107,6 @@ def proportional_labels(totals: torch.Tensor, n: int, rng: torch.Generator) -> t
 
 class FedFTG(FedAvg):
     name = "fedftg"
-    asynchronous = False
     synchronous_because = "it fine-tunes against one round's uploads as teachers"
     Params = FedFTGParams
 

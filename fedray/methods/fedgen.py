@@ -122,7 +122,6 @@ class FedGenModules:
 
 class FedGen(FedAvg):
     name = "fedgen"
-    asynchronous = False
     synchronous_because = "its generator learns from one round's heads together"
     Params = FedGenParams
 

@@ -63,6 +63,10 @@ class GKDModules:
 class FedGKD(FedAvg):
     name = "fedgkd"
     Params = FedGKDParams
+    # FedAvg's rebase: its uploads are weights trained from the payload's; asynchronously, the buffer holds the models
+    # of the last M server steps
+    asynchronous = True
+    keeps_cache = True
 
     def build_modules(self) -> GKDModules:
         shape, classes = self.spec.input_shape, self.spec.num_classes

@@ -144,7 +144,7 @@ def generator_losses(logits: torch.Tensor, features: torch.Tensor,
 
 class FedKF(FedAvg):
     name = "fedkf"
-    asynchronous = False
+    keeps_cache = True
     synchronous_because = "its cache and teacher are built from one round's cohort"
     Params = FedKFParams
 

@@ -21,6 +21,8 @@ class FedProxParams(CacheParams):
 class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
+    asynchronous = True  # FedAvg's rebase: its uploads are weights, its proximal anchor the payload it was sent
+    keeps_cache = True
 
     def make_anchor(self, model: torch.nn.Module, modules=None, payload=None) -> list[torch.Tensor]:
         return [p.detach().clone() for p in model.parameters()]

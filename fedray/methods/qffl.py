@@ -83,6 +83,7 @@ def qffl_step(w: Weights, uploads: list[QFFLUpload]) -> Weights:
 class QFFL(FedAvg):
     name = "qffl"
     Params = QFFLParams
+    asynchronous = True  # its own rebase: Delta_k is a step, applied to the current model
 
     def rebase(self, upload: QFFLUpload, sent: ModelPayload, current: ModelState, weight: float) -> QFFLUpload:
         """Async: Delta_k was taken from the model the client received; the server step applies it, weighted, to the

@@ -56,7 +56,6 @@ class ScaffoldClientState(ClientState):
 
 class Scaffold(FedAvg):
     name = "scaffold"
-    asynchronous = False
     synchronous_because = "its server control variate averages one round's corrections"
     Params = ScaffoldParams
 
