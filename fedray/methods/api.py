@@ -52,18 +52,34 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from fedray.config import ExperimentConfig
 from fedray.errors import ConfigError
-from fedray.learning.cached import CacheParams
 from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, DataSpec, DiagnosticProbe, ModelBank,
                                       Payload, PersonalModel, PooledImages, ServerContext, ServerSideData, ServerState,
-                                      Upload, batch_plan_rows, local_step_count)
+                                      Upload, batch_plan_rows, counts_field, local_step_count, model_field,
+                                      values_field)
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
-                                       StepwiseTraining, Trained, Update, is_weights_only, module_dict, row_mean,
-                                       run_update, split_loss, weights_only)
+                                       StepwiseTraining, Trained, Update, is_weights_only, make_optimizer, module_dict,
+                                       row_mean, run_update, split_loss, weights_only)
 from fedray.learning.weights import Weights, clone_weights, weighted_average
 from fedray.models import build_model
 from fedray.models.init import apply_init
-from fedray.seeding import derive_seed
+from fedray.seeding import derive_rng, derive_seed
 from fedray.validation import config_error
+
+# What the methods share beyond the contract, re-exported so that a method file imports fedray from this module alone
+from fedray.data.datasets import input_spec
+from fedray.data.federated import to_device, to_float
+from fedray.learning import optim
+from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
+from fedray.learning.data_free import check_generator_batch, diversity_loss, label_counts, label_shares
+from fedray.learning.distill import KDSteps, kd_kl, kl_rows, normalised_entropy, soft_targets
+from fedray.learning.ensemble import stacked_outputs
+from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
+from fedray.learning.subspace import projection_cosine, projector, subspace_weights
+from fedray.models import FedModel
+from fedray.models.base import batch_rows, frozen_bn_stats
+from fedray.models.conditional import FeatureGenerator, ImageGenerator
+from fedray.models.dafl import DAFLGenerator
+from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
 
 
 class NoParams(BaseModel):
@@ -309,12 +325,28 @@ class PersonalisedAlgorithm(Algorithm):
         return PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
 
 
-# Everything a method needs of the contract, importable from here: the base classes and what crosses the boundary,
-# the contexts, the training plans and their parts, weights and their arithmetic, the config error to raise.
-__all__ = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
-           "DataSpec", "DiagnosticProbe", "IGNORE_LABEL", "LocalTraining", "ModelBank", "NoParams", "OptimSpec",
-           "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages", "ServerContext", "ServerSideData",
-           "ServerState",
-           "StepwiseTraining", "Trained", "Update", "Upload", "Weights", "clone_weights", "derive_seed",
-           "is_weights_only", "local_step_count", "module_dict", "row_mean", "run_update", "split_loss",
-           "weighted_average", "weights_only"]
+def require_server_data(name: str, cfg: ExperimentConfig) -> None:
+    """``check_config`` of a method that distils on data held by the server (FedDF, FedD3A, DaFKD's proxy data)."""
+    if cfg.data.server_data.kind == "none":
+        raise ConfigError("data.server_data.kind", f"{name} distils on data held by the server: set "
+                          "data.server_data.kind=domain (a multi-domain dataset) or holdout")
+
+
+# The contract: the base classes and what crosses the boundary (with the declarations of its fields), the contexts,
+# the training plans and their parts, weights and their arithmetic, the config and its error.
+CONTRACT = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
+            "DataSpec", "DiagnosticProbe", "ExperimentConfig", "IGNORE_LABEL", "LocalTraining", "ModelBank",
+            "NoParams", "OptimSpec", "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages",
+            "ServerContext", "ServerSideData", "ServerState", "StepwiseTraining", "Trained", "Update", "Upload",
+            "Weights", "batch_plan_rows", "clone_weights", "counts_field", "derive_rng", "derive_seed",
+            "is_weights_only", "local_step_count", "make_optimizer", "model_field", "module_dict",
+            "require_server_data", "row_mean", "run_update", "split_loss", "values_field", "weighted_average",
+            "weights_only"]
+# What the methods share beyond it: the learning helpers, the models' parts and generators, the data's normalisation.
+SHARED = ["CacheParams", "ConditionalGenerator", "DAFLGenerator", "DCGANGenerator", "DistillSettings",
+          "FeatureGenerator", "FedModel", "ImageGenerator", "KDSteps", "ModelCache", "batch_rows", "build_model", "check_generator_batch",
+          "distil", "diversity_loss", "frozen_bn_stats", "init_cache", "input_spec", "kd_kl", "kl_rows",
+          "label_counts", "label_shares", "normalised_entropy", "optim", "projection_cosine", "projector",
+          "run_in_batches", "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights",
+          "teacher_logits", "to_device", "to_float", "update_cache"]
+__all__ = CONTRACT + SHARED

@@ -11,27 +11,15 @@ Table XII); training and the broadcast model are unchanged. The default (``aca``
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from fedray.methods.api import (
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ClientState,
-    Payload,
-    ServerContext,
-    ServerState,
-    Upload,
-    Weights,
-)
-from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
-from fedray.learning.training import LocalTraining, Trained, weights_only
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.models import build_model
+from fedray.methods.api import (Algorithm, CacheParams, ClientContext, ClientResult, ClientState, LocalTraining,
+                                ModelCache, Payload, ServerContext, ServerState, Trained, Upload, Weights, build_model,
+                                clone_weights, init_cache, label_counts, update_cache, weights_only)
 
 
 @dataclass
@@ -58,6 +46,30 @@ class CachedUpload(ModelUpload):
     """An upload to a server that keeps T1 cache slots: it must know whose slot to overwrite."""
 
     client_id: int = -1
+
+
+@dataclass
+class LabelCountUpload(ModelUpload):
+    """FedAvg's upload plus the client's label counts (FedGen's and FedFTG's label weights need them)."""
+
+    label_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
+
+
+def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int,
+                   of_batches: bool = False) -> LabelCountUpload:
+    """The upload with the client's label counts: of its data, or (``of_batches``) of the round's batches."""
+    y = ctx.y.cpu()[torch.cat(ctx.batch_plan().index)] if of_batches else ctx.y
+    return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(y, num_classes))
+
+
+def received_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """w_t, a copy of the parameters as received: FedProx's anchor (FedFTG's clients with ``base=fedprox``)."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def proximal_term(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    """||w - w_t||^2 over the parameters, FedProx's term before its mu / 2."""
+    return sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
 
 
 @dataclass

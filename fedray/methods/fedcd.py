@@ -39,23 +39,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (
-    ClientContext,
-    ClientResult,
-    Payload,
-    PersonalisedAlgorithm,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-)
-from fedray.learning.distill import kd_kl, normalised_entropy
-from fedray.learning.training import LocalTraining
-from fedray.config import ExperimentConfig
-from fedray.data.datasets import input_spec
-from fedray.data.federated import to_float
-from fedray.errors import ConfigError
-from fedray.seeding import derive_rng
+from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, LocalTraining, Payload,
+                                PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, derive_rng,
+                                input_spec, kd_kl, normalised_entropy, to_float)
 
 
 class FedCDParams(BaseModel):

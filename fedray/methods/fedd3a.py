@@ -41,29 +41,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ClientState,
-    ModelBank,
-    Payload,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-    Weights,
-)
-from fedray.learning.distill import kd_kl, normalised_entropy, soft_targets
-from fedray.methods.feddf import require_server_data
-from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
-from fedray.learning.subspace import projection_cosine, projector, subspace_weights
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, Trained, weights_only
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.config import ExperimentConfig
-from fedray.data.federated import to_float
-from fedray.models import FedModel, build_model
-from fedray.seeding import derive_seed
+from fedray.methods.api import (Algorithm, ClientContext, ClientResult, ClientState, DistillSettings, ExperimentConfig,
+                                FedModel, IGNORE_LABEL, LocalTraining, ModelBank, Payload, PersonalModel,
+                                ServerContext, ServerState, Trained, Upload, Weights, build_model, clone_weights,
+                                derive_seed, distil, kd_kl, normalised_entropy, projection_cosine, projector,
+                                require_server_data, run_in_batches, soft_targets, subspace_weights, teacher_logits,
+                                to_float, weights_only)
 
 WEIGHTINGS = ("soft", "onehot", "avg", "random")
 

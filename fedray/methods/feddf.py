@@ -17,14 +17,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import ServerContext
-from fedray.learning.distill import soft_targets
+from fedray.methods.api import (DistillSettings, ExperimentConfig, ServerContext, derive_seed, distil,
+                                require_server_data, soft_targets, teacher_logits)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
-from fedray.learning.proxy_distill import DistillSettings, distil, teacher_logits
-from fedray.learning.weights import weighted_average
-from fedray.config import ExperimentConfig
-from fedray.errors import ConfigError
-from fedray.seeding import derive_seed
 
 
 class FedDFParams(BaseModel):
@@ -37,12 +32,6 @@ class FedDFParams(BaseModel):
     val_fraction: float = Field(default=0.1, ge=0, lt=1, description="server data held out for early stopping")
     patience: int = Field(default=3, ge=0, description="evaluations without improvement; 0 = no early stopping")
     eval_every: int = Field(default=50, ge=1, description="distillation steps between early-stopping checks")
-
-
-def require_server_data(name: str, cfg: ExperimentConfig) -> None:
-    if cfg.data.server_data.kind == "none":
-        raise ConfigError("data.server_data.kind", f"{name} distils on data held by the server: set "
-                          "data.server_data.kind=domain (a multi-domain dataset) or holdout")
 
 
 class FedDF(FedAvg):

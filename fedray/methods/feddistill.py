@@ -26,19 +26,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (
-    ClientContext,
-    ClientResult,
-    Payload,
-    PersonalisedAlgorithm,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-)
-from fedray.learning.distill import kl_rows, soft_targets
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, row_mean
-from fedray.data.federated import to_float
+from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL, LocalTraining, Payload, PersonalModel,
+                                PersonalisedAlgorithm, ServerContext, ServerState, Upload, kl_rows, row_mean,
+                                soft_targets, to_float)
 
 
 class FedDistillParams(BaseModel):

@@ -45,18 +45,10 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call
 
-from fedray.config import ExperimentConfig
-from fedray.learning import optim
-from fedray.learning.data_free import check_generator_batch, diversity_loss, label_shares
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.methods.api import ClientContext, ServerContext, Weights
-from fedray.methods.fedavg import FedAvg, ModelState
-from fedray.methods.fedgen import LabelCountUpload, counted_upload
-from fedray.methods.fedprox import FedProx
-from fedray.models import build_model
-from fedray.models.base import frozen_bn_stats
-from fedray.models.conditional import ImageGenerator
-from fedray.seeding import derive_seed
+from fedray.methods.api import (ClientContext, ExperimentConfig, ImageGenerator, ServerContext, Weights, build_model,
+                                check_generator_batch, clone_weights, derive_seed, diversity_loss, frozen_bn_stats,
+                                label_shares, optim)
+from fedray.methods.fedavg import FedAvg, LabelCountUpload, ModelState, counted_upload, proximal_term, received_weights
 
 
 class FedFTGParams(BaseModel):
@@ -129,13 +121,13 @@ class FedFTG(FedAvg):
 
     # --- client: the base method's local training, the label counts with the upload --------------------------
     def make_anchor(self, model, modules=None, payload=None):
-        return FedProx.make_anchor(self, model, modules, payload) if self.params.base == "fedprox" else None
+        return received_weights(model) if self.params.base == "fedprox" else None
 
     local_loss_paddable = True  # FedAvg's CE, plus FedProx's proximal term (weights only)
 
     def local_loss(self, model, x, y, anchor):
         if self.params.base == "fedprox":
-            return FedProx.local_loss(self, model, x, y, anchor)
+            return F.cross_entropy(model(x), y) + 0.5 * self.params.mu * proximal_term(model, anchor)
         return super().local_loss(model, x, y, anchor)
 
     def make_upload(self, ctx: ClientContext, weights: Weights) -> LabelCountUpload:

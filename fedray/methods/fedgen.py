@@ -46,19 +46,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.config import ExperimentConfig
-from fedray.learning import optim
-from fedray.learning.data_free import check_generator_batch, diversity_loss, label_counts, label_shares
-from fedray.learning.distill import kl_rows
-from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained, Update,
-                                       make_optimizer, module_dict, row_mean, split_loss, weights_only)
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.methods.api import ClientContext, ClientResult, ServerContext, Weights
-from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload
-from fedray.models import build_model
-from fedray.models.base import batch_rows
-from fedray.models.conditional import FeatureGenerator
-from fedray.seeding import derive_seed
+from fedray.methods.api import (ClientContext, ClientResult, ExperimentConfig, FeatureGenerator, IGNORE_LABEL,
+                                LocalTraining, OptimSpec, ServerContext, StepwiseTraining, Trained, Update, Weights,
+                                batch_rows, build_model, check_generator_batch, clone_weights, derive_seed,
+                                diversity_loss, kl_rows, label_counts, label_shares, make_optimizer, module_dict,
+                                optim, row_mean, split_loss, weights_only)
+from fedray.methods.fedavg import FedAvg, LabelCountUpload, ModelPayload, ModelState, counted_upload
 
 
 class FedGenParams(BaseModel):
@@ -98,20 +91,6 @@ class FedGenState(ModelState):
 class FedGenPayload(ModelPayload):
     generator: Weights | None = None  # None before start_round: not sent
     labels_seen: torch.Tensor | None = None
-
-
-@dataclass
-class LabelCountUpload(ModelUpload):
-    """FedAvg's upload plus the client's label counts (FedGen's and FedFTG's label weights need them)."""
-
-    label_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
-
-
-def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int,
-                   of_batches: bool = False) -> LabelCountUpload:
-    """The upload with the client's label counts: of its data, or (``of_batches``) of the round's batches."""
-    y = ctx.y.cpu()[torch.cat(ctx.batch_plan().index)] if of_batches else ctx.y
-    return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(y, num_classes))
 
 
 @dataclass

@@ -25,13 +25,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.methods.api import Payload, ServerContext, Weights
-from fedray.learning.cached import CacheParams
-from fedray.learning.distill import kd_kl
+from fedray.methods.api import (CacheParams, IGNORE_LABEL, Payload, ServerContext, Weights, build_model, kd_kl,
+                                weighted_average)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
-from fedray.learning.training import IGNORE_LABEL
-from fedray.learning.weights import weighted_average
-from fedray.models import build_model
 
 
 class FedGKDParams(CacheParams):

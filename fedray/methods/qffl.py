@@ -26,11 +26,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
+from fedray.methods.api import (ClientContext, ClientResult, ClientState, LocalTraining, ServerContext, Trained,
+                                Upload, Weights, clone_weights, to_float, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState
-from fedray.learning.training import LocalTraining, Trained, weights_only
-from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_float
 
 EPS = 1e-10  # the reference code's offset of F_k
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ClientState, ConfigError, LocalTraining, ServerContext,
-                               Trained, Weights, clone_weights, weighted_average, weights_only)
+                                Trained, Weights, clone_weights, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload, Modules
 
 

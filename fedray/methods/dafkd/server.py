@@ -10,16 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedray.learning import optim
-from fedray.learning.boundary import ServerContext
-from fedray.learning.weights import Weights
-from fedray.learning.distill import KDSteps, normalised_entropy, soft_targets
-from fedray.learning.data_free import label_shares
-from fedray.learning.ensemble import stacked_outputs
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.seeding import derive_seed
+from fedray.methods.api import (DiagnosticProbe, KDSteps, ServerContext, Weights, clone_weights, derive_seed,
+                                label_shares, normalised_entropy, optim, soft_targets, stacked_outputs)
 
-from fedray.learning.boundary import DiagnosticProbe
 from fedray.methods.dafkd.types import DaFKDMethod, DaFKDModules, DaFKDServerState, DaFKDUpload
 
 

@@ -10,9 +10,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from fedray.learning.boundary import ClientState, DataSpec, Payload, ServerState, Upload
-from fedray.learning.weights import Weights
-from fedray.models import FedModel
+from fedray.methods.api import ClientState, DataSpec, FedModel, Payload, ServerState, Upload, Weights
 
 
 class DaFKDParams(BaseModel):
