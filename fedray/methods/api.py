@@ -344,9 +344,10 @@ CONTRACT = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "Clie
             "weights_only"]
 # What the methods share beyond it: the learning helpers, the models' parts and generators, the data's normalisation.
 SHARED = ["CacheParams", "ConditionalGenerator", "DAFLGenerator", "DCGANGenerator", "DistillSettings",
-          "FeatureGenerator", "FedModel", "ImageGenerator", "KDSteps", "ModelCache", "batch_rows", "build_model", "check_generator_batch",
-          "distil", "diversity_loss", "frozen_bn_stats", "init_cache", "input_spec", "kd_kl", "kl_rows",
-          "label_counts", "label_shares", "normalised_entropy", "optim", "projection_cosine", "projector",
-          "run_in_batches", "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights",
-          "teacher_logits", "to_device", "to_float", "update_cache"]
+          "FeatureGenerator", "FedModel", "ImageGenerator", "KDSteps", "ModelCache", "batch_rows",
+          "build_model", "check_generator_batch", "distil", "diversity_loss", "frozen_bn_stats",
+          "init_cache", "input_spec", "kd_kl", "kl_rows", "label_counts", "label_shares",
+          "normalised_entropy", "optim", "projection_cosine", "projector", "run_in_batches",
+          "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights", "teacher_logits",
+          "to_device", "to_float", "update_cache"]
 __all__ = CONTRACT + SHARED

@@ -11,7 +11,7 @@ Table XII); training and the broadcast model are unchanged. The default (``aca``
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from fedray.methods.api import (Algorithm, CacheParams, ClientContext, ClientResult, ClientState, LocalTraining,
                                 ModelCache, Payload, ServerContext, ServerState, Trained, Upload, Weights, build_model,
-                                clone_weights, init_cache, label_counts, update_cache, weights_only)
+                                clone_weights, counts_field, init_cache, label_counts, model_field, update_cache,
+                                weights_only)
 
 
 @dataclass
@@ -32,13 +33,13 @@ class ModelState(ServerState):
 
 @dataclass
 class ModelPayload(Payload):
-    weights: Weights
+    weights: Weights = model_field(against=None)
 
 
 @dataclass
 class ModelUpload(Upload):
-    weights: Weights
-    num_samples: int
+    weights: Weights = model_field(against="weights")  # trained from the payload's weights
+    num_samples: int = counts_field()
 
 
 @dataclass
@@ -52,7 +53,7 @@ class CachedUpload(ModelUpload):
 class LabelCountUpload(ModelUpload):
     """FedAvg's upload plus the client's label counts (FedGen's and FedFTG's label weights need them)."""
 
-    label_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
+    label_counts: torch.Tensor = counts_field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
 
 
 def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int,

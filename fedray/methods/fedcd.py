@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, LocalTraining, Payload,
-                                PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, derive_rng,
-                                input_spec, kd_kl, normalised_entropy, to_float)
+                                PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field,
+                                derive_rng, input_spec, kd_kl, normalised_entropy, to_float, values_field)
 
 
 class FedCDParams(BaseModel):
@@ -65,15 +65,15 @@ class FedCDServerState(ServerState):
 
 @dataclass
 class FedCDPayload(Payload):
-    teacher_idx: torch.Tensor | None  # which validation images z_t refers to
-    teacher: torch.Tensor | None  # z_t (B, C)
-    upload_idx: torch.Tensor  # the validation images to upload logits on after training
+    teacher_idx: torch.Tensor | None = counts_field()  # which validation images z_t refers to (int64 indices)
+    teacher: torch.Tensor | None = values_field()  # z_t (B, C)
+    upload_idx: torch.Tensor = counts_field()  # the validation images to upload logits on after training
 
 
 @dataclass
 class FedCDUpload(Upload):
     client_id: int
-    logits: torch.Tensor  # z_j (B, C) on the payload's upload_idx
+    logits: torch.Tensor = values_field()  # z_j (B, C) on the payload's upload_idx
 
 
 def simplex_weights(z: torch.Tensor, y: torch.Tensor, tol: float = 1e-9,

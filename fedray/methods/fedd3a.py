@@ -44,9 +44,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedray.methods.api import (Algorithm, ClientContext, ClientResult, ClientState, DistillSettings, ExperimentConfig,
                                 FedModel, IGNORE_LABEL, LocalTraining, ModelBank, Payload, PersonalModel,
                                 ServerContext, ServerState, Trained, Upload, Weights, build_model, clone_weights,
-                                derive_seed, distil, kd_kl, normalised_entropy, projection_cosine, projector,
-                                require_server_data, run_in_batches, soft_targets, subspace_weights, teacher_logits,
-                                to_float, weights_only)
+                                counts_field, derive_seed, distil, kd_kl, model_field, normalised_entropy,
+                                projection_cosine, projector, require_server_data, run_in_batches, soft_targets,
+                                subspace_weights, teacher_logits, to_float, values_field, weights_only)
 
 WEIGHTINGS = ("soft", "onehot", "avg", "random")
 
@@ -80,15 +80,16 @@ class GlobalModel(ServerState):
 
 @dataclass
 class GlobalPayload(Payload):
-    weights: Weights
+    weights: Weights = model_field(against=None)
 
 
 @dataclass
 class FedD3AUpload(Upload):
-    weights: Weights  # the client's trained model (its own architecture when heterogeneous)
+    # the client's trained model: of its own architecture when heterogeneous, so not an update against the payload's
+    weights: Weights = model_field(against=None)
     architecture: str
-    num_samples: int
-    projector: torch.Tensor  # P_k (d, d), float32
+    num_samples: int = counts_field()
+    projector: torch.Tensor = values_field()  # P_k (d, d), float32
 
 
 def weights_for(kind: str, r: torch.Tensor, seed: int) -> torch.Tensor:

@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL, LocalTraining, Payload, PersonalModel,
-                                PersonalisedAlgorithm, ServerContext, ServerState, Upload, kl_rows, row_mean,
-                                soft_targets, to_float)
+                                PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field, kl_rows,
+                                row_mean, soft_targets, to_float, values_field)
 
 
 class FedDistillParams(BaseModel):
@@ -45,14 +45,14 @@ class LabelLogits(ServerState):
 
 @dataclass
 class LabelLogitsPayload(Payload):
-    logits: torch.Tensor | None
-    present: torch.Tensor | None
+    logits: torch.Tensor | None = values_field()
+    present: torch.Tensor | None = counts_field()  # bool (C,)
 
 
 @dataclass
 class LabelLogitsUpload(Upload):
-    logits: torch.Tensor  # (C, C) this client's per-label mean logits (zero rows for absent labels)
-    counts: torch.Tensor  # (C,) int64 samples per label
+    logits: torch.Tensor = values_field()  # (C, C) this client's per-label mean logits (zero rows for absent labels)
+    counts: torch.Tensor = counts_field()  # (C,) int64 samples per label
 
 
 def label_means(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,9 +48,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ExperimentConfig, FeatureGenerator, IGNORE_LABEL,
                                 LocalTraining, OptimSpec, ServerContext, StepwiseTraining, Trained, Update, Weights,
-                                batch_rows, build_model, check_generator_batch, clone_weights, derive_seed,
-                                diversity_loss, kl_rows, label_counts, label_shares, make_optimizer, module_dict,
-                                optim, row_mean, split_loss, weights_only)
+                                batch_rows, build_model, check_generator_batch, clone_weights, counts_field,
+                                derive_seed, diversity_loss, kl_rows, label_counts, label_shares, make_optimizer,
+                                model_field, module_dict, optim, row_mean, split_loss, weights_only)
 from fedray.methods.fedavg import FedAvg, LabelCountUpload, ModelPayload, ModelState, counted_upload
 
 
@@ -89,8 +89,8 @@ class FedGenState(ModelState):
 
 @dataclass
 class FedGenPayload(ModelPayload):
-    generator: Weights | None = None  # None before start_round: not sent
-    labels_seen: torch.Tensor | None = None
+    generator: Weights | None = model_field(against=None, default=None)  # None before start_round: not sent
+    labels_seen: torch.Tensor | None = counts_field(default=None)  # bool (C,): which labels some client holds
 
 
 @dataclass

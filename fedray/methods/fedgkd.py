@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedray.methods.api import (CacheParams, IGNORE_LABEL, Payload, ServerContext, Weights, build_model, kd_kl,
-                                weighted_average)
+                                model_field, weighted_average)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
 
 
@@ -46,8 +46,8 @@ class GKDState(ModelState):
 
 @dataclass
 class GKDPayload(Payload):
-    weights: Weights  # the global model, the student's start
-    teacher: Weights | None  # mean of the buffered models; None = no distillation this round
+    weights: Weights = model_field(against=None)  # the global model, the student's start
+    teacher: Weights | None = model_field(against=None)  # mean of the buffered models; None = no distillation
 
 
 @dataclass

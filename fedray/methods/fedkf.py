@@ -57,7 +57,7 @@ from pydantic import Field
 from fedray.methods.api import (CacheParams, ClientContext, ClientResult, ClientState, DAFLGenerator, IGNORE_LABEL,
                                 LocalTraining, OptimSpec, Payload, StepwiseTraining, Trained, Update, Weights,
                                 batch_rows, build_model, clone_weights, derive_seed, frozen_bn_stats, is_weights_only,
-                                kd_kl, make_optimizer, module_dict, optim, to_device, weights_only)
+                                kd_kl, make_optimizer, model_field, module_dict, optim, to_device, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload
 
 
@@ -91,8 +91,9 @@ class FedKFParams(CacheParams):
 class FedKFPayload(Payload):
     """What each active client receives: the ACA model, and the OCA model as teacher in variant fedkf."""
 
-    weights: Weights  # w^{t-1}, the student's start (ACA)
-    teacher: Weights | None = None  # w_hat^{t-1} (OCA); None: the student start is the teacher (fedkf-, warmup)
+    weights: Weights = model_field(against=None)  # w^{t-1}, the student's start (ACA)
+    # w_hat^{t-1} (OCA); None: the student start is the teacher (fedkf-, warmup)
+    teacher: Weights | None = model_field(against=None, default=None)
 
 
 @dataclass

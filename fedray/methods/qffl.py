@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ClientState, LocalTraining, ServerContext, Trained,
-                                Upload, Weights, clone_weights, to_float, weights_only)
+                                Upload, Weights, clone_weights, to_float, values_field, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState
 
 EPS = 1e-10  # the reference code's offset of F_k
@@ -40,8 +40,8 @@ class QFFLParams(BaseModel):
 
 @dataclass
 class QFFLUpload(Upload):
-    delta: Weights  # Delta_k, floating-point entries of the model only
-    h: float  # h_k
+    delta: Weights = values_field()  # Delta_k, a step already (floating-point entries of the model only)
+    h: float = values_field()  # h_k
 
 
 def qffl_terms(w: Weights, w_k: Weights, loss: float, q: float, lr: float) -> tuple[Weights, float]:

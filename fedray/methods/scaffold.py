@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ClientState, ConfigError, LocalTraining, ServerContext,
-                                Trained, Weights, clone_weights, weights_only)
+                                Trained, Weights, clone_weights, model_field, values_field, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload, Modules
 
 
@@ -41,12 +41,12 @@ class ScaffoldState(ModelState):
 
 @dataclass
 class ScaffoldPayload(ModelPayload):
-    control: Weights  # c
+    control: Weights = model_field(against=None)  # c
 
 
 @dataclass
 class ScaffoldUpload(ModelUpload):
-    control_delta: Weights  # Delta c_i = c_i+ - c_i
+    control_delta: Weights = values_field()  # Delta c_i = c_i+ - c_i: a change already, sent as it is
 
 
 @dataclass
