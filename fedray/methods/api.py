@@ -12,24 +12,30 @@ nn.Modules, built once per process), ``init_server_state``, ``broadcast``, ``cli
 :class:`Payload` (down), :class:`Upload` (up), :class:`ClientState` (kept by the client, never shown to the server)
 and :class:`ServerState`: the privacy boundary is explicit, and checkpoints save them without pickle.
 
-**One import**: everything a method needs of the contract is importable from this module (``__all__``): the base
-classes, the boundary types and contexts, the training plans (``LocalTraining``, ``StepwiseTraining`` with its
-``Update`` s and ``OptimSpec`` s, ``client_inputs``), weight arithmetic and ``ConfigError``. A method imports this
-module, the learning helpers of :mod:`fedray.learning` and the models; nothing of where it runs.
+**One import**: a method file imports fedray only from this module and from the method it subclasses
+(``tests/methods/test_one_import.py``). Everything the contract is lives here (``CONTRACT``: the base classes, the
+boundary types and the declarations of their fields for the channel, the contexts, the training plans, weight
+arithmetic, ``ConfigError``), and what the methods share beyond it is re-exported (``SHARED``: the learning helpers,
+the models' parts and generators, the data's normalisation); nothing of where a method runs.
 
 **The one client entry point**, ``client_update``, returns either a finished :class:`ClientResult` or a training
 plan (:class:`~fedray.learning.training.LocalTraining`: start weights, a loss, a finish that builds the result;
 :class:`~fedray.learning.training.StepwiseTraining` for several modules and updates per step). A plan lets the
 runtime train the round's clients one at a time or batched (``runtime.vectorize``) with the same numbers.
 
-**A method may override** (defaults below): ``Params`` (its ``algorithm.*`` parameters, a pydantic model),
-``check_config`` (what it needs of the rest of the config), ``init_client_state``, ``global_weights`` and
-``extra_eval_models`` (what ``eval/*`` scores), ``personal_model`` (personalised methods), ``client_samples`` and
-``server_samples`` (the work the simulated system times, ``system.*``), ``rebase`` with ``asynchronous`` (FedBuff's
-asynchronous server steps), and the
-simulation-only diagnostics ``server_diagnostics`` / ``probe_size`` + ``probe_diagnostics`` (``diag/*``, never fed
-back). Three class flags say what the runtime must know before any work: ``shared_architecture``, ``personalised``,
-``clients_hold_server_images``.
+**What a method declares** is one section of :class:`Algorithm`, read before any work by the registry
+(``resolve_experiment``, the one place where the modes a method supports are checked) or the runtime: the class
+flags ``name``, ``Params``, ``shared_architecture``, ``personalised``, ``clients_hold_server_images``,
+``asynchronous`` with ``synchronous_because`` and ``keeps_cache`` (the last two only for the class whose own body
+declares them), and the declaration hooks ``check_config``, ``sends_label_counts``, ``probe_size``,
+``wants_pooled_images``, ``wants_reader``.
+
+**A method may override** (defaults below): ``init_client_state``, ``global_weights`` and ``extra_eval_models``
+(what ``eval/*`` scores), ``personal_model`` (personalised methods), ``client_samples`` and ``server_samples`` (the
+work the simulated system times, ``system.*``), ``rebase`` (FedBuff's asynchronous server steps), and the
+simulation-only diagnostics ``server_diagnostics`` / ``probe_diagnostics`` (``diag/*``, never fed back). Every mean
+over the clients' uploads in ``server_update`` goes through ``ctx.aggregation.mean``
+(:mod:`fedray.learning.aggregation`).
 
 **Families share a base with explicit hooks**: local-SGD methods subclass :class:`fedray.methods.fedavg.FedAvg`
 (hooks ``make_anchor``, ``local_loss`` with ``local_loss_paddable``, ``make_upload``); methods whose clients each own
