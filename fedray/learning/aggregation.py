@@ -3,7 +3,7 @@ mean of models, FedDistill's and FedCD's means of logits, label histograms and t
 ``ctx.aggregation.mean``, so that a rule replacing the weighted mean (central noise for differential privacy, a
 robust rule against adversaries) plugs in once, for every method, instead of into each method.
 
-The only rule today is :class:`WeightedMean`: sum_k w_k x_k / sum_k w_k, the arithmetic of
+The only rule today is :class:`WeightedMean`: sum_k w_k x_k / sum_k w_k, for models the arithmetic of
 :func:`fedray.learning.weights.weighted_average` (FedAvg's server step, Algorithm 1 of McMahan et al. 2017).
 """
 
@@ -30,8 +30,11 @@ class Aggregation:
 
 class WeightedMean(Aggregation):
     """sum_k w_k x_k / sum_k w_k. Models: :func:`~fedray.learning.weights.weighted_average` (float64
-    accumulation in the given order; integer buffers are the first client's). Tensors: the same arithmetic over
-    the stacked items, in float64, returned in the first item's dtype."""
+    accumulation in the given order, each term scaled by w_k / sum_j w_j; integer buffers are the first
+    client's). Tensors (logits, label histograms): the float64 terms w_k x_k stacked and summed over the clients,
+    then divided by sum_k w_k, returned in the first item's dtype: the arithmetic of the masked and uniform means
+    the methods compute over values (FedDistill's per-label mean, whose clients not holding a label weigh 0), so
+    that they keep their bits through the hook."""
 
     name = "mean"
 
@@ -40,7 +43,9 @@ class WeightedMean(Aggregation):
             raise ValueError("aggregation over no uploads")
         if isinstance(items[0], dict):
             return weighted_average(list(items), list(weights))
-        return weighted_average([{"": x} for x in items], list(weights))[""]
+        total = float(sum(weights))
+        terms = torch.stack([x.to(torch.float64) * float(w) for x, w in zip(items, weights)])
+        return (terms.sum(0) / total).to(items[0].dtype)
 
 
 __all__ = ["Aggregation", "WeightedMean"]

@@ -40,7 +40,8 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.learning.weights import Weights, weighted_average
+from fedray.learning.aggregation import Aggregation
+from fedray.learning.weights import Weights
 
 
 class CacheParams(BaseModel):
@@ -93,8 +94,10 @@ def oca_members(cache: ModelCache) -> tuple[list[Weights], list[float]]:
     return models, coefs
 
 
-def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights], sizes: list[int]) -> ModelCache:
-    """Overwrite the uploaders' slots (Alg. 1 line 7) and recompute the OCA model (line 10).
+def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights], sizes: list[int],
+                 aggregation: Aggregation) -> ModelCache:
+    """Overwrite the uploaders' slots (Alg. 1 line 7) and recompute the OCA model (line 10), a mean over the clients'
+    cached uploads by the server's ``aggregation`` rule (``ServerContext.aggregation``).
 
     Returns a new cache: the previous one is left untouched (its slot dict and size vector are copied,
     the weight tensors themselves are shared, never modified).
@@ -108,5 +111,5 @@ def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights
         new_sizes[cid] = int(n)
     out = ModelCache(initial=cache.initial, slots=slots, sizes=new_sizes, oca=cache.oca, mode=cache.mode)
     models, coefs = oca_members(out)
-    out.oca = weighted_average(models, coefs) if models else cache.initial
+    out.oca = aggregation.mean(models, coefs) if models else cache.initial
     return out

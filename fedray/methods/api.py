@@ -12,24 +12,30 @@ nn.Modules, built once per process), ``init_server_state``, ``broadcast``, ``cli
 :class:`Payload` (down), :class:`Upload` (up), :class:`ClientState` (kept by the client, never shown to the server)
 and :class:`ServerState`: the privacy boundary is explicit, and checkpoints save them without pickle.
 
-**One import**: everything a method needs of the contract is importable from this module (``__all__``): the base
-classes, the boundary types and contexts, the training plans (``LocalTraining``, ``StepwiseTraining`` with its
-``Update`` s and ``OptimSpec`` s, ``client_inputs``), weight arithmetic and ``ConfigError``. A method imports this
-module, the learning helpers of :mod:`fedray.learning` and the models; nothing of where it runs.
+**One import**: a method file imports fedray only from this module and from the method it subclasses
+(``tests/methods/test_one_import.py``). Everything the contract is lives here (``CONTRACT``: the base classes, the
+boundary types and the declarations of their fields for the channel, the contexts, the training plans, weight
+arithmetic, ``ConfigError``), and what the methods share beyond it is re-exported (``SHARED``: the learning helpers,
+the models' parts and generators, the data's normalisation); nothing of where a method runs.
 
 **The one client entry point**, ``client_update``, returns either a finished :class:`ClientResult` or a training
 plan (:class:`~fedray.learning.training.LocalTraining`: start weights, a loss, a finish that builds the result;
 :class:`~fedray.learning.training.StepwiseTraining` for several modules and updates per step). A plan lets the
 runtime train the round's clients one at a time or batched (``runtime.vectorize``) with the same numbers.
 
-**A method may override** (defaults below): ``Params`` (its ``algorithm.*`` parameters, a pydantic model),
-``check_config`` (what it needs of the rest of the config), ``init_client_state``, ``global_weights`` and
-``extra_eval_models`` (what ``eval/*`` scores), ``personal_model`` (personalised methods), ``client_samples`` and
-``server_samples`` (the work the simulated system times, ``system.*``), ``rebase`` with ``asynchronous`` (FedBuff's
-asynchronous server steps), and the
-simulation-only diagnostics ``server_diagnostics`` / ``probe_size`` + ``probe_diagnostics`` (``diag/*``, never fed
-back). Three class flags say what the runtime must know before any work: ``shared_architecture``, ``personalised``,
-``clients_hold_server_images``.
+**What a method declares** is one section of :class:`Algorithm`, read before any work by the registry
+(``resolve_experiment``, the one place where the modes a method supports are checked) or the runtime: the class
+flags ``name``, ``Params``, ``shared_architecture``, ``personalised``, ``clients_hold_server_images``,
+``asynchronous`` with ``synchronous_because`` and ``keeps_cache`` (the last two only for the class whose own body
+declares them), and the declaration hooks ``check_config``, ``sends_label_counts``, ``probe_size``,
+``wants_pooled_images``, ``wants_reader``.
+
+**A method may override** (defaults below): ``init_client_state``, ``global_weights`` and ``extra_eval_models``
+(what ``eval/*`` scores), ``personal_model`` (personalised methods), ``client_samples`` and ``server_samples`` (the
+work the simulated system times, ``system.*``), ``rebase`` (FedBuff's asynchronous server steps), and the
+simulation-only diagnostics ``server_diagnostics`` / ``probe_diagnostics`` (``diag/*``, never fed back). Every mean
+over the clients' uploads in ``server_update`` goes through ``ctx.aggregation.mean``
+(:mod:`fedray.learning.aggregation`).
 
 **Families share a base with explicit hooks**: local-SGD methods subclass :class:`fedray.methods.fedavg.FedAvg`
 (hooks ``make_anchor``, ``local_loss`` with ``local_loss_paddable``, ``make_upload``); methods whose clients each own
@@ -54,15 +60,32 @@ from fedray.config import ExperimentConfig
 from fedray.errors import ConfigError
 from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, DataSpec, DiagnosticProbe, ModelBank,
                                       Payload, PersonalModel, PooledImages, ServerContext, ServerSideData, ServerState,
-                                      Upload, batch_plan_rows, local_step_count)
+                                      Upload, batch_plan_rows, counts_field, local_step_count, model_field,
+                                      values_field)
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
-                                       StepwiseTraining, Trained, Update, is_weights_only, module_dict, row_mean,
-                                       run_update, split_loss, weights_only)
+                                       StepwiseTraining, Trained, Update, is_weights_only, make_optimizer, module_dict,
+                                       row_mean, run_update, split_loss, weights_only)
 from fedray.learning.weights import Weights, clone_weights, weighted_average
 from fedray.models import build_model
 from fedray.models.init import apply_init
-from fedray.seeding import derive_seed
+from fedray.seeding import derive_rng, derive_seed
 from fedray.validation import config_error
+
+# What the methods share beyond the contract, re-exported so that a method file imports fedray from this module alone
+from fedray.data.datasets import input_spec
+from fedray.data.federated import to_device, to_float
+from fedray.learning import optim
+from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
+from fedray.learning.data_free import check_generator_batch, diversity_loss, label_counts, label_shares
+from fedray.learning.distill import KDSteps, kd_kl, kl_rows, normalised_entropy, soft_targets
+from fedray.learning.ensemble import stacked_outputs
+from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
+from fedray.learning.subspace import projection_cosine, projector, subspace_weights
+from fedray.models import FedModel
+from fedray.models.base import batch_rows, frozen_bn_stats
+from fedray.models.conditional import FeatureGenerator, ImageGenerator
+from fedray.models.dafl import DAFLGenerator
+from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
 
 
 class NoParams(BaseModel):
@@ -77,22 +100,79 @@ class Algorithm(ABC, Generic[Params, Modules]):
     """Base class of every method (module docstring: what to implement, what to override). ``Params``: the type of
     ``self.params``; ``Modules``: what ``build_modules`` returns and ``ctx.modules`` holds."""
 
+    # --- declarations: what a method says about itself, read before any work ----------------------------------
+    # Read by the registry (resolve_experiment) or the runtime, never inferred from what a class overrides.
+    # ``asynchronous`` and ``keeps_cache`` hold only for the class whose own body declares them: a subclass's server
+    # step changes what its parent's rebase or cache would mean, so it says again (Algorithm.__init_subclass__).
+
+    #: ``algorithm.name``: the registry's key.
     name: ClassVar[str]
+    #: ``algorithm.*``: a pydantic model, parsed and checked once by ``resolve_experiment`` (:meth:`parse_params`).
     Params: ClassVar[type[BaseModel]] = NoParams
     #: True for methods that average parameters: every client must train the same architecture, and
-    #: ``model.client_models`` naming several is refused before any work.
+    #: ``model.client_models`` naming several is refused before any work (``resolve_experiment``).
     shared_architecture: ClassVar[bool] = True
-    #: True for methods without a global model: ``eval/*`` scores each client's own model.
+    #: True for methods without a global model: the runtime's ``eval/*`` scores each client's own model
+    #: (:meth:`personal_model`) where the clients' states are.
     personalised: ClassVar[bool] = False
     #: True for methods whose clients hold the images (never the labels) of the server's data, e.g. FedCD's
-    #: shared validation set: they arrive as ``ctx.server_x``, and handing them to every registered client
-    #: once is counted in ``comm/bytes_setup``.
+    #: shared validation set: the runtime hands them over as ``ctx.server_x``, once to every registered client,
+    #: counted in ``comm/bytes_setup``.
     clients_hold_server_images: ClassVar[bool] = False
-    #: True for methods whose server step can take uploads trained from older models, one by one as they arrive
-    #: (``federation.mode=async``, FedBuff): they implement :meth:`rebase`. The others say why not, for the error.
+    #: True (declared in the class's own body) for methods whose server step can take uploads trained from older
+    #: models, one by one as they arrive (``federation.mode=async``, FedBuff): their :meth:`rebase` turns such an
+    #: upload into one the server step takes beside fresh ones. ``resolve_experiment`` refuses async for the
+    #: others, giving ``synchronous_because`` as the reason.
     asynchronous: ClassVar[bool] = False
-    synchronous_because: ClassVar[str] = "its server step reads the uploads of one round together"
+    synchronous_because: ClassVar[str] = "it declares no rebase of its uploads onto a newer model"
+    #: True (declared in the class's own body) for methods that keep FedKF's cached-model aggregation (T1,
+    #: :mod:`fedray.learning.cached`): their ``Params`` must take ``algorithm.report_model`` and ``cache_init``
+    #: (:class:`~fedray.learning.cached.CacheParams`), checked when the class is defined; ``resolve_experiment``
+    #: refuses those keys to a method that keeps no cache and the cache's OCA model with ``federation.mode=async``.
+    keeps_cache: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for flag in ("asynchronous", "keeps_cache"):
+            if flag not in cls.__dict__:
+                setattr(cls, flag, False)
+        if cls.asynchronous and cls.rebase is Algorithm.rebase:
+            raise TypeError(f"{cls.__qualname__} declares asynchronous = True but has no rebase: implement "
+                            "rebase(upload, sent, current, weight)")
+        if cls.keeps_cache and not issubclass(cls.Params, CacheParams):
+            raise TypeError(f"{cls.__qualname__} declares keeps_cache = True, so its Params must take "
+                            "algorithm.report_model and cache_init: subclass fedray.methods.api.CacheParams")
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
+        """What the method needs of the rest of the config (e.g. labelled server data), given its parsed
+        ``params``; raise :class:`ConfigError` naming the key. Called by ``resolve_experiment`` before any work,
+        after the rules of the declarations above."""
+
+    @classmethod
+    def sends_label_counts(cls, params: BaseModel) -> bool:
+        """True when every registered client sends its training label counts once before round 1, counted in
+        ``comm/bytes_setup``: the runtime gathers them as :attr:`client_label_counts` on the server's instance
+        (e.g. DaFKD's oracle of Theorem 1's weights)."""
+        return False
+
+    def probe_size(self) -> int:
+        """Images per client and (x10) from the test set that the runtime draws for :meth:`probe_diagnostics`; 0
+        (the default): none, and the method is never probed."""
+        return 0
+
+    def wants_pooled_images(self) -> bool:
+        """True when a simulation-only diagnostic of the client update reads every client's images: the runtime
+        hands them over as ``ctx.pooled`` (:class:`~fedray.learning.boundary.PooledImages`), an upper bound that
+        breaks privacy, never a method."""
+        return False
+
+    def wants_reader(self) -> bool:
+        """True when :meth:`probe_diagnostics` scores generated samples with the fixed reader (:mod:`fedray.reader`,
+        trained once per dataset, then cached): the runtime's probe then holds it as ``probe.reader``."""
+        return False
+
+    # --- the run's instance ---------------------------------------------------------------------------------
     def __init__(self, cfg: ExperimentConfig, spec: DataSpec, params: BaseModel | None = None):
         """``params``: this run's parsed ``algorithm.*`` (the resolved experiment's); parsed from ``cfg`` when None."""
         self.cfg = cfg
@@ -103,20 +183,8 @@ class Algorithm(ABC, Generic[Params, Modules]):
         #: The server's data (``data.server_data``) on the server's instance; always None on clients.
         self.server_data: ServerSideData | None = None
         #: Every registered client's training label counts (num_clients, num_classes), int64, on the server's
-        #: instance of a method whose :meth:`sends_label_counts` says so (else None): each client sends its counts
-        #: once before round 1, counted in ``comm/bytes_setup``.
+        #: instance of a method whose :meth:`sends_label_counts` says so (else None).
         self.client_label_counts: torch.Tensor | None = None
-
-    @classmethod
-    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
-        """What the method needs of the rest of the config (e.g. labelled server data), given its parsed
-        ``params``; raise :class:`ConfigError` naming the key. Called by ``resolve_experiment`` before any work."""
-
-    @classmethod
-    def sends_label_counts(cls, params: BaseModel) -> bool:
-        """True when every registered client sends its training label counts once before round 1 (they arrive as
-        :attr:`client_label_counts` on the server's instance), e.g. an oracle of Theorem 1's weights."""
-        return False
 
     @classmethod
     def parse_params(cls, values: dict[str, Any]) -> BaseModel:
@@ -156,22 +224,6 @@ class Algorithm(ABC, Generic[Params, Modules]):
         when the server's data has labels, labelled for the method or not; never feeds back into it."""
         return {}
 
-    def probe_size(self) -> int:
-        """Images per client and (x10) from the test set the method's :meth:`probe_diagnostics` wants; 0 (the
-        default): none, and the method is never probed."""
-        return 0
-
-    def wants_pooled_images(self) -> bool:
-        """True when a simulation-only diagnostic of the client update reads every client's images
-        (``ctx.pooled``, :class:`~fedray.learning.boundary.PooledImages`): an upper bound that breaks privacy,
-        never a method."""
-        return False
-
-    def wants_reader(self) -> bool:
-        """True when :meth:`probe_diagnostics` scores generated samples with the fixed reader (:mod:`fedray.reader`,
-        trained once per dataset, then cached): the probe then holds it as ``probe.reader``."""
-        return False
-
     def probe_diagnostics(self, ctx: ServerContext, probe: DiagnosticProbe, client_ids: list[int]) -> dict[str, float]:
         """Simulation-only figures (``diag/*``) of the round just aggregated, from real data the method never
         trains on (:class:`DiagnosticProbe`); ``client_ids`` are this round's aggregated clients, in the order
@@ -202,8 +254,8 @@ class Algorithm(ABC, Generic[Params, Modules]):
     def rebase(self, upload: Upload, sent: Payload, current: ServerState, weight: float) -> Upload:
         """``federation.mode=async``: ``upload``, trained from the payload ``sent`` some server steps ago, as an
         upload the server update can take beside fresh ones on the ``current`` state, its change weighted by
-        ``weight`` (the staleness weight, 1 when fresh or with ``federation.staleness=none``). Methods with
-        ``asynchronous = True`` implement it."""
+        ``weight`` (the staleness weight, 1 when fresh or with ``federation.staleness=none``). Methods that declare
+        ``asynchronous = True`` implement it (or inherit one they checked is right for their uploads)."""
         raise NotImplementedError(f"{type(self).__name__} does not run async")
 
     # --- the simulated system (system.*) ------------------------------------------------------------
@@ -219,6 +271,7 @@ class Algorithm(ABC, Generic[Params, Modules]):
         aggregation by averaging takes no time."""
         return 0
 
+    # --- per-client models (personalised = True, or shared_architecture = False) ---------------------------
     def personal_model(self, state: ClientState) -> PersonalModel:
         """Personalised methods: the client's own model inside its state (what ``eval/*`` scores)."""
         raise NotImplementedError(f"{type(self).__name__} has no per-client models")
@@ -278,12 +331,29 @@ class PersonalisedAlgorithm(Algorithm):
         return PersonalModel(client_id=ctx.client_id, architecture=state.architecture, weights=clone_weights(model))
 
 
-# Everything a method needs of the contract, importable from here: the base classes and what crosses the boundary,
-# the contexts, the training plans and their parts, weights and their arithmetic, the config error to raise.
-__all__ = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
-           "DataSpec", "DiagnosticProbe", "IGNORE_LABEL", "LocalTraining", "ModelBank", "NoParams", "OptimSpec",
-           "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages", "ServerContext", "ServerSideData",
-           "ServerState",
-           "StepwiseTraining", "Trained", "Update", "Upload", "Weights", "clone_weights", "derive_seed",
-           "is_weights_only", "local_step_count", "module_dict", "row_mean", "run_update", "split_loss",
-           "weighted_average", "weights_only"]
+def require_server_data(name: str, cfg: ExperimentConfig) -> None:
+    """``check_config`` of a method that distils on data held by the server (FedDF, FedD3A, DaFKD's proxy data)."""
+    if cfg.data.server_data.kind == "none":
+        raise ConfigError("data.server_data.kind", f"{name} distils on data held by the server: set "
+                          "data.server_data.kind=domain (a multi-domain dataset) or holdout")
+
+
+# The contract: the base classes and what crosses the boundary (with the declarations of its fields), the contexts,
+# the training plans and their parts, weights and their arithmetic, the config and its error.
+CONTRACT = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
+            "DataSpec", "DiagnosticProbe", "ExperimentConfig", "IGNORE_LABEL", "LocalTraining", "ModelBank",
+            "NoParams", "OptimSpec", "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages",
+            "ServerContext", "ServerSideData", "ServerState", "StepwiseTraining", "Trained", "Update", "Upload",
+            "Weights", "batch_plan_rows", "clone_weights", "counts_field", "derive_rng", "derive_seed",
+            "is_weights_only", "local_step_count", "make_optimizer", "model_field", "module_dict",
+            "require_server_data", "row_mean", "run_update", "split_loss", "values_field", "weighted_average",
+            "weights_only"]
+# What the methods share beyond it: the learning helpers, the models' parts and generators, the data's normalisation.
+SHARED = ["CacheParams", "ConditionalGenerator", "DAFLGenerator", "DCGANGenerator", "DistillSettings",
+          "FeatureGenerator", "FedModel", "ImageGenerator", "KDSteps", "ModelCache", "batch_rows",
+          "build_model", "check_generator_batch", "distil", "diversity_loss", "frozen_bn_stats",
+          "init_cache", "input_spec", "kd_kl", "kl_rows", "label_counts", "label_shares",
+          "normalised_entropy", "optim", "projection_cosine", "projector", "run_in_batches",
+          "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights", "teacher_logits",
+          "to_device", "to_float", "update_cache"]
+__all__ = CONTRACT + SHARED

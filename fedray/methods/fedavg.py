@@ -17,23 +17,10 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from fedray.methods.api import (
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ClientState,
-    ConfigError,
-    Payload,
-    ServerContext,
-    ServerState,
-    Upload,
-    Weights,
-)
-from fedray.config import ExperimentConfig
-from fedray.learning.cached import CacheParams, ModelCache, init_cache, update_cache
-from fedray.learning.training import LocalTraining, Trained, weights_only
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.models import build_model
+from fedray.methods.api import (Algorithm, CacheParams, ClientContext, ClientResult, ClientState, LocalTraining,
+                                ModelCache, Payload, ServerContext, ServerState, Trained, Upload, Weights, build_model,
+                                clone_weights, counts_field, init_cache, label_counts, model_field, update_cache,
+                                weights_only)
 
 
 @dataclass
@@ -46,13 +33,13 @@ class ModelState(ServerState):
 
 @dataclass
 class ModelPayload(Payload):
-    weights: Weights
+    weights: Weights = model_field(against=None)
 
 
 @dataclass
 class ModelUpload(Upload):
-    weights: Weights
-    num_samples: int
+    weights: Weights = model_field(against="weights")  # trained from the payload's weights
+    num_samples: int = counts_field()
 
 
 @dataclass
@@ -60,6 +47,30 @@ class CachedUpload(ModelUpload):
     """An upload to a server that keeps T1 cache slots: it must know whose slot to overwrite."""
 
     client_id: int = -1
+
+
+@dataclass
+class LabelCountUpload(ModelUpload):
+    """FedAvg's upload plus the client's label counts (FedGen's and FedFTG's label weights need them)."""
+
+    label_counts: torch.Tensor = counts_field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
+
+
+def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int,
+                   of_batches: bool = False) -> LabelCountUpload:
+    """The upload with the client's label counts: of its data, or (``of_batches``) of the round's batches."""
+    y = ctx.y.cpu()[torch.cat(ctx.batch_plan().index)] if of_batches else ctx.y
+    return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(y, num_classes))
+
+
+def received_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """w_t, a copy of the parameters as received: FedProx's anchor (FedFTG's clients with ``base=fedprox``)."""
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def proximal_term(model: torch.nn.Module, anchor: list[torch.Tensor]) -> torch.Tensor:
+    """||w - w_t||^2 over the parameters, FedProx's term before its mu / 2."""
+    return sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
 
 
 @dataclass
@@ -90,19 +101,14 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
 
     name = "fedavg"
     Params = FedAvgParams
-    asynchronous = True
-
-    @classmethod
-    def check_config(cls, cfg: ExperimentConfig, params: FedAvgParams) -> None:
-        super().check_config(cfg, params)
-        if cfg.federation.mode == "async" and getattr(params, "report_model", None) == "oca":
-            raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
-                              "federation.mode=async use report_model=aca")
+    asynchronous = True  # its uploads are weights trained from the payload's: rebase moves their change (FedBuff)
+    keeps_cache = True  # algorithm.report_model=oca: "FedAvg (OCA)" of FedKF Table XII
 
     @property
     def uses_cache(self) -> bool:
-        """Keep T1 cache slots (only when the OCA model is asked for: plain FedAvg stays exactly FedAvg)."""
-        return getattr(self.params, "report_model", None) == "oca"
+        """Keep T1 cache slots: a method that declares ``keeps_cache``, when the OCA model is asked for (plain
+        FedAvg stays exactly FedAvg)."""
+        return self.keeps_cache and self.params.report_model == "oca"
 
     def build_modules(self) -> Modules:
         return Modules(model=build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes))
@@ -186,10 +192,10 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
     def server_update(
         self, state: ModelState, uploads: list[ModelUpload], ctx: ServerContext
     ) -> tuple[ModelState, dict[str, float]]:
-        weights = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        weights = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         if state.cache is None:
             return dataclasses.replace(state, weights=weights), {}
         cache = update_cache(state.cache, [u.client_id for u in uploads], [u.weights for u in uploads],
-                             [u.num_samples for u in uploads])
+                             [u.num_samples for u in uploads], ctx.aggregation)
         return dataclasses.replace(state, weights=weights, cache=cache), {
             "server/cache_filled": float(len(cache.slots))}

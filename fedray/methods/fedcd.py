@@ -39,23 +39,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (
-    ClientContext,
-    ClientResult,
-    Payload,
-    PersonalisedAlgorithm,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-)
-from fedray.learning.distill import kd_kl, normalised_entropy
-from fedray.learning.training import LocalTraining
-from fedray.config import ExperimentConfig
-from fedray.data.datasets import input_spec
-from fedray.data.federated import to_float
-from fedray.errors import ConfigError
-from fedray.seeding import derive_rng
+from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, LocalTraining, Payload,
+                                PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field,
+                                derive_rng, input_spec, kd_kl, normalised_entropy, to_float, values_field)
 
 
 class FedCDParams(BaseModel):
@@ -79,15 +65,15 @@ class FedCDServerState(ServerState):
 
 @dataclass
 class FedCDPayload(Payload):
-    teacher_idx: torch.Tensor | None  # which validation images z_t refers to
-    teacher: torch.Tensor | None  # z_t (B, C)
-    upload_idx: torch.Tensor  # the validation images to upload logits on after training
+    teacher_idx: torch.Tensor | None = counts_field()  # which validation images z_t refers to (int64 indices)
+    teacher: torch.Tensor | None = values_field()  # z_t (B, C)
+    upload_idx: torch.Tensor = counts_field()  # the validation images to upload logits on after training
 
 
 @dataclass
 class FedCDUpload(Upload):
     client_id: int
-    logits: torch.Tensor  # z_j (B, C) on the payload's upload_idx
+    logits: torch.Tensor = values_field()  # z_j (B, C) on the payload's upload_idx
 
 
 def simplex_weights(z: torch.Tensor, y: torch.Tensor, tol: float = 1e-9,
@@ -212,6 +198,8 @@ class FedCD(PersonalisedAlgorithm):
         else:
             gamma, solver = uniform, {}
         teacher = torch.einsum("n,nbc->bc", gamma, z)
+        # Eq. 4's ensemble and the uniform average it is scored against stay outside the aggregation hook: einsum's
+        # reduction rounds otherwise than the hook's sum of float64 terms, and the teacher trains every client
         avg = torch.einsum("n,nbc->bc", uniform, z)
         metrics = {
             "server/teacher_ce": float(F.cross_entropy(teacher, y)),
@@ -248,7 +236,7 @@ def heldout_scores(state: FedCDServerState, uploads: list[FedCDUpload], z: torch
     gamma = torch.tensor([weight[c] for c in now], dtype=z.dtype)
     zf, yf = z[:, fresh.to(z.device)], y[fresh]
     teacher = torch.einsum("n,nbc->bc", gamma, zf)
-    avg = zf.mean(0)
+    avg = zf.mean(0)  # the same baseline as server/uniform_ce, on the same arithmetic as the teacher's
     return {"server/teacher_ce_heldout": float(F.cross_entropy(teacher, yf)),
             "server/uniform_ce_heldout": float(F.cross_entropy(avg, yf)),
             "server/teacher_acc_heldout": float((teacher.argmax(1) == yf).double().mean()),

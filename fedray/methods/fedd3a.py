@@ -41,29 +41,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (
-    Algorithm,
-    ClientContext,
-    ClientResult,
-    ClientState,
-    ModelBank,
-    Payload,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-    Weights,
-)
-from fedray.learning.distill import kd_kl, normalised_entropy, soft_targets
-from fedray.methods.feddf import require_server_data
-from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
-from fedray.learning.subspace import projection_cosine, projector, subspace_weights
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, Trained, weights_only
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.config import ExperimentConfig
-from fedray.data.federated import to_float
-from fedray.models import FedModel, build_model
-from fedray.seeding import derive_seed
+from fedray.methods.api import (Algorithm, ClientContext, ClientResult, ClientState, DistillSettings, ExperimentConfig,
+                                FedModel, IGNORE_LABEL, LocalTraining, ModelBank, Payload, PersonalModel,
+                                ServerContext, ServerState, Trained, Upload, Weights, build_model, clone_weights,
+                                counts_field, derive_seed, distil, kd_kl, model_field, normalised_entropy,
+                                projection_cosine, projector, require_server_data, run_in_batches, soft_targets,
+                                subspace_weights, teacher_logits, to_float, values_field, weights_only)
 
 WEIGHTINGS = ("soft", "onehot", "avg", "random")
 
@@ -97,15 +80,16 @@ class GlobalModel(ServerState):
 
 @dataclass
 class GlobalPayload(Payload):
-    weights: Weights
+    weights: Weights = model_field(against=None)
 
 
 @dataclass
 class FedD3AUpload(Upload):
-    weights: Weights  # the client's trained model (its own architecture when heterogeneous)
+    # the client's trained model: of its own architecture when heterogeneous, so not an update against the payload's
+    weights: Weights = model_field(against=None)
     architecture: str
-    num_samples: int
-    projector: torch.Tensor  # P_k (d, d), float32
+    num_samples: int = counts_field()
+    projector: torch.Tensor = values_field()  # P_k (d, d), float32
 
 
 def weights_for(kind: str, r: torch.Tensor, seed: int) -> torch.Tensor:
@@ -220,7 +204,7 @@ class FedD3A(Algorithm):
         probs = soft_targets(logits, p.temperature)  # (K, N, C)
         alpha = weights_for(p.weighting, r, derive_seed(ctx.seed, "fedd3a/random-weights")).to(probs.dtype)
         targets = torch.einsum("nk,knc->nc", alpha, probs)  # Eq. 7
-        start = (weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        start = (ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
                  if not self.heterogeneous else state.weights)
         fed = self.cfg.federation
         # the server's lr follows the clients' schedule (federation.lr_schedule): the same factor each round

@@ -17,14 +17,9 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import ServerContext
-from fedray.learning.distill import soft_targets
+from fedray.methods.api import (DistillSettings, ExperimentConfig, ServerContext, derive_seed, distil,
+                                require_server_data, soft_targets, teacher_logits)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
-from fedray.learning.proxy_distill import DistillSettings, distil, teacher_logits
-from fedray.learning.weights import weighted_average
-from fedray.config import ExperimentConfig
-from fedray.errors import ConfigError
-from fedray.seeding import derive_seed
 
 
 class FedDFParams(BaseModel):
@@ -39,15 +34,8 @@ class FedDFParams(BaseModel):
     eval_every: int = Field(default=50, ge=1, description="distillation steps between early-stopping checks")
 
 
-def require_server_data(name: str, cfg: ExperimentConfig) -> None:
-    if cfg.data.server_data.kind == "none":
-        raise ConfigError("data.server_data.kind", f"{name} distils on data held by the server: set "
-                          "data.server_data.kind=domain (a multi-domain dataset) or holdout")
-
-
 class FedDF(FedAvg):
     name = "feddf"
-    asynchronous = False
     synchronous_because = "it distils the ensemble of one round's uploads on the server's data"
     Params = FedDFParams
 
@@ -70,9 +58,11 @@ class FedDF(FedAvg):
     def server_update(self, state: ModelState, uploads: list[ModelUpload],
                       ctx: ServerContext) -> tuple[ModelState, dict[str, float]]:
         assert self.server_data is not None
-        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         model, x = ctx.modules.model, self.server_data.x
         logits = teacher_logits(((model, u.weights) for u in uploads), x, self.spec, self.cfg.federation.eval_batch_size)
+        # the teacher: the ensemble of the uploaded models' logits on the server's data, which the server computes; a
+        # float32 mean (the aggregation hook's float64 sum would change its bits)
         targets = soft_targets(logits.mean(0), self.params.temperature)
         weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
                                   derive_seed(ctx.seed, "feddf/distill"), ctx.cuda_graphs)

@@ -26,19 +26,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (
-    ClientContext,
-    ClientResult,
-    Payload,
-    PersonalisedAlgorithm,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-)
-from fedray.learning.distill import kl_rows, soft_targets
-from fedray.learning.training import IGNORE_LABEL, LocalTraining, row_mean
-from fedray.data.federated import to_float
+from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL, LocalTraining, Payload, PersonalModel,
+                                PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field, kl_rows,
+                                row_mean, soft_targets, to_float, values_field)
 
 
 class FedDistillParams(BaseModel):
@@ -55,14 +45,14 @@ class LabelLogits(ServerState):
 
 @dataclass
 class LabelLogitsPayload(Payload):
-    logits: torch.Tensor | None
-    present: torch.Tensor | None
+    logits: torch.Tensor | None = values_field()
+    present: torch.Tensor | None = counts_field()  # bool (C,)
 
 
 @dataclass
 class LabelLogitsUpload(Upload):
-    logits: torch.Tensor  # (C, C) this client's per-label mean logits (zero rows for absent labels)
-    counts: torch.Tensor  # (C,) int64 samples per label
+    logits: torch.Tensor = values_field()  # (C, C) this client's per-label mean logits (zero rows for absent labels)
+    counts: torch.Tensor = counts_field()  # (C,) int64 samples per label
 
 
 def label_means(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,8 +108,10 @@ class FedDistill(PersonalisedAlgorithm):
                       ctx: ServerContext) -> tuple[LabelLogits, dict[str, float]]:
         held = torch.stack([u.counts > 0 for u in uploads]).to(torch.float64)  # (n, C)
         rows = torch.stack([u.logits for u in uploads]).to(torch.float64)  # (n, C, C)
-        holders = held.sum(0)
-        table = (held.unsqueeze(2) * rows).sum(0) / holders.clamp_min(1).unsqueeze(1)
-        present = holders > 0
+        present = held.sum(0) > 0
+        # row c: the mean over the clients holding label c (weight 1; 0 for the others, whose row c is zeros)
+        table = torch.zeros(rows.shape[1:], dtype=torch.float64)
+        for c in present.nonzero().flatten().tolist():
+            table[c] = ctx.aggregation.mean(list(rows[:, c]), held[:, c].tolist())
         return LabelLogits(logits=table.float(), present=present), {
             "server/labels_present": float(present.sum())}

@@ -45,18 +45,10 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from torch.func import functional_call
 
-from fedray.config import ExperimentConfig
-from fedray.learning import optim
-from fedray.learning.data_free import check_generator_batch, diversity_loss, label_shares
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.methods.api import ClientContext, ServerContext, Weights
-from fedray.methods.fedavg import FedAvg, ModelState
-from fedray.methods.fedgen import LabelCountUpload, counted_upload
-from fedray.methods.fedprox import FedProx
-from fedray.models import build_model
-from fedray.models.base import frozen_bn_stats
-from fedray.models.conditional import ImageGenerator
-from fedray.seeding import derive_seed
+from fedray.methods.api import (ClientContext, ExperimentConfig, ImageGenerator, ServerContext, Weights, build_model,
+                                check_generator_batch, clone_weights, derive_seed, diversity_loss, frozen_bn_stats,
+                                label_shares, optim)
+from fedray.methods.fedavg import FedAvg, LabelCountUpload, ModelState, counted_upload, proximal_term, received_weights
 
 
 class FedFTGParams(BaseModel):
@@ -107,7 +99,6 @@ def proportional_labels(totals: torch.Tensor, n: int, rng: torch.Generator) -> t
 
 class FedFTG(FedAvg):
     name = "fedftg"
-    asynchronous = False
     synchronous_because = "it fine-tunes against one round's uploads as teachers"
     Params = FedFTGParams
 
@@ -130,13 +121,13 @@ class FedFTG(FedAvg):
 
     # --- client: the base method's local training, the label counts with the upload --------------------------
     def make_anchor(self, model, modules=None, payload=None):
-        return FedProx.make_anchor(self, model, modules, payload) if self.params.base == "fedprox" else None
+        return received_weights(model) if self.params.base == "fedprox" else None
 
     local_loss_paddable = True  # FedAvg's CE, plus FedProx's proximal term (weights only)
 
     def local_loss(self, model, x, y, anchor):
         if self.params.base == "fedprox":
-            return FedProx.local_loss(self, model, x, y, anchor)
+            return F.cross_entropy(model(x), y) + 0.5 * self.params.mu * proximal_term(model, anchor)
         return super().local_loss(model, x, y, anchor)
 
     def make_upload(self, ctx: ClientContext, weights: Weights) -> LabelCountUpload:
@@ -152,7 +143,7 @@ class FedFTG(FedAvg):
 
     def server_update(self, state: FedFTGState, uploads: list[LabelCountUpload],
                       ctx: ServerContext) -> tuple[FedFTGState, dict[str, float]]:
-        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         kept = average if self.params.eval_average else None
         if self.params.iterations == 0:
             return dataclasses.replace(state, weights=average, average=kept), {}
@@ -172,6 +163,8 @@ class FedFTG(FedAvg):
         shares = label_shares(counts)[0].to(dev)  # (K, C): alpha_k^y
         batch = p.batch_size or self.cfg.federation.batch_size
         rng = torch.Generator().manual_seed(derive_seed(ctx.seed, "fedftg/generator") % (1 << 63))
+        # the round's exact class totals, not through the aggregation hook: a float mean's rounding would move the
+        # cumulative floor of proportional_labels where it lands on an integer
         labels_all = proportional_labels(counts.sum(0), p.iterations * batch, rng)
         gen_params = list(gen.parameters())
         opt_g = optim.Adam(gen_params, lr=p.gen_lr * decay)

@@ -46,19 +46,12 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.config import ExperimentConfig
-from fedray.learning import optim
-from fedray.learning.data_free import check_generator_batch, diversity_loss, label_counts, label_shares
-from fedray.learning.distill import kl_rows
-from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained, Update,
-                                       make_optimizer, module_dict, row_mean, split_loss, weights_only)
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.methods.api import ClientContext, ClientResult, ServerContext, Weights
-from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload
-from fedray.models import build_model
-from fedray.models.base import batch_rows
-from fedray.models.conditional import FeatureGenerator
-from fedray.seeding import derive_seed
+from fedray.methods.api import (ClientContext, ClientResult, ExperimentConfig, FeatureGenerator, IGNORE_LABEL,
+                                LocalTraining, OptimSpec, ServerContext, StepwiseTraining, Trained, Update, Weights,
+                                batch_rows, build_model, check_generator_batch, clone_weights, counts_field,
+                                derive_seed, diversity_loss, kl_rows, label_counts, label_shares, make_optimizer,
+                                model_field, module_dict, optim, row_mean, split_loss, weights_only)
+from fedray.methods.fedavg import FedAvg, LabelCountUpload, ModelPayload, ModelState, counted_upload
 
 
 class FedGenParams(BaseModel):
@@ -96,22 +89,8 @@ class FedGenState(ModelState):
 
 @dataclass
 class FedGenPayload(ModelPayload):
-    generator: Weights | None = None  # None before start_round: not sent
-    labels_seen: torch.Tensor | None = None
-
-
-@dataclass
-class LabelCountUpload(ModelUpload):
-    """FedAvg's upload plus the client's label counts (FedGen's and FedFTG's label weights need them)."""
-
-    label_counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))  # (C,) int64
-
-
-def counted_upload(ctx: ClientContext, weights: Weights, num_classes: int,
-                   of_batches: bool = False) -> LabelCountUpload:
-    """The upload with the client's label counts: of its data, or (``of_batches``) of the round's batches."""
-    y = ctx.y.cpu()[torch.cat(ctx.batch_plan().index)] if of_batches else ctx.y
-    return LabelCountUpload(weights=weights, num_samples=ctx.num_samples, label_counts=label_counts(y, num_classes))
+    generator: Weights | None = model_field(against=None, default=None)  # None before start_round: not sent
+    labels_seen: torch.Tensor | None = counts_field(default=None)  # bool (C,): which labels some client holds
 
 
 @dataclass
@@ -122,7 +101,6 @@ class FedGenModules:
 
 class FedGen(FedAvg):
     name = "fedgen"
-    asynchronous = False
     synchronous_because = "its generator learns from one round's heads together"
     Params = FedGenParams
 
@@ -250,9 +228,9 @@ class FedGen(FedAvg):
     # --- server -----------------------------------------------------------------------------------------------
     def server_update(self, state: FedGenState, uploads: list[LabelCountUpload],
                       ctx: ServerContext) -> tuple[FedGenState, dict[str, float]]:
-        average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
         counts = torch.stack([u.label_counts for u in uploads])
-        seen = state.labels_seen | (counts.sum(0) > 0)
+        seen = state.labels_seen | (counts.sum(0) > 0)  # a union of the labels held, not a mean: no aggregation rule
         new = dataclasses.replace(state, weights=average, labels_seen=seen)
         metrics: dict[str, float] = {}
         if self.params.gen_steps > 0:

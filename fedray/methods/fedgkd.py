@@ -25,13 +25,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.methods.api import Payload, ServerContext, Weights
-from fedray.learning.cached import CacheParams
-from fedray.learning.distill import kd_kl
+from fedray.methods.api import (CacheParams, IGNORE_LABEL, Payload, ServerContext, Weights, build_model, kd_kl,
+                                model_field, weighted_average)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
-from fedray.learning.training import IGNORE_LABEL
-from fedray.learning.weights import weighted_average
-from fedray.models import build_model
 
 
 class FedGKDParams(CacheParams):
@@ -50,8 +46,8 @@ class GKDState(ModelState):
 
 @dataclass
 class GKDPayload(Payload):
-    weights: Weights  # the global model, the student's start
-    teacher: Weights | None  # mean of the buffered models; None = no distillation this round
+    weights: Weights = model_field(against=None)  # the global model, the student's start
+    teacher: Weights | None = model_field(against=None)  # mean of the buffered models; None = no distillation
 
 
 @dataclass
@@ -63,6 +59,10 @@ class GKDModules:
 class FedGKD(FedAvg):
     name = "fedgkd"
     Params = FedGKDParams
+    # FedAvg's rebase: its uploads are weights trained from the payload's; asynchronously, the buffer holds the models
+    # of the last M server steps
+    asynchronous = True
+    keeps_cache = True
 
     def build_modules(self) -> GKDModules:
         shape, classes = self.spec.input_shape, self.spec.num_classes

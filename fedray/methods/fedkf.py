@@ -54,20 +54,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.learning import optim
-from fedray.methods.api import ClientContext, ClientResult, ClientState, Payload, Weights
-from fedray.learning.cached import CacheParams
-from fedray.learning.distill import kd_kl
+from fedray.methods.api import (CacheParams, ClientContext, ClientResult, ClientState, DAFLGenerator, IGNORE_LABEL,
+                                LocalTraining, OptimSpec, Payload, StepwiseTraining, Trained, Update, Weights,
+                                batch_rows, build_model, clone_weights, derive_seed, frozen_bn_stats, is_weights_only,
+                                kd_kl, make_optimizer, model_field, module_dict, optim, to_device, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload
-from fedray.learning.training import (IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained, Update,
-                                       is_weights_only,
-                                       make_optimizer, module_dict, weights_only)
-from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_device
-from fedray.models import build_model
-from fedray.models.base import batch_rows, frozen_bn_stats
-from fedray.models.dafl import DAFLGenerator
-from fedray.seeding import derive_seed
 
 
 class FedKFParams(CacheParams):
@@ -100,8 +91,9 @@ class FedKFParams(CacheParams):
 class FedKFPayload(Payload):
     """What each active client receives: the ACA model, and the OCA model as teacher in variant fedkf."""
 
-    weights: Weights  # w^{t-1}, the student's start (ACA)
-    teacher: Weights | None = None  # w_hat^{t-1} (OCA); None: the student start is the teacher (fedkf-, warmup)
+    weights: Weights = model_field(against=None)  # w^{t-1}, the student's start (ACA)
+    # w_hat^{t-1} (OCA); None: the student start is the teacher (fedkf-, warmup)
+    teacher: Weights | None = model_field(against=None, default=None)
 
 
 @dataclass
@@ -144,7 +136,7 @@ def generator_losses(logits: torch.Tensor, features: torch.Tensor,
 
 class FedKF(FedAvg):
     name = "fedkf"
-    asynchronous = False
+    keeps_cache = True
     synchronous_because = "its cache and teacher are built from one round's cohort"
     Params = FedKFParams
 

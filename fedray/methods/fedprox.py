@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedray.learning.cached import CacheParams
-from fedray.methods.fedavg import FedAvg
+from fedray.methods.api import CacheParams
+from fedray.methods.fedavg import FedAvg, proximal_term, received_weights
 
 
 class FedProxParams(CacheParams):
@@ -21,12 +21,13 @@ class FedProxParams(CacheParams):
 class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
+    asynchronous = True  # FedAvg's rebase: its uploads are weights, its proximal anchor the payload it was sent
+    keeps_cache = True
 
     def make_anchor(self, model: torch.nn.Module, modules=None, payload=None) -> list[torch.Tensor]:
-        return [p.detach().clone() for p in model.parameters()]
+        return received_weights(model)
 
     local_loss_paddable = True  # the proximal term reads the weights, not the batch
 
     def local_loss(self, model, x, y, anchor: list[torch.Tensor]) -> torch.Tensor:
-        prox = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
-        return F.cross_entropy(model(x), y) + 0.5 * self.params.mu * prox
+        return F.cross_entropy(model(x), y) + 0.5 * self.params.mu * proximal_term(model, anchor)

@@ -17,17 +17,8 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
-from fedray.methods.api import (
-    ClientContext,
-    ClientResult,
-    Payload,
-    PersonalisedAlgorithm,
-    PersonalModel,
-    ServerContext,
-    ServerState,
-    Upload,
-)
-from fedray.learning.training import LocalTraining, weights_only
+from fedray.methods.api import (ClientContext, ClientResult, LocalTraining, Payload, PersonalModel,
+                                PersonalisedAlgorithm, ServerContext, ServerState, Upload, weights_only)
 
 
 @dataclass

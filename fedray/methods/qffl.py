@@ -26,11 +26,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import ClientContext, ClientResult, ClientState, ServerContext, Upload, Weights
+from fedray.methods.api import (ClientContext, ClientResult, ClientState, LocalTraining, ServerContext, Trained,
+                                Upload, Weights, clone_weights, to_float, values_field, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState
-from fedray.learning.training import LocalTraining, Trained, weights_only
-from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_float
 
 EPS = 1e-10  # the reference code's offset of F_k
 
@@ -42,8 +40,8 @@ class QFFLParams(BaseModel):
 
 @dataclass
 class QFFLUpload(Upload):
-    delta: Weights  # Delta_k, floating-point entries of the model only
-    h: float  # h_k
+    delta: Weights = values_field()  # Delta_k, a step already (floating-point entries of the model only)
+    h: float = values_field()  # h_k
 
 
 def qffl_terms(w: Weights, w_k: Weights, loss: float, q: float, lr: float) -> tuple[Weights, float]:
@@ -63,7 +61,10 @@ def qffl_terms(w: Weights, w_k: Weights, loss: float, q: float, lr: float) -> tu
 
 
 def qffl_step(w: Weights, uploads: list[QFFLUpload]) -> Weights:
-    """w - sum_k Delta_k / sum_k h_k, accumulated in client-id order in float64; integer buffers kept."""
+    """w - sum_k Delta_k / sum_k h_k, accumulated in client-id order in float64; integer buffers kept.
+
+    A ratio of two sums, not a mean of the uploads: it does not go through the aggregation hook (as
+    mean(Delta) / mean(h) it would round each mean to the weights' dtype before the division)."""
     hsum = sum(u.h for u in uploads)
     out: Weights = {}
     for key, ref in w.items():
@@ -80,6 +81,7 @@ def qffl_step(w: Weights, uploads: list[QFFLUpload]) -> Weights:
 class QFFL(FedAvg):
     name = "qffl"
     Params = QFFLParams
+    asynchronous = True  # its own rebase: Delta_k is a step, applied to the current model
 
     def rebase(self, upload: QFFLUpload, sent: ModelPayload, current: ModelState, weight: float) -> QFFLUpload:
         """Async: Delta_k was taken from the model the client received; the server step applies it, weighted, to the

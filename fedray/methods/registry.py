@@ -12,7 +12,7 @@ from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.load import load_config
 from fedray.errors import ConfigError
-from fedray.methods.api import Algorithm, ClientContext, ClientResult, DataSpec, ServerContext
+from fedray.methods.api import Algorithm, CacheParams, ClientContext, ClientResult, DataSpec, ServerContext
 from fedray.models import MODEL_NAMES
 
 
@@ -110,17 +110,14 @@ class Experiment:
 
 def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
     """What ``fedray.config`` cannot check without the registries: the algorithm's name and parameters, the
-    model names, and that a method which averages parameters gets one architecture; raises :class:`ConfigError`
-    naming the key. An :class:`Experiment` is returned as it is (resolved already)."""
+    method's declarations against the config (the one place that says which modes a method supports), its own
+    ``check_config``, the model names, and that a method which averages parameters gets one architecture; raises
+    :class:`ConfigError` naming the key. An :class:`Experiment` is returned as it is (resolved already)."""
     if isinstance(cfg, Experiment):
         return cfg
     method = get_algorithm(cfg.algorithm.name)
     params = method.parse_params(cfg.algorithm.params())
-    if cfg.federation.mode == "async" and not method.asynchronous:
-        able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.asynchronous and c.__module__.startswith(
-            "fedray."))
-        raise ConfigError("federation.mode", f"'{method.name}' cannot run async: its server step needs one "
-                          f"synchronous cohort ({method.synchronous_because}); methods that can: {able}")
+    check_declarations(method, params, cfg)
     method.check_config(cfg, params)
     if cfg.model.name not in MODEL_NAMES:
         raise ConfigError("model.name", f"unknown model {cfg.model.name!r}; allowed: {', '.join(MODEL_NAMES)}")
@@ -141,6 +138,24 @@ def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
 
         initial_weights(cfg.model.init, cfg.model.name, *input_spec(cfg.data))
     return Experiment(cfg, method, params)
+
+
+def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "ExperimentConfig") -> None:
+    """The rules of a method's declarations (:class:`Algorithm`'s ``asynchronous``, ``keeps_cache``) against the
+    run's config: the one place where the modes a method supports are checked."""
+    if cfg.federation.mode == "async" and not method.asynchronous:
+        able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.asynchronous and c.__module__.startswith(
+            "fedray."))
+        raise ConfigError("federation.mode", f"'{method.name}' cannot run async: its server step needs one "
+                          f"synchronous cohort ({method.synchronous_because}); methods that can: {able}")
+    if method.keeps_cache:
+        if cfg.federation.mode == "async" and params.report_model == "oca":
+            raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
+                              "federation.mode=async use report_model=aca")
+    elif isinstance(params, CacheParams) and (params.report_model, params.cache_init) != (None, None):
+        key = "algorithm.report_model" if params.report_model is not None else "algorithm.cache_init"
+        raise ConfigError(key, f"'{method.name}' keeps no cache (its class does not declare keeps_cache = True), "
+                          "so this key would change nothing; drop it")
 
 
 def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ClientState, ConfigError, LocalTraining, ServerContext,
-                               Trained, Weights, clone_weights, weighted_average, weights_only)
+                                Trained, Weights, clone_weights, model_field, values_field, weights_only)
 from fedray.methods.fedavg import FedAvg, ModelPayload, ModelState, ModelUpload, Modules
 
 
@@ -41,12 +41,12 @@ class ScaffoldState(ModelState):
 
 @dataclass
 class ScaffoldPayload(ModelPayload):
-    control: Weights  # c
+    control: Weights = model_field(against=None)  # c
 
 
 @dataclass
 class ScaffoldUpload(ModelUpload):
-    control_delta: Weights  # Delta c_i = c_i+ - c_i
+    control_delta: Weights = values_field()  # Delta c_i = c_i+ - c_i: a change already, sent as it is
 
 
 @dataclass
@@ -56,7 +56,6 @@ class ScaffoldClientState(ClientState):
 
 class Scaffold(FedAvg):
     name = "scaffold"
-    asynchronous = False
     synchronous_because = "its server control variate averages one round's corrections"
     Params = ScaffoldParams
 
@@ -100,11 +99,11 @@ class Scaffold(FedAvg):
 
     def server_update(self, state: ScaffoldState, uploads: list[ScaffoldUpload],
                       ctx: ServerContext) -> tuple[ScaffoldState, dict[str, float]]:
-        mean = weighted_average([u.weights for u in uploads], [1.0] * len(uploads))
+        mean = ctx.aggregation.mean([u.weights for u in uploads], [1.0] * len(uploads))
         eta = self.params.server_lr
         weights = {k: state.weights[k] + eta * (v - state.weights[k]) if v.is_floating_point() else v
                    for k, v in mean.items()}  # line 16
-        delta = weighted_average([u.control_delta for u in uploads], [1.0] * len(uploads))
+        delta = ctx.aggregation.mean([u.control_delta for u in uploads], [1.0] * len(uploads))
         share = len(uploads) / self.spec.num_clients  # |S| / N, line 17
         control = {k: state.control[k] + share * delta[k] for k in state.control}
         norm = float(torch.sqrt(sum((v.double() ** 2).sum() for v in control.values())))

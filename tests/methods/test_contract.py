@@ -13,7 +13,7 @@ from fedray.methods.fedavg import FedAvg
 from fedray.methods.fedprox import FedProx
 from fedray.methods.registry import get_algorithm
 from fedray.simulation import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import built_in_methods, tiny_config
 
 
 def test_a_local_loss_override_must_declare_whether_it_is_paddable():
@@ -137,3 +137,52 @@ def test_a_methods_parameters_are_checked_naming_the_field_and_the_fix():
     with pytest.raises(ConfigError) as err:
         FedProx.parse_params({"mu": -1})
     assert err.value.key == "algorithm.mu" and "greater than or equal to 0" in err.value.message
+
+
+def test_asynchronous_support_and_the_cache_hold_only_where_a_class_declares_them():
+    """A subclass of FedAvg (FedNova, say: normalised updates, which FedAvg's rebase would get wrong) runs
+    synchronously until its own body says otherwise, and keeps no cache unless it declares one."""
+    from fedray.methods.api import CacheParams
+    from fedray.methods.registry import check_declarations
+
+    class Nova(FedAvg):
+        name = "nova"
+
+    assert (Nova.asynchronous, Nova.keeps_cache) == (False, False)
+    with pytest.raises(ConfigError) as err:
+        check_declarations(Nova, Nova.parse_params({}), tiny_config(federation__mode="async",
+                                                                    system__devices="uniform"))
+    assert err.value.key == "federation.mode" and "'nova' cannot run async" in err.value.message
+    assert "methods that can: fedavg, fedgkd, fedprox, qffl" in err.value.message
+    with pytest.raises(ConfigError) as err:  # its parameters take report_model, but it keeps no cache
+        check_declarations(Nova, Nova.parse_params({"report_model": "oca"}), tiny_config())
+    assert err.value.key == "algorithm.report_model" and "keeps no cache" in err.value.message
+
+    with pytest.raises(TypeError, match="no rebase"):
+        class Claims(get_algorithm("dafkd")):  # noqa: F841 - defining it is the test
+            asynchronous = True
+    with pytest.raises(TypeError, match="CacheParams"):
+        class Cached(get_algorithm("scaffold")):  # noqa: F841 - its Params take no cache keys
+            keeps_cache = True
+
+    class Both(FedAvg):
+        asynchronous = True
+        keeps_cache = True
+
+    assert (Both.asynchronous, Both.keeps_cache) == (True, True) and issubclass(Both.Params, CacheParams)
+
+
+def test_the_methods_that_run_async_declare_it_in_their_own_class():
+    built_in = built_in_methods()
+    able = {name for name in built_in if ALGORITHMS[name].asynchronous}
+    assert able == {"fedavg", "fedprox", "fedgkd", "qffl"}
+    assert all("asynchronous" in vars(ALGORITHMS[name]) for name in able)
+    assert {name for name in built_in if ALGORITHMS[name].keeps_cache} == {"fedavg", "fedprox", "fedgkd", "fedkf"}
+
+
+def test_the_cache_with_async_is_refused_in_the_one_place_modes_are_checked():
+    with pytest.raises(ConfigError) as err:
+        resolve_experiment(tiny_config(algorithm__name="fedgkd", algorithm__report_model="oca",
+                                       federation__mode="async", system__devices="uniform"))
+    assert err.value.key == "algorithm.report_model" and "report_model=aca" in err.value.message
+    assert not hasattr(FedAvg, "check_config") or FedAvg.check_config.__func__ is Algorithm.check_config.__func__

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fedray.methods import DataSpec, ServerContext, get_algorithm
+from fedray.learning.aggregation import WeightedMean
 from fedray.learning.cached import init_cache, update_cache
 from fedray.methods.fedavg import CachedUpload, FedAvg, ModelState, Modules
 from fedray.methods.fedkf import FedKF, FedKFPayload, GeneratorState, generator_losses
@@ -93,7 +94,7 @@ def test_cache_memory_is_one_slot_per_client_and_survives_a_checkpoint(tmp_path)
     for r in range(20):  # many rounds, 2 of 5 clients each: slots stay <= 5
         ids = sorted({r % 5, (3 * r + 1) % 5})
         cache = update_cache(cache, ids, [{"weight": torch.full((3, 2), float(r)), "bias": torch.ones(3)} for _ in ids],
-                             [10 + c for c in ids])
+                             [10 + c for c in ids], WeightedMean())
         assert len(cache.slots) <= 5
     state = ModelState(weights=cache.oca, cache=cache)
     torch.save(checkpoint.encode(state), tmp_path / "s.pt")

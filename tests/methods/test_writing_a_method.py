@@ -34,3 +34,16 @@ def test_the_files_a_new_method_touches_are_the_ones_listed():
     for path in ("fedray/methods/registry.py", "tests/conftest.py", "METHOD_CASES", "README", "docs/methods.md",
                  "docs/configuration.md", "fedray.methods.api"):
         assert path in text
+
+
+def test_every_declaration_and_hook_of_the_contract_is_on_the_page():
+    """Every public name of Algorithm, PersonalisedAlgorithm and FedAvg (the local-SGD family's hooks) is given in
+    backticks on docs/writing-a-method.md: nothing a method may declare or override is undocumented."""
+    from fedray.methods.api import Algorithm, PersonalisedAlgorithm
+    from fedray.methods.fedavg import FedAvg
+
+    ticked = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(re.findall(r"`([^`\n]+)`", DOC.read_text()))))
+    instance = {"cfg", "spec", "params", "server_data", "client_label_counts"}  # set by Algorithm.__init__
+    missing = {cls.__name__: sorted(n for n in {*dir(cls), *instance} if not n.startswith("_") and n not in ticked)
+               for cls in (Algorithm, PersonalisedAlgorithm, FedAvg)}
+    assert not any(missing.values()), f"not on docs/writing-a-method.md: {missing}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedray.errors import ConfigError
-from fedray.methods import resolve_experiment
+from fedray.methods import ServerContext, resolve_experiment
 from fedray.methods.fedavg import ModelPayload, ModelState, ModelUpload
 from fedray.simulation import run_experiment
 from fedray.system import SystemClock, SystemConfig
@@ -117,7 +117,7 @@ def test_the_fedbuff_step_by_hand():
     stale = [algo.rebase(a, ModelPayload(weights=sent), state, 1.0), algo.rebase(b, ModelPayload(weights=sent),
                                                                               state, staleness_weight("polynomial", 3))]
     assert stale[0].weights["w"].tolist() == [4.0, 0.0] and stale[1].weights["w"].tolist() == [2.0, 2.0]
-    new, _ = algo.server_update(state, stale, None)
+    new, _ = algo.server_update(state, stale, ServerContext(1, 0, torch.device("cpu"), None))
     assert new.weights["w"].tolist() == pytest.approx([(4 + 3 * 2) / 4, (0 + 3 * 2) / 4])
     assert new.weights["n"].item() == 5  # integer buffers: the clients'
 

@@ -18,14 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedray.learning import optim
-from fedray.learning.boundary import ClientContext, ClientResult
-from fedray.learning.data_free import label_counts
-from fedray.learning.training import (IGNORE_LABEL, OptimSpec, StepwiseTraining, Trained, Update, module_dict,
-                                       weights_only)
-from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_device, to_float
-from fedray.models.base import batch_rows, frozen_bn_stats
+from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL, OptimSpec, StepwiseTraining, Trained,
+                                Update, batch_rows, clone_weights, frozen_bn_stats, label_counts, module_dict, optim,
+                                to_device, to_float, weights_only)
 
 from fedray.methods.dafkd.losses import disc_loss, draw_labels, fake_count, gen_loss, gradient_penalty
 from fedray.methods.dafkd.types import DaFKDClientState, DaFKDMethod, DaFKDModules, DaFKDPayload, DaFKDUpload

@@ -11,10 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fedray.data.federated import to_device
-from fedray.learning.training import row_mean
+from fedray.methods.api import batch_rows, frozen_bn_stats, row_mean, to_device
 from fedray.methods.dafkd.types import DaFKDModules, DaFKDParams
-from fedray.models.base import batch_rows, frozen_bn_stats
 
 
 def disc_logits(p: DaFKDParams, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor | None = None) -> torch.Tensor:

@@ -62,22 +62,15 @@ import dataclasses
 import torch
 from torch import nn
 
-from fedray.methods.api import (Algorithm, ClientContext, ClientResult, DiagnosticProbe, ServerContext, Weights,
-                               batch_plan_rows)
+from fedray.methods.api import (Algorithm, ClientContext, ClientResult, ConditionalGenerator, ConfigError,
+                                DCGANGenerator, DiagnosticProbe, ServerContext, StepwiseTraining, Weights,
+                                batch_plan_rows, build_model, clone_weights, derive_seed, require_server_data,
+                                separate_discriminator, soft_targets, to_float)
 from fedray.methods.dafkd.server import probe_diagnostics, server_round
 from fedray.methods.dafkd.types import (DaFKDClientState, DaFKDModules, DaFKDParams, DaFKDPayload, DaFKDServerState,
                                         DaFKDUpload)
-from fedray.learning.distill import soft_targets
 from fedray.methods.dafkd.client import adversarial_steps, batched_local_step, sequential_update
 from fedray.methods.dafkd.losses import disc_logits
-from fedray.learning.training import StepwiseTraining
-from fedray.learning.weights import clone_weights
-from fedray.data.federated import to_float
-from fedray.errors import ConfigError
-from fedray.methods.feddf import require_server_data
-from fedray.models import build_model
-from fedray.models.dcgan import ConditionalGenerator, DCGANGenerator, separate_discriminator
-from fedray.seeding import derive_seed
 
 
 class DaFKD(Algorithm):

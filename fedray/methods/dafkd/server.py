@@ -10,16 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedray.learning import optim
-from fedray.learning.boundary import ServerContext
-from fedray.learning.weights import Weights
-from fedray.learning.distill import KDSteps, normalised_entropy, soft_targets
-from fedray.learning.data_free import label_shares
-from fedray.learning.ensemble import stacked_outputs
-from fedray.learning.weights import clone_weights, weighted_average
-from fedray.seeding import derive_seed
+from fedray.methods.api import (DiagnosticProbe, KDSteps, ServerContext, Weights, clone_weights, derive_seed,
+                                label_shares, normalised_entropy, optim, soft_targets, stacked_outputs)
 
-from fedray.learning.boundary import DiagnosticProbe
 from fedray.methods.dafkd.types import DaFKDMethod, DaFKDModules, DaFKDServerState, DaFKDUpload
 
 
@@ -121,6 +114,8 @@ def ensemble_teacher(algo: DaFKDMethod, uploads: list["DaFKDUpload"], x: torch.T
     the samples' classes ``y``), or uniform (:attr:`DaFKD.weighting`)."""
     p = algo.params
     if p.private_discriminator:  # Appendix B: sum_k (f_k + eps) s_k / sum_k (f_k + eps)
+        # Appendix B's secure-aggregation sums (sum_k f_k s_k, sum_k f_k), a ratio of sums in float32, outside the
+        # aggregation hook as the main variant's per-sample Eq. 7 ensemble is
         num = torch.stack([u.weighted_outputs.to(ctx.device) for u in uploads]).sum(0)
         if p.correlation:
             w = torch.stack([u.output_weights.to(ctx.device) for u in uploads])  # (K, N), f_k + eps
@@ -189,10 +184,10 @@ def server_round(algo: DaFKDMethod, state: "DaFKDServerState", uploads: list["Da
                  ctx: ServerContext) -> tuple["DaFKDServerState", dict[str, float]]:
     p = algo.params
     coefs = [1.0] * len(uploads) if p.aggregation == "uniform" else [float(u.num_samples) for u in uploads]
-    average = weighted_average([u.weights for u in uploads], coefs)  # Eq. 6
-    generator = weighted_average([u.generator for u in uploads], coefs)  # Eq. 4
+    average = ctx.aggregation.mean([u.weights for u in uploads], coefs)  # Eq. 6
+    generator = ctx.aggregation.mean([u.generator for u in uploads], coefs)  # Eq. 4
     # disc_head=averaged: one head for every client, averaged (the authors' code passes one from client to client)
-    head = weighted_average([u.disc for u in uploads], coefs) if p.disc_head == "averaged" else None
+    head = ctx.aggregation.mean([u.disc for u in uploads], coefs) if p.disc_head == "averaged" else None
     weights, metrics = average, {}
     if ctx.round >= p.distill_start_round:
         # the set comes from the generator broadcast this round (the clients' theta^g_t), not the new average

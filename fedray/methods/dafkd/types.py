@@ -10,9 +10,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from fedray.learning.boundary import ClientState, DataSpec, Payload, ServerState, Upload
-from fedray.learning.weights import Weights
-from fedray.models import FedModel
+from fedray.methods.api import (ClientState, DataSpec, FedModel, Payload, ServerState, Upload, Weights, counts_field,
+                                model_field, values_field)
 
 
 class DaFKDParams(BaseModel):
@@ -97,21 +96,25 @@ class DaFKDServerState(ServerState):
 
 @dataclass
 class DaFKDPayload(Payload):
-    weights: Weights
-    generator: Weights
+    weights: Weights = model_field(against=None)
+    generator: Weights = model_field(against=None)
     distill_seed: int | None = None  # only the private variant needs (and is sent) the shared noise seed
-    disc: Weights | None = None  # disc_head=averaged: the head every client starts from
+    disc: Weights | None = model_field(against=None, default=None)  # disc_head=averaged: every client's start
 
 
 @dataclass
 class DaFKDUpload(Upload):
-    weights: Weights  # w_t^k
-    generator: Weights  # theta^g_k
-    num_samples: int
-    disc: Weights | None = None  # main variant with correlation: theta^d_k (the head only with sharing)
-    weighted_outputs: torch.Tensor | None = None  # private: (f_k + eps) * s_k on the distillation set (N, C)
-    output_weights: torch.Tensor | None = None  # private with correlation: f_k + eps (N,)
-    label_counts: torch.Tensor | None = None  # alpha_source=label_share: the client's label counts (C,) int64
+    weights: Weights = model_field(against="weights")  # w_t^k
+    generator: Weights = model_field(against="generator")  # theta^g_k
+    num_samples: int = counts_field()
+    # main variant with correlation: theta^d_k (the head only with sharing), trained from the payload's head with
+    # disc_head=averaged; the client's own (the payload's is None) otherwise
+    disc: Weights | None = model_field(against="disc", default=None)
+    # private: (f_k + eps) * s_k on the distillation set (N, C)
+    weighted_outputs: torch.Tensor | None = values_field(default=None)
+    output_weights: torch.Tensor | None = values_field(default=None)  # private with correlation: f_k + eps (N,)
+    # alpha_source=label_share: the client's label counts (C,) int64
+    label_counts: torch.Tensor | None = counts_field(default=None)
     client_id: int | None = None  # alpha_source=theorem1: whose upload (the server holds every client's counts)
 
 
