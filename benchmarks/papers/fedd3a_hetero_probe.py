@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     lines += ["| round | client | architecture | train/loss | acc on server domain | mean top prob | top class share |",
               "|---:|---:|---|---:|---:|---:|---:|"]
     for rnd in range(1, args.rounds + 1):
-        payload, _ = server.broadcast(rnd)
+        payload, _ = server.payload(rnd - 1)
         uploads, losses = [], []
         for c in clients:
-            up, states[c], info = worker.train(rnd, c, payload, states.get(c))
+            up, states[c], info, _ = worker.train(rnd, c, payload, states.get(c))
             uploads.append(up)
             losses.append(info["train/loss"])
         probs = teacher_logits(((server.modules.bank.get(u.architecture), u.weights) for u in uploads), x, algo.spec,

@@ -74,10 +74,10 @@ def round1_uploads(preset: str, steps: int, vectorize: bool, overrides: list[str
                                "tracking.enabled=false"])
     cids = sample_clients(cfg.seed, 1, data.num_clients, cfg.federation.clients_per_round)
     with make_runtime(cfg, data) as rt:
-        payload, _ = rt.server.broadcast(1)
+        payload, _ = rt.server.payload(0)
         if rel:
             payload = perturbed(payload, rel, torch.Generator().manual_seed(0))
-        return cids, [u for u, _, _ in rt.worker.train_many(1, cids, payload, [None] * len(cids))]
+        return cids, [u for u, _, _, _ in rt.worker.train_many(1, cids, payload, [None] * len(cids))]
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from fedray.channel.channel import Channel, build_channel
+from fedray.system.protocol import schedule_class
 from fedray.config import ExperimentConfig
 from fedray.load import load_config
 from fedray.errors import ConfigError
@@ -143,15 +144,17 @@ def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
 def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "ExperimentConfig") -> None:
     """The rules of a method's declarations (:class:`Algorithm`'s ``asynchronous``, ``keeps_cache``) against the
     run's config: the one place where the modes a method supports are checked."""
-    if cfg.federation.mode == "async" and not method.asynchronous:
+    mode = cfg.federation.mode
+    stale = schedule_class(mode).stale  # the schedule steps over uploads trained from older models
+    if stale and not method.asynchronous:
         able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.asynchronous and c.__module__.startswith(
             "fedray."))
-        raise ConfigError("federation.mode", f"'{method.name}' cannot run async: its server step needs one "
+        raise ConfigError("federation.mode", f"'{method.name}' cannot run {mode}: its server step needs one "
                           f"synchronous cohort ({method.synchronous_because}); methods that can: {able}")
     if method.keeps_cache:
-        if cfg.federation.mode == "async" and params.report_model == "oca":
+        if stale and params.report_model == "oca":
             raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
-                              "federation.mode=async use report_model=aca")
+                              f"federation.mode={mode} use report_model=aca")
     elif isinstance(params, CacheParams) and (params.report_model, params.cache_init) != (None, None):
         key = "algorithm.report_model" if params.report_model is not None else "algorithm.cache_init"
         raise ConfigError(key, f"'{method.name}' keeps no cache (its class does not declare keeps_cache = True), "

@@ -65,7 +65,7 @@ def client_step(round_: int = 1, **overrides) -> Iterator[Step]:
     with make_runtime(cfg, data) as rt:
         for r in range(1, round_):
             rt.run_round(r, sample_clients(cfg.seed, r, n, k))
-        payload, _ = rt.server.broadcast(round_)
+        payload, _ = rt.server.payload(round_ - 1)
         cid = sample_clients(cfg.seed, round_, n, k)[0]
         state = rt.client_states.get(cid)
         ctx, state = rt.worker._context(round_, cid, state)

@@ -112,7 +112,7 @@ def tiny_runtime():
     cfg = resolve_experiment(tiny_config()).cfg
     with make_runtime(cfg, build_federated_data(cfg.data, cfg.seed)) as rt:
         ctx, _ = rt.worker._context(1, 3, None)
-        yield rt, ctx, rt.server.broadcast(1)[0]
+        yield rt, ctx, rt.server.payload(0)[0]
 
 
 def test_an_unknown_method_is_refused_naming_the_field_and_the_methods_allowed():

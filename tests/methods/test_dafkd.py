@@ -147,7 +147,7 @@ def test_state_payload_and_upload_are_plain_typed_data(variant):
         rt.run_round(1, [0, 1, 2])
         state = rt.export_state()
         server_state, client_states = state.server, state.clients
-        payload = rt.server.broadcast(2)[0]
+        payload = rt.server.payload(1)[0]
         upload = rt.worker.train(2, 0, payload, client_states[0])[0]
     for obj in (server_state, payload, upload, *client_states.values()):
         assert dataclasses.is_dataclass(obj) and _is_plain(obj), obj
@@ -312,8 +312,8 @@ def test_generated_images_never_enter_batchnorm_running_statistics(gp_weight):
 
     hooks = [bn.register_forward_pre_hook(record) for bn in layers]
     try:
-        payload, _ = server.broadcast(1)
-        upload, _, _ = worker.train(1, 0, payload, None)
+        payload, _ = server.payload(0)
+        upload, _, _, _ = worker.train(1, 0, payload, None)
     finally:
         for h in hooks:
             h.remove()
@@ -337,8 +337,8 @@ def test_gan_trains_only_in_its_first_local_epochs():
     def upload(**kw):
         cfg = dafkd_config(federation__local_epochs=kw.pop("epochs"), federation__batch_size=50, **kw)
         data = build_federated_data(cfg.data, cfg.seed)
-        payload, _ = ServerCore(cfg, data, torch.device("cpu")).broadcast(1)
-        up, state, info = ClientWorkerCore(cfg, data, torch.device("cpu")).train(1, 0, payload, None)
+        payload, _ = ServerCore(cfg, data, torch.device("cpu")).payload(0)
+        up, state, _, _ = ClientWorkerCore(cfg, data, torch.device("cpu")).train(1, 0, payload, None)
         return up, state
 
     limited, lim_state = upload(epochs=3, algorithm__gan_local_epochs=1)

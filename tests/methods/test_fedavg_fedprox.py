@@ -80,8 +80,8 @@ def _client_drift(name: str, mu: float | None = None) -> float:
     data = build_federated_data(cfg.data, cfg.seed)
     server = ServerCore(cfg, data, torch.device("cpu"))
     worker = ClientWorkerCore(cfg, data, torch.device("cpu"))
-    payload, _ = server.broadcast(1)
-    upload, state, info = worker.train(1, 0, payload, None)
+    payload, _ = server.payload(0)
+    upload, state, info, _ = worker.train(1, 0, payload, None)
     assert state is None and info["train/loss"] > 0
     return sum(float(((upload.weights[k] - payload.weights[k]) ** 2).sum()) for k in payload.weights)
 

@@ -46,8 +46,8 @@ def test_client_projector_is_eq5_over_the_clients_batches():
     cfg = validate_experiment(tiny_config(algorithm__name="fedd3a", algorithm__proj_a=0.5, **SERVER))
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
-        payload, _ = rt.server.broadcast(1)
-        upload, _, info = rt.worker.train(1, 2, payload, None)
+        payload, _ = rt.server.payload(0)
+        upload, _, info, _ = rt.worker.train(1, 2, payload, None)
         model = rt.worker.modules.model
         model.load_state_dict(payload.weights)
         model.eval()
@@ -294,8 +294,8 @@ def test_identical_clients_give_the_same_teacher_under_every_weighting():
     cfg = validate_experiment(tiny_config(algorithm__name="fedd3a", **SERVER))
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
-        payload, _ = rt.server.broadcast(1)
-        upload, _, _ = rt.worker.train(1, 0, payload, None)
+        payload, _ = rt.server.payload(0)
+        upload, _, _, _ = rt.worker.train(1, 0, payload, None)
         twin = FedD3AUpload(weights=upload.weights, architecture=upload.architecture,
                             num_samples=upload.num_samples, projector=upload.projector)
         server = rt.server

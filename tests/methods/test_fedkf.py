@@ -229,13 +229,13 @@ def test_generator_state_survives_a_checkpoint_and_training_resumes_identically(
     cfg = tiny_config(algorithm__name="fedkf", **FAST)
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
-        payload, _ = rt.server.broadcast(1)
-        _, state, _ = rt.worker.train(1, 0, payload, None)
+        payload, _ = rt.server.payload(0)
+        _, state, _, _ = rt.worker.train(1, 0, payload, None)
         torch.save(checkpoint.encode(state), tmp_path / "c.pt")
         back = checkpoint.decode(torch.load(tmp_path / "c.pt", weights_only=True))
         assert isinstance(back, GeneratorState) and back.adam_step == state.adam_step == 2
-        up_a, st_a, _ = rt.worker.train(2, 0, payload, state)
-        up_b, st_b, _ = rt.worker.train(2, 0, payload, back)
+        up_a, st_a, _, _ = rt.worker.train(2, 0, payload, state)
+        up_b, st_b, _, _ = rt.worker.train(2, 0, payload, back)
     assert all(torch.equal(up_a.weights[k], up_b.weights[k]) for k in up_a.weights)
     assert all(torch.equal(st_a.weights[k], st_b.weights[k]) for k in st_a.weights)
     assert all(torch.equal(st_a.adam_exp_avg_sq[k], st_b.adam_exp_avg_sq[k]) for k in st_a.adam_exp_avg_sq)
@@ -245,9 +245,9 @@ def test_generator_state_is_private_and_bound_to_its_client():
     cfg = tiny_config(algorithm__name="fedkf", algorithm__persist_generator_optimizer=False, **FAST)
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
-        payload, _ = rt.server.broadcast(1)
+        payload, _ = rt.server.payload(0)
         assert isinstance(payload, FedKFPayload) and payload.teacher is not None  # variant fedkf: OCA sent
-        upload, state, _ = rt.worker.train(1, 0, payload, None)
+        upload, state, _, _ = rt.worker.train(1, 0, payload, None)
         assert set(vars(upload)) == {"weights", "num_samples", "client_id"}  # the generator is never uploaded
         assert state.adam_step == 0 and state.adam_exp_avg == {}  # Adam restarts every round when asked
         with pytest.raises(RuntimeError, match="generator of client 0"):
@@ -259,7 +259,7 @@ def test_warmup_rounds_train_without_distillation():
     algo = FedKF(cfg, SPEC4)
     data = build_federated_data(cfg.data, cfg.seed)
     with make_runtime(cfg, data) as rt:
-        assert rt.server.broadcast(1)[0].teacher is None and rt.server.broadcast(2)[0].teacher is not None
+        assert rt.server.payload(0)[0].teacher is None and rt.server.payload(1)[0].teacher is not None
         outcome = rt.run_round(1, [0, 1, 2])
         assert rt.client_states == {}  # no generator trained in the warm-up round
         assert "train/kl" not in outcome.client_infos[0]
@@ -322,7 +322,7 @@ def test_the_client_starts_from_the_aca_model_and_distils_from_the_teacher_it_wa
         cfg = tiny_config(algorithm__name="fedkf", algorithm__gamma=gamma, **FAST)
         data = build_federated_data(cfg.data, cfg.seed)
         with make_runtime(cfg, data) as rt:
-            payload, _ = rt.server.broadcast(1)
+            payload, _ = rt.server.payload(0)
             other = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v
                      for k, v in payload.weights.items()}
             for name, teacher in (("own", payload.weights), ("other", other)):

@@ -70,8 +70,8 @@ def test_a_clients_model_continues_from_its_last_round():
     with make_runtime(cfg, data) as rt:
         rt.run_round(1, [0, 1, 2])
         after_one = rt.export_state().clients[0].weights
-        fresh = rt.worker.train(2, 0, rt.server.broadcast(2)[0], None)[1].weights
-        continued = rt.worker.train(2, 0, rt.server.broadcast(2)[0], rt.client_states[0])[1].weights
+        fresh = rt.worker.train(2, 0, rt.server.payload(1)[0], None)[1].weights
+        continued = rt.worker.train(2, 0, rt.server.payload(1)[0], rt.client_states[0])[1].weights
     assert any(not torch.equal(fresh[k], continued[k]) for k in fresh)
     assert any(not torch.equal(after_one[k], continued[k]) for k in after_one)
 

@@ -87,12 +87,12 @@ def test_qffl_client_uploads_delta_and_h_of_its_own_local_training():
     data = build_federated_data(cfg.data, cfg.seed)
     server = ServerCore(cfg, data, torch.device("cpu"))
     worker = ClientWorkerCore(cfg, data, torch.device("cpu"))
-    payload, _ = server.broadcast(1)
-    upload, state, info = worker.train(1, 0, payload, None)
+    payload, _ = server.payload(0)
+    upload, state, info, _ = worker.train(1, 0, payload, None)
     assert isinstance(upload, QFFLUpload) and state is None
     # the same client under FedAvg trains to the same w_k (same seed, same batches)
     fedavg = ClientWorkerCore(tiny_config(), data, torch.device("cpu"))
-    trained, _, _ = fedavg.train(1, 0, payload, None)
+    trained, _, _, _ = fedavg.train(1, 0, payload, None)
     f = info["train/loss_before"]
     assert f > 0
     expect_delta, expect_h = qffl_terms(payload.weights, trained.weights, f, 0.5, cfg.federation.lr)

@@ -265,7 +265,7 @@ def _plans(cfg, client_ids):
     for c in client_ids:
         ctx, state = rt.worker._context(1, c, None)
         ctxs.append(ctx)
-        plans.append(algo.client_update(ctx, rt.server.broadcast(1)[0], state))
+        plans.append(algo.client_update(ctx, rt.server.payload(0)[0], state))
     return rt, ctxs, plans
 
 
@@ -321,7 +321,7 @@ def test_a_subclass_upload_is_made_from_the_trained_weights_so_the_finish_stays_
     cfg = validate_experiment(tiny_config())
     rt, ctxs, plans = _plans(cfg, [3])
     with rt:
-        plan = Probing(cfg, rt.worker.algo.spec).client_update(ctxs[0], rt.server.broadcast(1)[0], None)
+        plan = Probing(cfg, rt.worker.algo.spec).client_update(ctxs[0], rt.server.payload(0)[0], None)
         assert is_weights_only(plan.finish)
         result = run_update(ctxs[0], plan)
     assert len(given) == 1 and result.upload.weights is given[0]
@@ -445,8 +445,8 @@ def test_auto_vectorises_on_cuda_only_and_a_subclass_changing_the_update_is_neve
     with make_runtime(cfg, build_federated_data(cfg.data, cfg.seed)) as rt:
         rt.worker.algo = Altered(cfg, rt.worker.algo.spec)
         rt.worker.vectorize_min = 1
-        done = rt.worker.train_many(1, [3, 4], rt.server.broadcast(1)[0], [None, None])
-    assert [info["test/altered"] for _, _, info in done] == [1.0, 1.0]
+        done = rt.worker.train_many(1, [3, 4], rt.server.payload(0)[0], [None, None])
+    assert [info["test/altered"] for _, _, info, _ in done] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("setting, min_clients, batched, said", [

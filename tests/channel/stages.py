@@ -1,0 +1,30 @@
+"""A test-only channel stage with per-client state, importable by Ray workers (a test module's class travels with the
+experiment by reference)."""
+
+from __future__ import annotations
+
+import os
+
+from fedray.channel.stages import Stage
+
+
+class Counting(Stage):
+    """Counts each client's uploads (its channel state) and scales the first values leaf of every upload by
+    1 + count / 1000, so that figures depend on the state: a state lost, reset or taken from another client would
+    change them. Records the process its client side ran in."""
+
+    name = "counting"
+    order = 45
+    per_client = True
+
+    def init_state(self, client_id):
+        return {"count": 0, "pid": -1, "client": client_id}
+
+    def client_encode(self, leaves, state, client_id):
+        assert state["client"] == client_id, "a client was handed another client's channel state"
+        count = state["count"] + 1
+        for leaf in leaves:
+            if leaf.kind == "model":
+                leaf.data = leaf.data * (1.0 + count / 1000.0)
+                break
+        return leaves, {"count": count, "pid": os.getpid(), "client": client_id}
