@@ -60,12 +60,7 @@ class Channel:
 
     def decode_up(self, sent: Any) -> Any:
         """Server side: the upload as it arrived."""
-        if not isinstance(sent, Packet):
-            return sent
-        leaves = [Leaf(l.path, l.kind, l.data, l.dtype, l.shape, l.against) for l in sent.leaves]
-        for stage in reversed(self.stages):
-            leaves = stage.server_decode(leaves)
-        return join(sent.skeleton, leaves)
+        return self._decode(sent, "server_decode")
 
     # --- downlink -----------------------------------------------------------------------------------------------
     def encode_down(self, payload: Any) -> Any:
@@ -79,11 +74,16 @@ class Channel:
 
     def decode_down(self, sent: Any) -> Any:
         """Client side: the payload as the client decoded it."""
+        return self._decode(sent, "client_decode")
+
+    def _decode(self, sent: Any, side: str) -> Any:
+        """The stages' ``side`` in reverse order over copies of the packet's leaves (a packet may be decoded
+        again: a payload by every client of a version, an upload after a retry)."""
         if not isinstance(sent, Packet):
             return sent
         leaves = [Leaf(l.path, l.kind, l.data, l.dtype, l.shape, l.against) for l in sent.leaves]
         for stage in reversed(self.stages):
-            leaves = stage.client_decode(leaves)
+            leaves = getattr(stage, side)(leaves)
         return join(sent.skeleton, leaves)
 
     @staticmethod
