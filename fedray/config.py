@@ -338,6 +338,7 @@ class ExperimentConfig(_Strict):
                 f"allowed: 1..{self.data.num_clients}",
             )
         self.system.check()
+        self.channel.check()
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self

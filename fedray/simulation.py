@@ -132,7 +132,8 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         schedule = build_schedule(cfg, data.num_clients)
         if ckpt is not None:
             runtime.import_state(RuntimeState(ckpt["server_state"], ckpt["client_states"],
-                                              ckpt.get("channel_states", {}), ckpt.get("sent_payloads", {})))
+                                              ckpt.get("channel_states", {}), ckpt.get("sent_payloads", {}),
+                                              ckpt.get("server_channel_state")))
             restore_rng(ckpt["rng"])
             schedule.load(ckpt.get("system"))
             schedule.restart(runtime)  # the work in flight at the checkpoint, started again
@@ -221,7 +222,7 @@ def _checkpoint(out: Path, cfg: ExperimentConfig, runtime: Runtime, history: lis
     state = runtime.export_state()
     ckpt = {"round": len(history), "config": cfg.model_dump(mode="json"), "server_state": state.server,
             "client_states": state.clients, "channel_states": state.channel, "sent_payloads": state.sent,
-            "history": history, "rng": rng_state()}
+            "server_channel_state": state.server_channel, "history": history, "rng": rng_state()}
     system = schedule.state()
     if system is not None:  # the clock, the availability state, the work in flight: a resume continues them
         ckpt["system"] = system

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fedray.channel.message import Leaf, join, split
-from fedray.channel.stages import Precision, Stage
+import torch
+
+from fedray.channel.compression import wire_bytes
+from fedray.channel.message import Leaf, join, reference, split
+from fedray.channel.stages import Compress, Precision, Stage
 from fedray.learning.aggregation import Aggregation, WeightedMean
 from fedray.learning.weights import nbytes
 
@@ -42,9 +45,14 @@ class Channel:
             return None
         return {s.name: s.init_state(client_id) for s in self.stages if s.per_client}
 
+    def init_server_state(self) -> dict[str, Any] | None:
+        """The server's channel state before its first broadcast (downlink error feedback), by stage name."""
+        states = {s.name: s.init_state(-1) for s in self.stages if s.per_server}
+        return states or None
+
     # --- uplink -------------------------------------------------------------------------------------------------
-    def encode_up(self, upload: Any, payload: Any, state: dict[str, Any] | None,
-                  client_id: int) -> tuple[Any, dict[str, Any] | None]:
+    def encode_up(self, upload: Any, payload: Any, state: dict[str, Any] | None, client_id: int,
+                  round_: int) -> tuple[Any, dict[str, Any] | None]:
         """Client side: (what is sent, the client's new channel state). ``payload``: the payload as this client
         decoded it (the reference of the upload's model fields)."""
         if not self.stages:
@@ -52,51 +60,63 @@ class Channel:
         state = dict(state) if state is not None else self.init_state(client_id)
         skeleton, leaves = split(upload, payload)
         for stage in self.stages:
+            own = state.get(stage.name) if state is not None and stage.per_client else None
+            leaves, own = stage.client_encode(leaves, own, (round_, client_id))
             if stage.per_client:
-                leaves, state[stage.name] = stage.client_encode(leaves, state[stage.name], client_id)
-            else:
-                leaves, _ = stage.client_encode(leaves, None, client_id)
-        return Packet(skeleton, leaves), state
+                state[stage.name] = own
+        return Packet(skeleton, [leaf.header() for leaf in leaves]), state
 
-    def decode_up(self, sent: Any) -> Any:
-        """Server side: the upload as it arrived."""
-        return self._decode(sent, "server_decode")
+    def decode_up(self, sent: Any, payload: Any = None) -> Any:
+        """Server side: the upload as it arrived. ``payload``: the payload as the client decoded it, whose tensors
+        the upload's updates are added back to."""
+        return self._decode(sent, "server_decode", payload)
 
     # --- downlink -----------------------------------------------------------------------------------------------
-    def encode_down(self, payload: Any) -> Any:
-        """Server side, once per broadcast: what is sent to every client."""
+    def encode_down(self, payload: Any, version: int, state: dict[str, Any] | None = None) -> tuple[Any, Any]:
+        """Server side, once per model version: (what is sent to every client, the server's new channel state)."""
         if not self.stages:
-            return payload
+            return payload, state
+        state = dict(state) if state is not None else self.init_server_state()
         skeleton, leaves = split(payload)
         for stage in self.stages:
-            leaves = stage.server_encode(leaves)
-        return Packet(skeleton, leaves)
+            own = state.get(stage.name) if state is not None and stage.per_server else None
+            leaves, own = stage.server_encode(leaves, own, (version,))
+            if stage.per_server:
+                state[stage.name] = own
+        return Packet(skeleton, [leaf.header() for leaf in leaves]), state
 
     def decode_down(self, sent: Any) -> Any:
         """Client side: the payload as the client decoded it."""
         return self._decode(sent, "client_decode")
 
-    def _decode(self, sent: Any, side: str) -> Any:
+    def _decode(self, sent: Any, side: str, payload: Any = None) -> Any:
         """The stages' ``side`` in reverse order over copies of the packet's leaves (a packet may be decoded
         again: a payload by every client of a version, an upload after a retry)."""
         if not isinstance(sent, Packet):
             return sent
-        leaves = [Leaf(l.path, l.kind, l.data, l.dtype, l.shape, l.against) for l in sent.leaves]
+        leaves = [leaf.header() for leaf in sent.leaves]
+        for leaf in leaves:
+            if leaf.relative:
+                leaf.reference = reference(payload, leaf.against, torch.empty(leaf.shape))
+                if leaf.reference is None:
+                    raise RuntimeError(f"an update of {leaf.path} arrived without the payload it is against")
         for stage in reversed(self.stages):
             leaves = getattr(stage, side)(leaves)
         return join(sent.skeleton, leaves)
 
     @staticmethod
     def nbytes(sent: Any) -> int:
-        """The bytes of a message as sent: after the stages."""
+        """The bytes of a message as sent: after the stages (:func:`~fedray.channel.compression.wire_bytes`)."""
         if isinstance(sent, Packet):
-            return nbytes(sent.skeleton) + sum(nbytes(leaf.data) for leaf in sent.leaves)
+            return nbytes(sent.skeleton) + sum(wire_bytes(leaf.data) for leaf in sent.leaves)
         return nbytes(sent)
 
 
 def build_channel(cfg: Any) -> Channel:
     """The channel ``cfg.channel`` configures (``cfg``: the ExperimentConfig)."""
     stages: list[Stage] = []
+    if cfg.channel.compresses:
+        stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":
         stages.append(Precision(cfg.channel.precision))
     return Channel(stages)

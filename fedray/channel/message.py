@@ -49,8 +49,13 @@ class Leaf:
     data: Any
     dtype: torch.dtype
     shape: tuple[int, ...]
-    against: str | None = None
+    against: Path | None = None  # a model leaf's reference: its path in the payload
     reference: torch.Tensor | None = None
+    relative: bool = False  # sent as the update against its reference (the receiver adds the reference back)
+
+    def header(self) -> "Leaf":
+        """A copy carrying what a receiver knows (its path, kind, dtype, shape, how it was sent) and the data."""
+        return Leaf(self.path, self.kind, self.data, self.dtype, self.shape, self.against, None, self.relative)
 
 
 def _declared(f: dataclasses.Field, inherited: tuple[str, str | None] | None) -> tuple[str, str | None] | None:
@@ -94,6 +99,15 @@ def _lookup(obj: Any, path: Path) -> Any:
     return obj
 
 
+def reference(payload: Any, where: Path | None, like: torch.Tensor) -> torch.Tensor | None:
+    """The payload's tensor at ``where`` when it is one of ``like``'s shape (a model leaf's reference), else None:
+    such a leaf is then sent whole."""
+    if payload is None or where is None:
+        return None
+    found = _lookup(payload, where)
+    return found if isinstance(found, torch.Tensor) and found.shape == like.shape else None
+
+
 def split(message: Any, payload: Any = None) -> tuple[Any, list[Leaf]]:
     """(skeleton, leaves): the message's model and values tensors as leaves, in walk order, and the message with
     each of them replaced by a :class:`Hole`. ``payload``: the decoded payload an upload's model leaves are
@@ -104,11 +118,9 @@ def split(message: Any, payload: Any = None) -> tuple[Any, list[Leaf]]:
         kind, against = _kind(tensor, decl)
         if kind == "counts":
             continue
-        ref = None
-        if kind == "model" and against is not None and payload is not None:
-            found = _lookup(payload, (against, *below))
-            ref = found if isinstance(found, torch.Tensor) else None
-        leaves.append(Leaf(path, kind, tensor, tensor.dtype, tuple(tensor.shape), against, ref))
+        where = (against, *below) if kind == "model" and against is not None else None
+        leaves.append(Leaf(path, kind, tensor, tensor.dtype, tuple(tensor.shape), where,
+                           reference(payload, where, tensor)))
         holes[path] = Hole()
     return _replace(message, (), holes), leaves
 
@@ -133,4 +145,4 @@ def join(skeleton: Any, leaves: list[Leaf]) -> Any:
     return _replace(skeleton, (), {leaf.path: leaf.data for leaf in leaves})
 
 
-__all__ = ["Hole", "Leaf", "join", "split"]
+__all__ = ["Hole", "Leaf", "join", "reference", "split"]

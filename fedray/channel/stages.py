@@ -18,7 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from fedray.channel import compression
+from fedray.channel.compression import cast_floats
 from fedray.channel.message import Leaf
+from fedray.seeding import derive_seed
 
 #: The fixed order of the stages (lower runs first on encoding, last on decoding).
 ORDER = {"adversary": 10, "clip": 20, "local_noise": 30, "compress": 40, "precision": 50}
@@ -26,27 +29,31 @@ ORDER = {"adversary": 10, "clip": 20, "local_noise": 30, "compress": 40, "precis
 
 class Stage:
     """A transform of the leaves of every message (:class:`~fedray.channel.message.Leaf`; counts never reach it).
-    The defaults do nothing: a stage overrides the sides it acts on."""
+    The defaults do nothing: a stage overrides the sides it acts on. ``key`` names the message for seeded draws:
+    (round, client) on the way up, (version,) on the way down."""
 
     name: ClassVar[str]
     order: ClassVar[int]
     #: True when the client side keeps state per client (:meth:`init_state`, threaded through :meth:`client_encode`).
-    per_client: ClassVar[bool] = False
+    per_client: bool = False
+    #: True when the server side keeps state of its own (:meth:`init_state`, threaded through :meth:`server_encode`).
+    per_server: bool = False
 
     def init_state(self, client_id: int) -> Any:
-        """A client's state before its first upload."""
+        """A client's state before its first upload (and the server's before its first broadcast)."""
         return None
 
     # --- uplink: the client encodes what it sends, the server decodes what arrives ------------------------------
-    def client_encode(self, leaves: list[Leaf], state: Any, client_id: int) -> tuple[list[Leaf], Any]:
+    def client_encode(self, leaves: list[Leaf], state: Any, key: tuple[int, ...]) -> tuple[list[Leaf], Any]:
         return leaves, state
 
     def server_decode(self, leaves: list[Leaf]) -> list[Leaf]:
         return leaves
 
-    # --- downlink: the server encodes a payload once per broadcast, every client decodes it ----------------------
-    def server_encode(self, leaves: list[Leaf]) -> list[Leaf]:
-        return leaves
+    # --- downlink: the server encodes a payload once per model version, every client decodes it ------------------
+    def server_encode(self, leaves: list[Leaf], state: Any, key: tuple[int, ...]) -> tuple[list[Leaf], Any]:
+        """``state``: the stage's server state (downlink error feedback); None when it keeps none."""
+        return leaves, state
 
     def client_decode(self, leaves: list[Leaf]) -> list[Leaf]:
         return leaves
@@ -59,18 +66,10 @@ class Identity(Stage):
     order = 0
 
 
-def _cast(data: Any, dtype: torch.dtype) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data.to(dtype) if torch.is_floating_point(data) else data
-    if isinstance(data, tuple):
-        return tuple(_cast(d, dtype) for d in data)
-    return data
-
-
 class Precision(Stage):
     """``channel.precision``: every floating tensor of every message, both ways, cast to ``fp16`` or ``bf16`` for
-    the wire and back to its own dtype on arrival (round to nearest even). Bytes of float32 tensors halve; integer
-    tensors and scalars are unchanged."""
+    the wire and back to its own dtype on arrival (round to nearest even); after compression, its scales and kept
+    values. Bytes of float32 tensors halve; integer tensors and scalars are unchanged."""
 
     name = "precision"
     order = ORDER["precision"]
@@ -79,22 +78,101 @@ class Precision(Stage):
     def __init__(self, precision: str):
         self.wire = self.WIRE_DTYPES[precision]
 
-    def _encode(self, leaves: list[Leaf]) -> list[Leaf]:
+    def _encode(self, leaves: list[Leaf], state: Any, key: tuple[int, ...]) -> tuple[list[Leaf], Any]:
         for leaf in leaves:
-            leaf.data = _cast(leaf.data, self.wire)
-        return leaves
+            leaf.data = cast_floats(leaf.data, self.wire)
+        return leaves, state
 
     def _decode(self, leaves: list[Leaf]) -> list[Leaf]:
         for leaf in leaves:
-            leaf.data = _cast(leaf.data, leaf.dtype)
+            leaf.data = cast_floats(leaf.data, leaf.dtype)
         return leaves
 
-    def client_encode(self, leaves, state, client_id):
-        return self._encode(leaves), state
-
-    server_decode = _decode
-    server_encode = _encode
-    client_decode = _decode
+    client_encode = server_encode = _encode
+    server_decode = client_decode = _decode
 
 
-__all__ = ["Identity", "ORDER", "Precision", "Stage"]
+class Compress(Stage):
+    """``channel.quantize`` / ``channel.sparsify`` (:mod:`fedray.channel.compression`) on the directions
+    ``channel.compress_on`` names. A model leaf with its reference in the payload is sent as its update against it
+    (the receiver adds the reference back); every other leaf as its values. With ``channel.error_feedback`` the part
+    not sent is kept and added to the next message of the same leaf (Stich et al. 2018; Karimireddy et al. 2019): on
+    the uplink per client (client state), on the downlink at the server (server state)."""
+
+    name = "compress"
+    order = ORDER["compress"]
+
+    def __init__(self, cfg: Any, seed: int):
+        self.quantize, self.bits, self.bucket = cfg.quantize, cfg.bits, cfg.bucket
+        self.sparsify, self.fraction, self.feedback = cfg.sparsify, cfg.fraction, cfg.error_feedback
+        self.up, self.down = cfg.compress_on in ("up", "both"), cfg.compress_on in ("down", "both")
+        self.seed = seed
+        self.per_client, self.per_server = self.feedback and self.up, self.feedback and self.down
+
+    def init_state(self, client_id: int) -> dict[str, torch.Tensor] | None:
+        return {} if self.feedback else None
+
+    def _compress(self, x: torch.Tensor, seed: int) -> Any:
+        generator = torch.Generator().manual_seed(seed) if self.quantize == "qsgd" else None
+        if self.sparsify == "none":
+            return compression.quantize(x, self.bits, self.bucket, generator)
+        if self.sparsify == "topk":
+            kept = compression.topk(x, self.fraction)
+        else:
+            kept = compression.randk(x, self.fraction, seed, unbiased=not self.feedback)
+        if self.quantize != "none":
+            kept.values = compression.quantize(kept.values, self.bits, self.bucket, generator)
+        return kept
+
+    @staticmethod
+    def _decompress(data: Any) -> torch.Tensor:
+        if isinstance(data, compression.Sparse):
+            values = data.values
+            values = compression.dequantize(values) if isinstance(values, compression.Quantized) else values
+            return compression.densify(data, values.to(torch.float32))
+        return compression.dequantize(data)
+
+    def _encode(self, leaves: list[Leaf], residuals: dict | None, key: tuple[int, ...],
+                direction: str) -> tuple[list[Leaf], Any]:
+        residuals = dict(residuals) if residuals is not None else None
+        for i, leaf in enumerate(leaves):
+            x = leaf.data.detach().reshape(-1).to(torch.float32)
+            if leaf.reference is not None:
+                x = x - leaf.reference.detach().reshape(-1).to(torch.float32)
+                leaf.relative = True
+            name = _path_name(leaf.path)
+            if residuals is not None and name in residuals:
+                x = x + residuals[name]
+            sent = self._compress(x, derive_seed(self.seed, "compress", direction, *key, i) % (1 << 63))
+            if residuals is not None:
+                residuals[name] = x - self._decompress(sent)
+            leaf.data = sent
+        return leaves, residuals
+
+    def _decode(self, leaves: list[Leaf]) -> list[Leaf]:
+        for leaf in leaves:
+            x = self._decompress(leaf.data).reshape(leaf.shape)
+            if leaf.relative:
+                x = x + leaf.reference.to(torch.float32)
+            leaf.data = x.to(leaf.dtype)
+        return leaves
+
+    def client_encode(self, leaves, state, key):
+        return self._encode(leaves, state, key, "up") if self.up else (leaves, state)
+
+    def server_decode(self, leaves):
+        return self._decode(leaves) if self.up else leaves
+
+    def server_encode(self, leaves, state, key):
+        return self._encode(leaves, state, key, "down") if self.down else (leaves, state)
+
+    def client_decode(self, leaves):
+        return self._decode(leaves) if self.down else leaves
+
+
+def _path_name(path: tuple) -> str:
+    """A leaf's path as one string key (checkpointed state has str keys)."""
+    return "/".join(map(str, path))
+
+
+__all__ = ["Compress", "Identity", "ORDER", "Precision", "Stage"]

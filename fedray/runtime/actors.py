@@ -163,5 +163,5 @@ class ServerActor:
     def export_state(self):
         return self.core.export_state()
 
-    def import_state(self, state, sent) -> None:
-        self.core.import_state(state, sent)
+    def import_state(self, state, sent, wire) -> None:
+        self.core.import_state(state, sent, wire)

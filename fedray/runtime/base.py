@@ -28,13 +28,15 @@ class RoundOutcome:
 
 @dataclass
 class RuntimeState:
-    """What a checkpoint keeps of a runtime: the server state, each client's private state and channel state, and
-    the payloads clients still train from (by server version; asynchronous schedules only)."""
+    """What a checkpoint keeps of a runtime: the server state, each client's private state and channel state, the
+    payloads clients still train from (by server version; asynchronous schedules only) and the channel's server
+    state (downlink error feedback)."""
 
     server: Any
     clients: dict[int, Any]
     channel: dict[int, Any] = field(default_factory=dict)
     sent: dict[int, Any] = field(default_factory=dict)
+    server_channel: Any = None
 
 
 class Runtime(ABC):

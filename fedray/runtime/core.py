@@ -157,7 +157,7 @@ class ClientWorkerCore:
     def _outcome(self, ctx: ClientContext, result: ClientResult, payload: Any, wire: Any) -> Done:
         """The client's upload through the channel's client side (here, where the client runs), its new state, its
         info (``bytes_up``: what the channel sent) and its new channel state."""
-        sent, wire = self.channel.encode_up(result.upload, payload, wire, ctx.client_id)
+        sent, wire = self.channel.encode_up(result.upload, payload, wire, ctx.client_id, ctx.round)
         info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": self.channel.nbytes(sent),
                 "has_state": result.state is not None, "pid": os.getpid(),
                 "work_samples": self.algo.client_samples(ctx)}  # the simulated system's samples_k
@@ -243,7 +243,7 @@ class Sent:
     wire: Any
     nbytes: int
     decoded: Any
-
+    wire_before: Any = None  # the channel's server state it was sent from (downlink error feedback)
 
 class ServerCore:
     """Holds the server state; sends payloads, takes server steps, evaluates the global model."""
@@ -261,6 +261,7 @@ class ServerCore:
         self.state = self.algo.init_server_state(self.modules)
         self.channel = exp.channel
         self.sent: dict[int, Sent] = {}  # what was sent, by server version, while clients train from it
+        self.wire_state = self.channel.init_server_state()  # the channel's server side (downlink error feedback)
         self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)
         self.data = data
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
@@ -270,12 +271,13 @@ class ServerCore:
         for round version + 1, through the channel's server side, once per broadcast) and its bytes. Kept while a
         client trains from it: an upload is rebased on it, as the clients decoded it, when it arrives."""
         if version not in self.sent:
-            self.sent[version] = self._send(self.algo.broadcast(self.state, version + 1))
+            self.sent[version] = self._send(self.algo.broadcast(self.state, version + 1), version)
         return self.sent[version].wire, self.sent[version].nbytes
 
-    def _send(self, payload: Any) -> "Sent":
-        wire = self.channel.encode_down(payload)
-        return Sent(payload, wire, self.channel.nbytes(wire), self.channel.decode_down(wire))
+    def _send(self, payload: Any, version: int) -> "Sent":
+        before = self.wire_state
+        wire, self.wire_state = self.channel.encode_down(payload, version, before)
+        return Sent(payload, wire, self.channel.nbytes(wire), self.channel.decode_down(wire), before)
 
     def step(self, round_: int, uploads: list[Any], client_ids: list[int], versions: list[int],
              weights: list[float] | None, live: list[int]) -> dict[str, float]:
@@ -283,7 +285,7 @@ class ServerCore:
         (:meth:`Algorithm.rebase`) from the payload of its ``versions`` entry onto the current state with its change
         times its weight when ``weights`` are given (stale uploads), then the method's server update. The payloads
         of versions not in ``live`` (no client trains from them any more) are dropped."""
-        arrived = [self.channel.decode_up(u) for u in uploads]
+        arrived = [self.channel.decode_up(u, self.sent[v].decoded) for u, v in zip(uploads, versions)]
         if weights is not None:
             arrived = [self.algo.rebase(u, self.sent[v].decoded, self.state, w)
                        for u, v, w in zip(arrived, versions, weights)]
@@ -291,13 +293,22 @@ class ServerCore:
         self.sent = {v: p for v, p in self.sent.items() if v in set(live)}
         return metrics
 
-    def export_state(self) -> tuple[Any, dict[int, Any]]:
-        """(server state, {version: the method's payload} of the versions clients train from) for a checkpoint."""
-        return self.state, {v: p.payload for v, p in self.sent.items()}
+    def export_state(self) -> tuple[Any, dict[int, Any], Any]:
+        """(server state, {version: the method's payload and the channel's server state it was sent from} of the
+        versions clients train from, the channel's server state now) for a checkpoint: a resume encodes those
+        payloads again, to the same packets."""
+        sent = {v: {"payload": p.payload, "channel": p.wire_before} for v, p in self.sent.items()}
+        return self.state, sent, self.wire_state
 
-    def import_state(self, state: Any, sent: dict[int, Any]) -> None:
+    def import_state(self, state: Any, sent: dict[int, Any], wire: Any) -> None:
         self.state = state
-        self.sent = {int(v): self._send(p) for v, p in sent.items()}
+        self.sent = {}
+        for v, kept in sent.items():
+            if isinstance(kept, (list, tuple)):  # a checkpoint of a fedray without the channel: (payload, bytes)
+                kept = {"payload": kept[0], "channel": None}
+            self.wire_state = kept["channel"]
+            self.sent[int(v)] = self._send(kept["payload"], int(v))
+        self.wire_state = wire
 
     def aggregate(self, round_: int, uploads: list[Any], client_ids: list[int]) -> dict[str, float]:
         """Reject non-finite uploads, then run the method's server update on the rest (client-id order). No upload

@@ -81,11 +81,11 @@ class LocalRuntime(Runtime):
         return self.server.global_weights()
 
     def export_state(self) -> RuntimeState:
-        server, sent = self.server.export_state()
-        return RuntimeState(server, dict(self.client_states), dict(self.channel_states), sent)
+        server, sent, wire = self.server.export_state()
+        return RuntimeState(server, dict(self.client_states), dict(self.channel_states), sent, wire)
 
     def import_state(self, state: RuntimeState) -> None:
-        self.server.import_state(state.server, state.sent)
+        self.server.import_state(state.server, state.sent, state.server_channel)
         self.client_states = dict(state.clients)
         self.channel_states = dict(state.channel)
 

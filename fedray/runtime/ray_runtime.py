@@ -367,11 +367,11 @@ class RayRuntime(Runtime):
             cids = sorted(refs)
             return dict(zip(cids, ray.get([refs[c] for c in cids])))
 
-        server, sent = self.server.call("export_state")
-        return RuntimeState(server, fetched(self.client_states), fetched(self.channel_states), sent)
+        server, sent, wire = self.server.call("export_state")
+        return RuntimeState(server, fetched(self.client_states), fetched(self.channel_states), sent, wire)
 
     def import_state(self, state: RuntimeState) -> None:
-        self.server.call("import_state", state.server, state.sent)
+        self.server.call("import_state", state.server, state.sent, state.server_channel)
         self.client_states = {cid: ray.put(st) for cid, st in state.clients.items()}
         self.channel_states = {cid: ray.put(st) for cid, st in state.channel.items()}
         self._versions = {}

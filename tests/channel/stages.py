@@ -14,13 +14,14 @@ class Counting(Stage):
     change them. Records the process its client side ran in."""
 
     name = "counting"
-    order = 45
+    order = 15  # before compression, as an adversary's or a clip's place: it scales the raw tensors
     per_client = True
 
     def init_state(self, client_id):
         return {"count": 0, "pid": -1, "client": client_id}
 
-    def client_encode(self, leaves, state, client_id):
+    def client_encode(self, leaves, state, key):
+        client_id = key[1]
         assert state["client"] == client_id, "a client was handed another client's channel state"
         count = state["count"] + 1
         for leaf in leaves:

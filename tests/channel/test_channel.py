@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedray.channel.channel import Channel, Packet, build_channel
+from fedray.channel.config import ChannelConfig
 from fedray.channel.message import split
 from fedray.channel.stages import ORDER, Identity, Precision
 from fedray.data import build_federated_data
@@ -48,7 +49,7 @@ def test_fp16_halves_the_floating_tensors_and_leaves_integers_counts_and_headers
     declared counts stay float32 (8 B), the header scalar 8 B."""
     message, fp16 = _message(), build_channel(tiny_config(channel__precision="fp16"))
     assert Channel.nbytes(message) == 12 + 8 + 16 + 8 + 8
-    sent, state = fp16.encode_up(message, _Sent(weights={"w": torch.zeros(3)}), None, 0)
+    sent, state = fp16.encode_up(message, _Sent(weights={"w": torch.zeros(3)}), None, 0, 1)
     assert isinstance(sent, Packet) and state is None
     assert fp16.nbytes(sent) == 6 + 8 + 4 + 8 + 8
     back = fp16.decode_up(sent)
@@ -57,7 +58,7 @@ def test_fp16_halves_the_floating_tensors_and_leaves_integers_counts_and_headers
     assert back.weights["w"][1] != 0 and back.weights["w"][2] != message.weights["w"][2]
     assert torch.equal(back.weights["steps"], message.weights["steps"]) and back.num_samples == 12
     assert back.histogram is message.histogram  # counts never reach a stage
-    down = fp16.decode_down(fp16.encode_down(_Sent(weights=message.weights)))
+    down = fp16.decode_down(fp16.encode_down(_Sent(weights=message.weights), 0)[0])
     assert torch.equal(down.weights["w"], back.weights["w"])
 
 
@@ -70,8 +71,8 @@ def test_a_message_splits_into_declared_leaves_with_their_references():
 
 def test_without_stages_every_message_passes_as_it_is():
     channel, message = Channel(), _message()
-    assert channel.encode_up(message, None, None, 0) == (message, None)
-    assert channel.decode_up(message) is message and channel.encode_down(message) is message
+    assert channel.encode_up(message, None, None, 0, 1) == (message, None)
+    assert channel.decode_up(message) is message and channel.encode_down(message, 0) == (message, None)
 
 
 def test_stages_run_in_the_fixed_order_whatever_order_they_are_given_in():
@@ -131,7 +132,8 @@ def _figures(history):
 
 
 def _counting(cfg):
-    return dataclasses.replace(resolve_experiment(cfg), channel=Channel([Counting()]))
+    """``cfg``'s experiment with the counting stage added to the stages its config builds."""
+    return dataclasses.replace(resolve_experiment(cfg), channel=Channel([*build_channel(cfg).stages, Counting()]))
 
 
 def test_an_identity_stage_gives_the_figures_of_no_channel():
@@ -146,17 +148,20 @@ def test_an_identity_stage_gives_the_figures_of_no_channel():
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_stages_client_state_is_kept_by_its_client_and_resumed_exactly(mode, tmp_path):
     """The counting stage's state follows the client: a resumed run gives the uninterrupted run's figures (with the
-    state reset or lost, the scaled uploads would differ), and each client's count is the uploads of its that
-    arrived."""
+    state reset or lost, the scaled uploads would differ; so would error feedback's residuals), and each client's
+    count is the uploads of its that arrived."""
     from fedray.record.checkpoint import load_checkpoint
     from tests.test_every_method import CrashAfter, _Crash
 
     extra = {"federation__mode": "async", "system__devices": "heterogeneous", "federation__concurrency": 4,
              "federation__buffer_size": 2} if mode == "async" else {}
+    # and error feedback both ways: the clients' residuals and the server's, and the payloads in flight re-encoded
+    extra.update(channel__sparsify="topk", channel__fraction=0.2, channel__error_feedback=True,
+                 channel__compress_on="both", channel__quantize="qsgd")
     cfg = _learnable(runtime__checkpoint_every=1, **extra)
     data = build_federated_data(cfg.data, cfg.seed)
     whole = run_experiment(_counting(cfg), tmp_path / "whole", progress=False, data=data)
-    plain = run_experiment(cfg, progress=False, data=data)
+    plain = run_experiment(cfg.model_copy(update={"channel": ChannelConfig()}), progress=False, data=data)
     assert _figures(whole.history) != _figures(plain.history)  # the stage acts
     with pytest.raises(_Crash):
         run_experiment(_counting(cfg), tmp_path / "cut", progress=False, hooks=[CrashAfter(2)], data=data)
@@ -171,21 +176,25 @@ def test_a_stages_client_state_is_kept_by_its_client_and_resumed_exactly(mode, t
 
 @pytest.mark.ray
 def test_on_ray_the_stages_client_side_runs_in_the_workers_and_gives_the_in_process_figures(ray_local, tmp_path):
-    """fp16 and the counting stage's per-client state on Ray (two workers, the server in an actor), interrupted
-    and resumed there: every figure is the in-process run's, and each client's state was last written by a worker
-    process, never the driver."""
+    """Top-10 % with error feedback both ways (its kept values at 8 bits by QSGD's seeded draws), fp16 and the
+    counting stage's per-client state on Ray (two workers, the server in an actor), interrupted and resumed there:
+    every figure is the in-process run's, and each client's state was last written by a worker process, never the
+    driver."""
     from fedray.record.checkpoint import load_checkpoint
     from tests.test_every_method import CrashAfter, _Crash
 
-    cfg = _learnable(channel__precision="fp16", runtime__checkpoint_every=1)
+    wire = dict(channel__precision="fp16", channel__sparsify="topk", channel__fraction=0.1, channel__quantize="qsgd",
+                channel__error_feedback=True, channel__compress_on="both", runtime__checkpoint_every=1)
+    cfg = _learnable(**wire)
     data = build_federated_data(cfg.data, cfg.seed)
     local = run_experiment(_counting(cfg), progress=False, data=data)
-    on_ray = _learnable(channel__precision="fp16", runtime__checkpoint_every=1, runtime__backend="ray",
-                        runtime__num_workers=2, runtime__server_in_driver=False)
+    on_ray = _learnable(**wire, runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
     with pytest.raises(_Crash):
         run_experiment(_counting(on_ray), tmp_path / "run", progress=False, hooks=[CrashAfter(2)], data=data)
-    pids = {s["counting"]["pid"] for s in load_checkpoint(tmp_path / "run")["channel_states"].values()}
+    saved = load_checkpoint(tmp_path / "run")
+    pids = {s["counting"]["pid"] for s in saved["channel_states"].values()}
     assert pids and os.getpid() not in pids and -1 not in pids
+    assert all(s["compress"] for s in saved["channel_states"].values()) and saved["server_channel_state"]["compress"]
     resumed = run_experiment(_counting(on_ray), tmp_path / "run", progress=False, resume_from=tmp_path / "run",
                              data=data)
     assert _figures(resumed.history) == _figures(local.history)

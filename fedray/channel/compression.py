@@ -1,0 +1,242 @@
+"""Compression of a message's tensors: quantisation, sparsification, their exact wire size and a real bit-packed
+encoding.
+
+- **QSGD** (Alistarh et al., NeurIPS 2017, Sec. 3.1): for a bucket v of ``bucket`` elements and s levels,
+  Q_s(v_i) = ||v||_2 sign(v_i) xi_i, with xi_i = l / s or (l + 1) / s, l = floor(|v_i| s / ||v||_2), the upper one with
+  probability |v_i| s / ||v||_2 - l: unbiased, E[Q_s(v)] = v, with E||Q_s(v) - v||^2 <= min(d / s^2, sqrt(d) / s)
+  ||v||^2 (its Lemma 3.1). b bits an element: a sign bit and b - 1 bits of level, s = 2^(b-1) - 1 (b in 2..16). b = 1
+  is the scaled sign sign(v_i) ||v||_1 / d (Karimireddy et al., ICML 2019, EF-SignSGD): biased, one bit an element.
+- **Deterministic rounding**: l = round(|v_i| s / ||v||_2), the same encoding; biased.
+- **Top-k** keeps the k = ceil(fraction x d) entries of largest magnitude (ties: the lower index); **random-k** keeps k
+  entries drawn without replacement from a seeded stream, scaled by d / k so that, without error feedback, the
+  message stays unbiased (Stich et al., NeurIPS 2018); with error feedback it is sent unscaled.
+
+Sizes (:func:`wire_bytes`, the one function ``comm/bytes_*`` and the simulated clock use): a quantised tensor is
+ceil(n b / 8) bytes of packed values and one scale a bucket (4 bytes as float32, 2 under ``channel.precision``); a
+sparse tensor its kept values (as they are sent: raw or quantised) and its positions, either k indices of
+ceil(log2 d) bits or a bitmap of d bits, whichever is smaller, packed to whole bytes; random-k's positions are the
+receiver's own draw from the 8-byte seed sent with them. :func:`pack` writes exactly that many bytes and
+:func:`unpack` reads them back (tests/channel/test_compression.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+SEED_BYTES = 8
+
+
+@dataclass
+class Quantized:
+    """A flat tensor at ``bits`` bits an element: ``levels`` (int16, in [-s, s]; +-1 for one bit) and one ``scales``
+    entry per ``bucket`` elements (the L2 norm; the mean magnitude for one bit)."""
+
+    levels: torch.Tensor
+    scales: torch.Tensor
+    bits: int
+    bucket: int
+
+
+@dataclass
+class Sparse:
+    """k entries of a flat tensor of ``numel``: their ``values`` (a tensor or :class:`Quantized`) and their sorted
+    ``indices``; for random-k only the ``seed`` they are drawn from travels (``indices`` is the receiver's draw)."""
+
+    indices: torch.Tensor
+    values: Any
+    numel: int
+    seed: int | None = None
+
+
+def levels(bits: int) -> int:
+    """s = 2^(b-1) - 1: the levels of b bits with a sign bit (1 for the scaled sign)."""
+    return max(1, 2 ** (bits - 1) - 1)
+
+
+def _buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, int]:
+    """``x`` (flat) as rows of ``bucket`` elements, the last padded with zeros; and the padding."""
+    pad = (-x.numel()) % bucket
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad)])
+    return x.view(-1, bucket), pad
+
+
+def quantize(x: torch.Tensor, bits: int, bucket: int | None, generator: torch.Generator | None) -> Quantized:
+    """``x`` (any shape, floating) quantised per bucket (None: the whole tensor); stochastic (QSGD) with a
+    ``generator``, deterministic rounding without."""
+    flat = x.detach().reshape(-1).to(torch.float32)
+    size = bucket or max(1, flat.numel())
+    rows, pad = _buckets(flat, size)
+    if bits == 1:
+        scales = rows.abs().sum(1) / torch.tensor([size] * (rows.shape[0] - 1) + [size - pad], dtype=torch.float32)
+        q = torch.where(rows < 0, -1, 1).to(torch.int16)
+    else:
+        s = levels(bits)
+        scales = torch.linalg.vector_norm(rows, dim=1)
+        ratio = rows.abs() * s / scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
+        if generator is None:
+            level = torch.round(ratio)
+        else:
+            low = torch.floor(ratio)
+            level = low + (torch.rand(ratio.shape, generator=generator) < (ratio - low)).to(ratio.dtype)
+        q = (torch.sign(rows) * level.clamp(max=s)).to(torch.int16)
+    return Quantized(q.reshape(-1)[: flat.numel()], scales, bits, size)
+
+
+def dequantize(q: Quantized) -> torch.Tensor:
+    """The flat float32 tensor ``q`` stands for."""
+    n = q.levels.numel()
+    rows, _ = _buckets(q.levels.to(torch.float32), q.bucket)
+    per = q.scales.to(torch.float32).unsqueeze(1)
+    out = rows * per if q.bits == 1 else rows * per / levels(q.bits)
+    return out.reshape(-1)[:n]
+
+
+def topk(x: torch.Tensor, fraction: float) -> Sparse:
+    flat = x.detach().reshape(-1)
+    k = keep_count(flat.numel(), fraction)
+    # stable: among equal magnitudes the lower index wins
+    order = torch.argsort(flat.abs(), descending=True, stable=True)[:k]
+    idx = torch.sort(order).values
+    return Sparse(idx, flat[idx].clone(), flat.numel())
+
+
+def randk(x: torch.Tensor, fraction: float, seed: int, unbiased: bool) -> Sparse:
+    flat = x.detach().reshape(-1)
+    idx = random_positions(flat.numel(), keep_count(flat.numel(), fraction), seed)
+    values = flat[idx].clone()
+    if unbiased:
+        values = values * (flat.numel() / idx.numel())
+    return Sparse(idx, values, flat.numel(), seed)
+
+
+def keep_count(numel: int, fraction: float) -> int:
+    return max(1, min(numel, math.ceil(fraction * numel - 1e-9)))
+
+
+def random_positions(numel: int, k: int, seed: int) -> torch.Tensor:
+    """The k sorted positions random-k keeps, drawn from ``seed``: the sender's and the receiver's draw."""
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(np.sort(rng.choice(numel, size=k, replace=False)).astype(np.int64))
+
+
+def densify(s: Sparse, values: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(s.numel, dtype=values.dtype)
+    out[s.indices] = values
+    return out
+
+
+# --- sizes and the bit-packed encoding -------------------------------------------------------------------------
+def _index_bits(numel: int) -> int:
+    return max(1, math.ceil(math.log2(numel))) if numel > 1 else 1
+
+
+def position_bytes(s: Sparse) -> int:
+    """Bytes of a sparse tensor's positions: the seed (random-k), else the smaller of k indices of ceil(log2 d) bits
+    and a d-bit bitmap."""
+    if s.seed is not None:
+        return SEED_BYTES
+    k = s.indices.numel()
+    return min(math.ceil(k * _index_bits(s.numel) / 8), math.ceil(s.numel / 8))
+
+
+def wire_bytes(data: Any) -> int:
+    """Bytes ``data`` takes on the wire: a tensor its elements, a :class:`Quantized` its packed values and scales, a
+    :class:`Sparse` its values and positions. The one size function of the channel."""
+    if isinstance(data, torch.Tensor):
+        return data.numel() * data.element_size()
+    if isinstance(data, Quantized):
+        return math.ceil(data.levels.numel() * data.bits / 8) + wire_bytes(data.scales)
+    if isinstance(data, Sparse):
+        return wire_bytes(data.values) + position_bytes(data)
+    if isinstance(data, (tuple, list)):
+        return sum(wire_bytes(d) for d in data)
+    return 0
+
+
+def _bits_of(values: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) bits of non-negative integers, most significant first."""
+    shifts = np.arange(width - 1, -1, -1, dtype=np.int64)
+    return ((values.astype(np.int64)[:, None] >> shifts) & 1).astype(np.uint8)
+
+
+def _from_bits(bits: np.ndarray, width: int) -> np.ndarray:
+    weights = (1 << np.arange(width - 1, -1, -1, dtype=np.int64))
+    return (bits.reshape(-1, width).astype(np.int64) * weights).sum(1)
+
+
+def pack(data: Any) -> bytes:
+    """The bytes :func:`wire_bytes` counts, as a real encoding: packed values, then scales or positions."""
+    if isinstance(data, torch.Tensor):
+        return data.detach().contiguous().numpy().tobytes()
+    if isinstance(data, Quantized):
+        lv = data.levels.numpy().astype(np.int64)
+        if data.bits == 1:
+            bits = (lv < 0).astype(np.uint8)[:, None]
+        else:
+            bits = np.concatenate([(lv < 0).astype(np.uint8)[:, None], _bits_of(np.abs(lv), data.bits - 1)], axis=1)
+        return np.packbits(bits.reshape(-1)).tobytes() + pack(data.scales)
+    if isinstance(data, Sparse):
+        if data.seed is not None:
+            where = int(data.seed).to_bytes(SEED_BYTES, "little")
+        else:
+            k, width = data.indices.numel(), _index_bits(data.numel)
+            if math.ceil(k * width / 8) <= math.ceil(data.numel / 8):
+                where = np.packbits(_bits_of(data.indices.numpy(), width).reshape(-1)).tobytes()
+            else:
+                mask = np.zeros(data.numel, dtype=np.uint8)
+                mask[data.indices.numpy()] = 1
+                where = np.packbits(mask).tobytes()
+        return pack(data.values) + where
+    raise TypeError(f"cannot pack a {type(data).__name__}")
+
+
+def unpack(raw: bytes, like: Any) -> Any:
+    """Read back what :func:`pack` wrote; ``like`` gives the header (shapes, dtypes, bits, k) a receiver knows."""
+    if isinstance(like, torch.Tensor):
+        arr = np.frombuffer(raw, dtype=like.numpy().dtype, count=like.numel()).copy()
+        return torch.from_numpy(arr).reshape(like.shape)
+    if isinstance(like, Quantized):
+        n, b = like.levels.numel(), like.bits
+        body = math.ceil(n * b / 8)
+        bits = np.unpackbits(np.frombuffer(raw[:body], dtype=np.uint8))[: n * b].reshape(n, b)
+        sign = np.where(bits[:, 0] == 1, -1, 1)
+        mag = np.ones(n, dtype=np.int64) if b == 1 else _from_bits(bits[:, 1:], b - 1)
+        lv = torch.from_numpy((sign * mag).astype(np.int16))
+        return Quantized(lv, unpack(raw[body:], like.scales), b, like.bucket)
+    if isinstance(like, Sparse):
+        size = wire_bytes(like.values)
+        values, where = unpack(raw[:size], like.values), raw[size:]
+        if like.seed is not None:
+            seed = int.from_bytes(where[:SEED_BYTES], "little")
+            return Sparse(random_positions(like.numel, like.indices.numel(), seed), values, like.numel, seed)
+        k, width = like.indices.numel(), _index_bits(like.numel)
+        if math.ceil(k * width / 8) <= math.ceil(like.numel / 8):
+            idx = _from_bits(np.unpackbits(np.frombuffer(where, dtype=np.uint8))[: k * width], width)
+        else:
+            idx = np.flatnonzero(np.unpackbits(np.frombuffer(where, dtype=np.uint8))[: like.numel])
+        return Sparse(torch.from_numpy(idx.astype(np.int64)), values, like.numel)
+    raise TypeError(f"cannot unpack a {type(like).__name__}")
+
+
+def cast_floats(data: Any, dtype: torch.dtype) -> Any:
+    """``data`` with every floating tensor in it (a tensor, a :class:`Quantized`'s scales, a :class:`Sparse`'s
+    values) cast to ``dtype``: the precision stage composes with compression."""
+    if isinstance(data, torch.Tensor):
+        return data.to(dtype) if torch.is_floating_point(data) else data
+    if isinstance(data, Quantized):
+        return replace(data, scales=cast_floats(data.scales, dtype))
+    if isinstance(data, Sparse):
+        return replace(data, values=cast_floats(data.values, dtype))
+    if isinstance(data, tuple):
+        return tuple(cast_floats(d, dtype) for d in data)
+    return data
+
+
+__all__ = ["Quantized", "Sparse", "cast_floats", "densify", "dequantize", "keep_count", "levels", "pack",
+           "position_bytes", "quantize", "randk", "random_positions", "topk", "unpack", "wire_bytes"]
