@@ -1,9 +1,9 @@
 """What compression costs a round: the `quickstart` preset (FedAvg, LeNet-5 on real Fashion-MNIST, 20 clients, 8 a
 round) in process, one torch thread, with the channel off and with each compression setting of ``--settings``.
 
-Two figures per setting: the channel's own time in a round (the server encoding the payload, 8 clients decoding it
-and encoding their uploads, the server decoding them: timed directly on the run's messages, median of
-``--repeats``), as a share of the plain run's median round; and the runs' median rounds (wall time less evaluation),
+Two figures per setting: the channel's own time in a round (the server encoding the payload, the worker decoding it
+once for its task, as the in-process runtime does, 8 clients encoding their uploads, the server decoding them: timed
+directly on the run's messages, median of ``--repeats``), as a share of the plain run's median round; and the runs' median rounds (wall time less evaluation),
 which carry the machine's noise. Prints a Markdown table and writes it with the JSON rows to ``--out``.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/compression.py --out benchmarks/results/compression
@@ -40,8 +40,9 @@ BASE = ["runtime.num_cpus_per_worker=1", "tracking.enabled=false", "federation.e
 
 
 def channel_seconds(overrides: list[str], repeats: int) -> float:
-    """The channel's work of one round on the run's own messages: the payload encoded once, decoded by 8 clients,
-    8 uploads (trained once, plain) encoded against it with their residuals and decoded at the server."""
+    """The channel's work of one round on the run's own messages: the payload encoded once and decoded once (one
+    worker task), 8 uploads (trained once, plain) encoded against it with their residuals and decoded at the
+    server."""
     cfg = load_config("quickstart", BASE + overrides)
     exp = resolve_experiment(cfg)
     channel = build_channel(cfg)
@@ -58,10 +59,10 @@ def channel_seconds(overrides: list[str], repeats: int) -> float:
     for r in range(repeats + 1):
         t0 = time.perf_counter()
         sent, server = channel.encode_down(payload, r, server)
-        decoded = [channel.decode_down(sent) for _ in clients]
+        decoded = channel.decode_down(sent)  # once per worker task, as the runtime does (in process: one task)
         for c, up in zip(clients, uploads):
-            packet, states[c] = channel.encode_up(up, decoded[c], states[c], c, r + 1)
-            channel.decode_up(packet, decoded[c])
+            packet, states[c] = channel.encode_up(up, decoded, states[c], c, r + 1)
+            channel.decode_up(packet, decoded)
         if r:  # the first is a warm-up
             times.append(time.perf_counter() - t0)
     return statistics.median(times)

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
-
 from fedray.channel.compression import wire_bytes
 from fedray.channel.message import Leaf, join, reference, split
 from fedray.channel.stages import Compress, Precision, Stage
@@ -97,7 +95,7 @@ class Channel:
         leaves = [leaf.header() for leaf in sent.leaves]
         for leaf in leaves:
             if leaf.relative:
-                leaf.reference = reference(payload, leaf.against, torch.empty(leaf.shape))
+                leaf.reference = reference(payload, leaf.against, leaf.shape)
                 if leaf.reference is None:
                     raise RuntimeError(f"an update of {leaf.path} arrived without the payload it is against")
         for stage in reversed(self.stages):

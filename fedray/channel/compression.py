@@ -100,9 +100,14 @@ def dequantize(q: Quantized) -> torch.Tensor:
 def topk(x: torch.Tensor, fraction: float) -> Sparse:
     flat = x.detach().reshape(-1)
     k = keep_count(flat.numel(), fraction)
-    # stable: among equal magnitudes the lower index wins
-    order = torch.argsort(flat.abs(), descending=True, stable=True)[:k]
-    idx = torch.sort(order).values
+    mag = flat.abs()
+    # every magnitude from the k-th largest up (no full sort); where several equal the k-th, the lowest indices
+    kth = torch.topk(mag, k, sorted=False).values.min()
+    keep = mag >= kth
+    if int(keep.sum()) > k:
+        tied = torch.nonzero(mag == kth).reshape(-1)
+        keep[tied[k - int((mag > kth).sum()):]] = False
+    idx = torch.nonzero(keep).reshape(-1)  # in index order
     return Sparse(idx, flat[idx].clone(), flat.numel())
 
 

@@ -99,13 +99,13 @@ def _lookup(obj: Any, path: Path) -> Any:
     return obj
 
 
-def reference(payload: Any, where: Path | None, like: torch.Tensor) -> torch.Tensor | None:
-    """The payload's tensor at ``where`` when it is one of ``like``'s shape (a model leaf's reference), else None:
-    such a leaf is then sent whole."""
+def reference(payload: Any, where: Path | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The payload's tensor at ``where`` when it has ``shape`` (a model leaf's reference), else None: such a leaf is
+    then sent whole."""
     if payload is None or where is None:
         return None
     found = _lookup(payload, where)
-    return found if isinstance(found, torch.Tensor) and found.shape == like.shape else None
+    return found if isinstance(found, torch.Tensor) and tuple(found.shape) == tuple(shape) else None
 
 
 def split(message: Any, payload: Any = None) -> tuple[Any, list[Leaf]]:
@@ -120,7 +120,7 @@ def split(message: Any, payload: Any = None) -> tuple[Any, list[Leaf]]:
             continue
         where = (against, *below) if kind == "model" and against is not None else None
         leaves.append(Leaf(path, kind, tensor, tensor.dtype, tuple(tensor.shape), where,
-                           reference(payload, where, tensor)))
+                           reference(payload, where, tuple(tensor.shape))))
         holes[path] = Hole()
     return _replace(message, (), holes), leaves
 

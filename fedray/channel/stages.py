@@ -112,8 +112,7 @@ class Compress(Stage):
     def init_state(self, client_id: int) -> dict[str, torch.Tensor] | None:
         return {} if self.feedback else None
 
-    def _compress(self, x: torch.Tensor, seed: int) -> Any:
-        generator = torch.Generator().manual_seed(seed) if self.quantize == "qsgd" else None
+    def _compress(self, x: torch.Tensor, seed: int, generator: torch.Generator | None) -> Any:
         if self.sparsify == "none":
             return compression.quantize(x, self.bits, self.bucket, generator)
         if self.sparsify == "topk":
@@ -135,6 +134,10 @@ class Compress(Stage):
     def _encode(self, leaves: list[Leaf], residuals: dict | None, key: tuple[int, ...],
                 direction: str) -> tuple[list[Leaf], Any]:
         residuals = dict(residuals) if residuals is not None else None
+        # one seed a message (run seed, direction, its key): QSGD's draws from one stream over the leaves in walk
+        # order, random-k's positions from the seed plus the leaf's place
+        seed = derive_seed(self.seed, "compress", direction, *key) % (1 << 62)
+        generator = torch.Generator().manual_seed(seed) if self.quantize == "qsgd" else None
         for i, leaf in enumerate(leaves):
             x = leaf.data.detach().reshape(-1).to(torch.float32)
             if leaf.reference is not None:
@@ -143,7 +146,7 @@ class Compress(Stage):
             name = _path_name(leaf.path)
             if residuals is not None and name in residuals:
                 x = x + residuals[name]
-            sent = self._compress(x, derive_seed(self.seed, "compress", direction, *key, i) % (1 << 63))
+            sent = self._compress(x, seed + i, generator)
             if residuals is not None:
                 residuals[name] = x - self._decompress(sent)
             leaf.data = sent

@@ -1,11 +1,30 @@
 """A test-only channel stage with per-client state, importable by Ray workers (a test module's class travels with the
-experiment by reference)."""
+experiment by reference), and the small messages the channel's tests send."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import torch
+
 from fedray.channel.stages import Stage
+from fedray.learning.boundary import Payload, Upload, counts_field, model_field
+
+
+@dataclasses.dataclass
+class Sent(Payload):
+    weights: dict
+
+
+@dataclasses.dataclass
+class Message(Upload):
+    """A model against the payload's weights, values, counts declared as such, a header scalar."""
+
+    weights: dict = model_field(against="weights")
+    logits: torch.Tensor = None
+    histogram: torch.Tensor = counts_field(default=None)
+    num_samples: int = 0
 
 
 class Counting(Stage):

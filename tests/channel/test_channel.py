@@ -16,29 +16,15 @@ from fedray.channel.config import ChannelConfig
 from fedray.channel.message import split
 from fedray.channel.stages import ORDER, Identity, Precision
 from fedray.data import build_federated_data
-from fedray.learning.boundary import Payload, Upload, counts_field, model_field
 from fedray.methods import resolve_experiment
 from fedray.models import build_model
 from fedray.simulation import run_experiment
-from tests.channel.stages import Counting
+from tests.channel.stages import Counting, Message, Sent
 from tests.conftest import LEARNABLE, tiny_config
 
 
-@dataclasses.dataclass
-class _Sent(Payload):
-    weights: dict
-
-
-@dataclasses.dataclass
-class _Message(Upload):
-    weights: dict = model_field(against="weights")
-    logits: torch.Tensor = None
-    histogram: torch.Tensor = counts_field(default=None)
-    num_samples: int = 0
-
-
 def _message():
-    return _Message(weights={"w": torch.tensor([1.0, 2.0 ** -20, 3.14159], dtype=torch.float32),
+    return Message(weights={"w": torch.tensor([1.0, 2.0 ** -20, 3.14159], dtype=torch.float32),
                              "steps": torch.tensor(7)},
                     logits=torch.tensor([[0.1, 0.2]], dtype=torch.float64),
                     histogram=torch.tensor([1.5, 2.5]), num_samples=12)
@@ -49,7 +35,7 @@ def test_fp16_halves_the_floating_tensors_and_leaves_integers_counts_and_headers
     declared counts stay float32 (8 B), the header scalar 8 B."""
     message, fp16 = _message(), build_channel(tiny_config(channel__precision="fp16"))
     assert Channel.nbytes(message) == 12 + 8 + 16 + 8 + 8
-    sent, state = fp16.encode_up(message, _Sent(weights={"w": torch.zeros(3)}), None, 0, 1)
+    sent, state = fp16.encode_up(message, Sent(weights={"w": torch.zeros(3)}), None, 0, 1)
     assert isinstance(sent, Packet) and state is None
     assert fp16.nbytes(sent) == 6 + 8 + 4 + 8 + 8
     back = fp16.decode_up(sent)
@@ -58,12 +44,12 @@ def test_fp16_halves_the_floating_tensors_and_leaves_integers_counts_and_headers
     assert back.weights["w"][1] != 0 and back.weights["w"][2] != message.weights["w"][2]
     assert torch.equal(back.weights["steps"], message.weights["steps"]) and back.num_samples == 12
     assert back.histogram is message.histogram  # counts never reach a stage
-    down = fp16.decode_down(fp16.encode_down(_Sent(weights=message.weights), 0)[0])
+    down = fp16.decode_down(fp16.encode_down(Sent(weights=message.weights), 0)[0])
     assert torch.equal(down.weights["w"], back.weights["w"])
 
 
 def test_a_message_splits_into_declared_leaves_with_their_references():
-    sent = _Sent(weights={"w": torch.ones(3)})
+    sent = Sent(weights={"w": torch.ones(3)})
     _, leaves = split(_message(), sent)
     assert [(leaf.path, leaf.kind) for leaf in leaves] == [(("weights", "w"), "model"), (("logits",), "values")]
     assert leaves[0].reference is sent.weights["w"] and leaves[1].reference is None

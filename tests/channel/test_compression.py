@@ -12,8 +12,8 @@ import torch
 from fedray.channel import compression as C
 from fedray.channel.channel import Channel, build_channel
 from fedray.channel.stages import Compress
-from fedray.learning.boundary import Payload, Upload, model_field
 from fedray.simulation import run_experiment
+from tests.channel.stages import Message, Sent
 from tests.conftest import tiny_config
 
 
@@ -58,17 +58,6 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes_and_randk_scales_by_d_over_
     assert torch.allclose(mean, v, atol=0.25)
 
 
-@dataclasses.dataclass
-class _Sent(Payload):
-    weights: dict
-
-
-@dataclasses.dataclass
-class _Up(Upload):
-    weights: dict = model_field(against="weights")
-    logits: torch.Tensor = None
-
-
 def _channel(**keys):
     return build_channel(tiny_config(**{f"channel__{k}": v for k, v in keys.items()}))
 
@@ -78,11 +67,11 @@ def _channel(**keys):
                                   dict(sparsify="randk", fraction=0.2, error_feedback=True, quantize="round")])
 def test_error_feedback_sends_over_the_rounds_what_came_in_less_what_it_keeps(keys):
     """sum_t sent_t + e_T = sum_t x_t, a model sent as its update against the payload and added back on arrival."""
-    channel, sent = _channel(**keys), _Sent(weights={"w": torch.zeros(50)})
+    channel, sent = _channel(**keys), Sent(weights={"w": torch.zeros(50)})
     state, got, came = None, torch.zeros(50), torch.zeros(50)
     for t in range(5):
         x = _v(50, seed=t)
-        packet, state = channel.encode_up(_Up(weights={"w": x}, logits=x[:3]), sent, state, 0, t + 1)
+        packet, state = channel.encode_up(Message(weights={"w": x}, logits=x[:3]), sent, state, 0, t + 1)
         got += channel.decode_up(packet, sent).weights["w"]
         came += x
     residual = state["compress"]["weights/w"]
@@ -92,10 +81,10 @@ def test_error_feedback_sends_over_the_rounds_what_came_in_less_what_it_keeps(ke
 def test_a_model_is_compressed_as_its_update_against_what_the_client_was_sent():
     channel = _channel(quantize="round", bits=2, bucket=4)
     base = torch.tensor([10.0, 10.0, 10.0, 10.0])
-    packet, _ = channel.encode_up(_Up(weights={"w": base + torch.tensor([3.0, -4.0, 0.0, 0.0])}),
-                                  _Sent(weights={"w": base}), None, 0, 1)
+    packet, _ = channel.encode_up(Message(weights={"w": base + torch.tensor([3.0, -4.0, 0.0, 0.0])}),
+                                  Sent(weights={"w": base}), None, 0, 1)
     assert C.dequantize(packet.leaves[0].data).tolist() == [5.0, -5.0, 0.0, 0.0]  # the update's levels
-    assert channel.decode_up(packet, _Sent(weights={"w": base})).weights["w"].tolist() == [15.0, 5.0, 10.0, 10.0]
+    assert channel.decode_up(packet, Sent(weights={"w": base})).weights["w"].tolist() == [15.0, 5.0, 10.0, 10.0]
 
 
 @pytest.mark.parametrize("data, size", [
@@ -122,9 +111,9 @@ def test_sparse_quantised_values_pack_and_a_message_counts_its_leaves():
     kept.values = C.quantize(kept.values, 8, None, None)
     assert len(C.pack(kept)) == C.wire_bytes(kept) == 10 + 4 + math.ceil(100 / 8)
     channel = _channel(quantize="qsgd", bits=8, bucket=None)
-    packet, _ = channel.encode_up(_Up(weights={"w": _v(100)}, logits=_v(20)), _Sent(weights={"w": _v(100, 1)}),
+    packet, _ = channel.encode_up(Message(weights={"w": _v(100)}, logits=_v(20)), Sent(weights={"w": _v(100, 1)}),
                                   None, 0, 1)
-    assert Channel.nbytes(packet) == (100 + 4) + (20 + 4)
+    assert Channel.nbytes(packet) == (100 + 4) + (20 + 4) + 8  # and the header's sample count
 
 
 @pytest.mark.parametrize("keys, key, fragment", [
