@@ -100,6 +100,8 @@ def dequantize(q: Quantized) -> torch.Tensor:
 def topk(x: torch.Tensor, fraction: float) -> Sparse:
     flat = x.detach().reshape(-1)
     k = keep_count(flat.numel(), fraction)
+    if k == 0:
+        return Sparse(torch.zeros(0, dtype=torch.int64), flat.clone(), 0)
     mag = flat.abs()
     # every magnitude from the k-th largest up (no full sort); where several equal the k-th, the lowest indices
     kth = torch.topk(mag, k, sorted=False).values.min()
@@ -115,13 +117,14 @@ def randk(x: torch.Tensor, fraction: float, seed: int, unbiased: bool) -> Sparse
     flat = x.detach().reshape(-1)
     idx = random_positions(flat.numel(), keep_count(flat.numel(), fraction), seed)
     values = flat[idx].clone()
-    if unbiased:
+    if unbiased and idx.numel():
         values = values * (flat.numel() / idx.numel())
     return Sparse(idx, values, flat.numel(), seed)
 
 
 def keep_count(numel: int, fraction: float) -> int:
-    return max(1, min(numel, math.ceil(fraction * numel - 1e-9)))
+    """k = ceil(fraction x d), at least one entry of a non-empty tensor."""
+    return min(numel, max(1, math.ceil(fraction * numel - 1e-9)))
 
 
 def random_positions(numel: int, k: int, seed: int) -> torch.Tensor:
