@@ -26,6 +26,8 @@ harness = importlib.import_module("harness")
 # benchmark module -> the record its --report-only reads (OUT/<name>.json) and the table it writes
 COMPARISONS = ["dafkd_decomposition", "dafkd_fmnist", "fedcd_fmnist", "fedd3a_table1", "fedd3a_fmnist_domains", "fedkf_fmnist",
                "subspace_fmnist", "system_fmnist"]
+# planned and checked below, their runs not committed yet: each joins COMPARISONS with its committed runs
+NOT_RUN_YET = ["compression_fmnist"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -45,7 +47,7 @@ def test_report_only_rebuilds_the_committed_table(name, tmp_path, capsys):
 
 def test_every_comparison_benchmark_is_tested():
     scripts = {p.stem for p in PAPERS.glob("*.py")} - {"harness", "fedd3a_hetero_probe"}  # the probe prints only
-    assert scripts == set(COMPARISONS)
+    assert scripts == set(COMPARISONS) | set(NOT_RUN_YET)
 
 
 def test_one_mean_std():
@@ -278,3 +280,47 @@ def test_the_decomposition_shows_the_epochs_runs_round_by_round_and_the_mechanis
     assert figs[("disc_generated", "epochs20")]["diag/ens_acc_label_share"] == {0: pytest.approx(90.0)}
     assert figs[("disc_generated", "epochs20")]["round_s"] == {0: 402.0}  # the median: the paused round left out
     assert "the median round: fedavg 402 s, disc_generated 402 s." in md
+
+
+def test_compression_configs_validate_and_the_table_reads_budgets_and_ratios(tmp_path):
+    """compression_fmnist: every method is a valid config, FedAvg, FedKF and FedCD system_fmnist's own, each other one
+    its base with the channel its name says; the accuracy at a budget is the last evaluated round within it, and the
+    ratio of MB to a target is a compressed FedAvg's over FedCD's."""
+    comp, sysb = importlib.import_module("compression_fmnist"), importlib.import_module("system_fmnist")
+
+    def dump(module, method):
+        d = module.make_config(method, "alpha0.1", 0, 30, "cpu").model_dump(mode="json")
+        return {k: v for k, v in d.items() if k != "name"}
+
+    cfgs = {m: dump(comp, m) for m in comp.METHODS}
+    for m in ("fedavg", "fedkf", "fedcd"):
+        assert cfgs[m] == dump(sysb, m)
+    changed = {m: {k: v for k, v in cfgs[m]["channel"].items() if cfgs["fedavg"]["channel"][k] != v} for m in cfgs}
+    assert changed["fedavg_q8"] == changed["fedcd_q8"] == {"quantize": "qsgd"}  # 8 bits, uploads: the defaults
+    assert cfgs["fedavg_q8"]["channel"]["bits"] == 8 and cfgs["fedavg_q8"]["channel"]["compress_on"] == "up"
+    assert changed["fedavg_q8_both"] == {"quantize": "qsgd", "compress_on": "both"}
+    assert changed["fedavg_top1_ef"] == {"sparsify": "topk", "error_feedback": True}
+    assert cfgs["fedavg_top1_ef"]["channel"]["fraction"] == 0.01
+    assert {k: v for k, v in cfgs["fedcd_q8"].items() if k != "channel"} == \
+        {k: v for k, v in cfgs["fedcd"].items() if k != "channel"}
+
+    hist = [{"round": 1, "eval/accuracy": 0.2, "comm/bytes_up": 4e6, "comm/bytes_down": 4e6},
+            {"round": 2, "comm/bytes_up": 1e6, "comm/bytes_down": 1e6},  # not evaluated
+            {"round": 3, "eval/accuracy": 0.35, "comm/bytes_up": 5e5, "comm/bytes_down": 5e5}]
+    assert comp.accuracy_within(hist, 10.0) == (1, 0.2)  # round 2 within 10 MB, not evaluated
+    assert comp.accuracy_within(hist, 11.0) == (3, 0.35)
+    assert comp.accuracy_within(hist, 7.0) == (None, None)
+    runs = harness.plan(tmp_path, ["fedavg_q8", "fedcd"], ["alpha0.1"], [0])
+    for r, scale in zip(runs, (1.0, 0.1)):
+        _finished(r.out, 0)
+        rows = [{**h, "comm/bytes_up": h["comm/bytes_up"] * scale, "comm/bytes_down": h["comm/bytes_down"] * scale}
+                for h in hist]
+        pq.write_table(pa.Table.from_pylist(rows), r.out / "history.parquet")
+        (r.out / "summary.json").write_text(json.dumps({"eval/accuracy": 0.35, "comm/bytes_up": 5.5e6 * scale,
+                                                        "comm/bytes_down": 5.5e6 * scale, "comm/bytes_setup": 9e6}))
+    res = comp.collect(harness.collect(runs))
+    md = comp.tables(res, {}, tmp_path, runs)
+    assert "| fedcd | personal | 1 | 35.00 ± 0.00 |" in md and "| fedavg_q8 | global | 1 |" in md
+    assert "| 3.0 | 11.0 |" in md  # fedavg_q8 reaches 30 % at round 3, after 11 MB
+    assert "- 30%, MB over fedcd's: fedavg —; fedavg_q8 10.0x (1.09x with setup);" in md  # 11 / 1.1, 11 / (1.1 + 9)
+
