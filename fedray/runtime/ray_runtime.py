@@ -163,7 +163,9 @@ class RayRuntime(Runtime):
 
     # --- the round protocol ----------------------------------------------------------------------------------
     def start(self, round_: int, client_ids: list[int], version: int) -> list[int]:
-        if self.pool.check():
+        # Suspect workers are revived or dropped only while no task is out: a shrinking pool renumbers its workers,
+        # and the jobs in flight (FedBuff's) name theirs by number
+        if not self._work and self.pool.check():
             self.one_actor_per_client = False
         if version not in self._versions:
             self._versions[version] = self.server.payload(version)
