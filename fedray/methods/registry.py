@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel
 
-from fedray.channel.channel import Channel, build_channel
 from fedray.system.protocol import schedule_class
 from fedray.config import ExperimentConfig
 from fedray.load import load_config
@@ -96,13 +96,9 @@ class Experiment:
     cfg: ExperimentConfig
     method: type[Algorithm]
     params: BaseModel
-    #: what every message passes through (:class:`fedray.channel.channel.Channel`): built from ``cfg.channel`` unless
-    #: given (a test's own stage)
-    channel: Channel = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.channel is None:
-            object.__setattr__(self, "channel", build_channel(self.cfg))
+    #: a channel of the caller's own (a test's stage, :class:`fedray.channel.channel.Channel`); None: the runtime
+    #: builds the one ``cfg.channel`` configures (methods never know the channel)
+    channel: Any = None
 
     def build(self, spec: DataSpec) -> Algorithm:
         """The method's instance for data of ``spec`` (one per process: a worker, the server, the driver)."""

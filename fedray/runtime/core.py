@@ -17,6 +17,7 @@ import torch
 
 from fedray.methods import Algorithm, ClientContext, DataSpec, Experiment, ServerContext, resolve_experiment
 from fedray.methods.api import ClientResult, ClientState, ModelBank, PooledImages, Upload, Weights
+from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
@@ -59,6 +60,11 @@ def _to_device(modules: Any, device: torch.device, channels_last: bool = False) 
     return modules
 
 
+def experiment_channel(exp: Experiment) -> Channel:
+    """The channel of a run: the experiment's own when it brings one, else the one its config describes."""
+    return exp.channel if exp.channel is not None else build_channel(exp.cfg)
+
+
 def cpu_channels_last(cfg: ExperimentConfig, device: torch.device) -> bool:
     return cfg.runtime.cpu_channels_last and device.type == "cpu"
 
@@ -88,7 +94,7 @@ class ClientWorkerCore:
         check_precision(cfg.runtime.precision, device)
         self.cfg, self.data, self.device = cfg, data, device
         self.algo, self.modules = _build(exp, data, device)
-        self.channel = exp.channel
+        self.channel = experiment_channel(exp)
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
@@ -259,7 +265,7 @@ class ServerCore:
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
         self.state = self.algo.init_server_state(self.modules)
-        self.channel = exp.channel
+        self.channel = experiment_channel(exp)
         self.sent: dict[int, Sent] = {}  # what was sent, by server version, while clients train from it
         self.wire_state = self.channel.init_server_state()  # the channel's server side (downlink error feedback)
         self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)

@@ -54,7 +54,7 @@ from fedray.runtime.base import Runtime, RuntimeState
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
-from fedray.runtime.core import data_spec, report_eval
+from fedray.runtime.core import data_spec, experiment_channel, report_eval
 from fedray.runtime.personal import client_table, personal_evaluation, personal_models
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.server_host import ActorServer, DriverServer, server_in_driver
@@ -133,6 +133,7 @@ class RayRuntime(Runtime):
         self.vectorised = vectorize_enabled(cfg.runtime.vectorize, worker_device)
         self.batch_clients = self.vectorised or cfg.runtime.client_timeout_s is None
         self.client_states: dict[int, ray.ObjectRef] = {}  # driver-owned refs; never sent to the server
+        self.channel_stateful = experiment_channel(self.experiment).stateful
         self.channel_states: dict[int, ray.ObjectRef] = {}  # each client's channel state, as client states
         self._work: dict[int, Job] = {}  # each started client's task, until its step or drop
         self._versions: dict[int, tuple[ray.ObjectRef, Any]] = {}  # payloads by server version, and their bytes
@@ -243,7 +244,7 @@ class RayRuntime(Runtime):
         for job in jobs:
             if job.done.get("has_state", True):
                 self.client_states[job.client_id] = job.state
-            if self.experiment.channel.stateful:
+            if self.channel_stateful:
                 self.channel_states[job.client_id] = job.wire
         metrics["health/dropped_clients"] = float(self._lost)
         self._lost = 0
