@@ -1,10 +1,11 @@
 """What compression costs a round: the `quickstart` preset (FedAvg, LeNet-5 on real Fashion-MNIST, 20 clients, 8 a
-round) in process, one torch thread, with the channel off and with each compression setting of ``--settings``.
+round) in process, one torch thread, with the channel off and with each compression setting of ``--settings``, its
+clients trained one by one and vectorised (``runtime.vectorize=true``: in lockstep, as on a GPU).
 
 Two figures per setting: the channel's own time in a round (the server encoding the payload, the worker decoding it
-once for its task, as the in-process runtime does, 8 clients encoding their uploads, the server decoding them: timed
-directly on the run's messages, median of ``--repeats``), as a share of the plain run's median round; and the runs' median rounds (wall time less evaluation),
-which carry the machine's noise. Prints a Markdown table and writes it with the JSON rows to ``--out``.
+once for its task, the 8 uploads encoded stacked, one row a client, as the worker does in both modes, the server
+decoding them: timed directly on the run's messages, median of ``--repeats``), as a share of the plain run's median
+round in each mode; and the runs' median rounds (wall time less evaluation), which carry the machine's noise. Prints a Markdown table and writes it with the JSON rows to ``--out``.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/speed/compression.py --out benchmarks/results/compression
 """
@@ -37,6 +38,7 @@ SETTINGS = {
                            "channel.quantize=qsgd", "channel.bits=8", "channel.compress_on=both"],
 }
 BASE = ["runtime.num_cpus_per_worker=1", "tracking.enabled=false", "federation.eval_every=1000"]
+MODES = {"one by one": ["runtime.vectorize=false"], "vectorised": ["runtime.vectorize=true"]}
 
 
 def channel_seconds(overrides: list[str], repeats: int) -> float:
@@ -60,8 +62,8 @@ def channel_seconds(overrides: list[str], repeats: int) -> float:
         t0 = time.perf_counter()
         sent, server = channel.encode_down(payload, r, server)
         decoded = channel.decode_down(sent)  # once per worker task, as the runtime does (in process: one task)
-        for c, up in zip(clients, uploads):
-            packet, states[c] = channel.encode_up(up, decoded, states[c], c, r + 1)
+        encoded = channel.encode_up_many(uploads, decoded, [states[c] for c in clients], clients, r + 1)
+        for c, (packet, states[c]) in zip(clients, encoded):
             channel.decode_up(packet, decoded)
         if r:  # the first is a warm-up
             times.append(time.perf_counter() - t0)
@@ -83,20 +85,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    plain, plain_summary = median_round([], args.rounds)
-    rows = [{"setting": "off", "round_s": plain, "channel_s": 0.0, "share": 0.0,
-             "mb_up": plain_summary["comm/bytes_up"] / 1e6, "mb_down": plain_summary["comm/bytes_down"] / 1e6}]
-    for name in args.settings:
-        own = channel_seconds(SETTINGS[name], args.repeats)
-        round_s, summary = median_round(SETTINGS[name], args.rounds)
-        rows.append({"setting": name, "round_s": round_s, "channel_s": own, "share": own / plain,
+    own = {name: channel_seconds(SETTINGS[name], args.repeats) for name in args.settings}
+    rows = []
+    for mode, flags in MODES.items():
+        plain, summary = median_round(flags, args.rounds)
+        rows.append({"setting": "off", "clients": mode, "round_s": plain, "channel_s": 0.0, "share": 0.0,
                      "mb_up": summary["comm/bytes_up"] / 1e6, "mb_down": summary["comm/bytes_down"] / 1e6})
+        for name in args.settings:
+            round_s, summary = median_round(flags + SETTINGS[name], args.rounds)
+            rows.append({"setting": name, "clients": mode, "round_s": round_s, "channel_s": own[name],
+                         "share": own[name] / plain, "mb_up": summary["comm/bytes_up"] / 1e6,
+                         "mb_down": summary["comm/bytes_down"] / 1e6})
     lines = [f"CPU: {_cpu_name()}, one torch thread; quickstart (FedAvg, LeNet-5, Fashion-MNIST, 8 clients a round), "
              f"{args.rounds} rounds (median of rounds 2..), channel timed {args.repeats} times", "",
-             "| setting | median round (s) | channel in a round (s) | channel / plain round | MB up | MB down |",
-             "| :--- | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['setting']} | {r['round_s']:.3f} | {r['channel_s']:.4f} | {100 * r['share']:.2f} % | "
-              f"{r['mb_up']:.2f} | {r['mb_down']:.2f} |" for r in rows]
+             "| setting | clients | median round (s) | channel in a round (s) | channel / plain round | MB up | MB down |",
+             "| :--- | :--- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['setting']} | {r['clients']} | {r['round_s']:.3f} | {r['channel_s']:.4f} | "
+              f"{100 * r['share']:.2f} % | {r['mb_up']:.2f} | {r['mb_down']:.2f} |" for r in rows]
     print("\n".join(lines))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fedray.channel.compression import wire_bytes
+import torch
+
+from fedray.channel.compression import row, wire_bytes
 from fedray.channel.message import Leaf, join, reference, split
 from fedray.channel.stages import Compress, Precision, Stage
 from fedray.learning.aggregation import Aggregation, WeightedMean
@@ -53,16 +56,35 @@ class Channel:
                   round_: int) -> tuple[Any, dict[str, Any] | None]:
         """Client side: (what is sent, the client's new channel state). ``payload``: the payload as this client
         decoded it (the reference of the upload's model fields)."""
+        return self.encode_up_many([upload], payload, [state], [client_id], round_)[0]
+
+    def encode_up_many(self, uploads: list[Any], payload: Any, states: list[dict[str, Any] | None],
+                       client_ids: list[int], round_: int) -> list[tuple[Any, dict[str, Any] | None]]:
+        """:meth:`encode_up` for the clients of a round trained from one payload: uploads of the same layout (their
+        leaves' paths, shapes and dtypes) go through each stage stacked, one row a client."""
         if not self.stages:
-            return upload, state
-        state = dict(state) if state is not None else self.init_state(client_id)
-        skeleton, leaves = split(upload, payload)
-        for stage in self.stages:
-            own = state.get(stage.name) if state is not None and stage.per_client else None
-            leaves, own = stage.client_encode(leaves, own, (round_, client_id))
-            if stage.per_client:
-                state[stage.name] = own
-        return Packet(skeleton, [leaf.header() for leaf in leaves]), state
+            return list(zip(uploads, states))
+        states = [dict(s) if s is not None else self.init_state(c) for s, c in zip(states, client_ids)]
+        parts = [split(upload, payload) for upload in uploads]
+        batches: dict[tuple, list[int]] = {}
+        for i, (_, leaves) in enumerate(parts):
+            layout = tuple((leaf.path, leaf.shape, leaf.dtype, leaf.reference is not None) for leaf in leaves)
+            batches.setdefault(layout, []).append(i)
+        sent: list[Any] = [None] * len(uploads)
+        for members in batches.values():
+            first = parts[members[0]][1]
+            leaves = [dataclasses.replace(leaf, data=torch.stack([parts[i][1][j].data for i in members]))
+                      for j, leaf in enumerate(first)]
+            keys = [(round_, client_ids[i]) for i in members]
+            for stage in self.stages:
+                own = [states[i].get(stage.name) if stage.per_client else None for i in members]
+                leaves, own = stage.client_encode(leaves, own, keys)
+                if stage.per_client:
+                    for i, state in zip(members, own):
+                        states[i][stage.name] = state
+            for r, i in enumerate(members):
+                sent[i] = Packet(parts[i][0], [_row(leaf, r) for leaf in leaves])
+        return list(zip(sent, states))
 
     def decode_up(self, sent: Any, payload: Any = None) -> Any:
         """Server side: the upload as it arrived. ``payload``: the payload as the client decoded it, whose tensors
@@ -76,12 +98,13 @@ class Channel:
             return payload, state
         state = dict(state) if state is not None else self.init_server_state()
         skeleton, leaves = split(payload)
+        leaves = [dataclasses.replace(leaf, data=leaf.data.unsqueeze(0)) for leaf in leaves]  # a batch of one
         for stage in self.stages:
-            own = state.get(stage.name) if state is not None and stage.per_server else None
-            leaves, own = stage.server_encode(leaves, own, (version,))
+            own = [state.get(stage.name) if stage.per_server else None]
+            leaves, own = stage.server_encode(leaves, own, [(version,)])
             if stage.per_server:
-                state[stage.name] = own
-        return Packet(skeleton, [leaf.header() for leaf in leaves]), state
+                state[stage.name] = own[0]
+        return Packet(skeleton, [_row(leaf, 0) for leaf in leaves]), state
 
     def decode_down(self, sent: Any) -> Any:
         """Client side: the payload as the client decoded it."""
@@ -108,6 +131,11 @@ class Channel:
         if isinstance(sent, Packet):
             return nbytes(sent.skeleton) + sum(wire_bytes(leaf.data) for leaf in sent.leaves)
         return nbytes(sent)
+
+
+def _row(leaf: Leaf, i: int) -> Leaf:
+    """Message ``i`` of a batch's encoded leaf, as its receiver gets it (:meth:`Leaf.header`)."""
+    return dataclasses.replace(leaf.header(), data=row(leaf.data, i))
 
 
 def build_channel(cfg: Any) -> Channel:

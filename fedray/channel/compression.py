@@ -30,11 +30,17 @@ import torch
 
 SEED_BYTES = 8
 
+# SplitMix64 (Steele, Lea and Flood, OOPSLA 2014): the j-th draw of the stream seeded s is mix(s + (j + 1) g), so
+# any element of any stream is computed directly: the draws of a batch of clients are one array operation, and a
+# client's draws are the same alone or stacked with others, in process or on Ray
+_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
 
 @dataclass
 class Quantized:
     """A flat tensor at ``bits`` bits an element: ``levels`` (int16, in [-s, s]; +-1 for one bit) and one ``scales``
-    entry per ``bucket`` elements (the L2 norm; the mean magnitude for one bit)."""
+    entry per ``bucket`` elements (the L2 norm; the mean magnitude for one bit). A batch of messages has one row of
+    levels and of scales each (:func:`row` takes one out)."""
 
     levels: torch.Tensor
     scales: torch.Tensor
@@ -45,12 +51,28 @@ class Quantized:
 @dataclass
 class Sparse:
     """k entries of a flat tensor of ``numel``: their ``values`` (a tensor or :class:`Quantized`) and their sorted
-    ``indices``; for random-k only the ``seed`` they are drawn from travels (``indices`` is the receiver's draw)."""
+    ``indices``; for random-k only the ``seed`` they are drawn from travels (``indices`` is the receiver's draw). A
+    batch has one row each and a list of seeds."""
 
     indices: torch.Tensor
     values: Any
     numel: int
-    seed: int | None = None
+    seed: Any = None
+
+
+def _mix(seeds: Any, n: int) -> np.ndarray:
+    """(messages, n) uint64: the first n draws of the SplitMix64 stream of each seed."""
+    s = np.asarray(seeds, dtype=np.uint64).reshape(-1, 1)
+    with np.errstate(over="ignore"):
+        z = s + np.arange(1, n + 1, dtype=np.uint64)[None, :] * _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def uniform(seeds: Any, n: int) -> torch.Tensor:
+    """(messages, n) float32 uniform on [0, 1), 24 bits each, from the streams of ``seeds``."""
+    return torch.from_numpy((_mix(seeds, n) >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24))
 
 
 def levels(bits: int) -> int:
@@ -58,68 +80,85 @@ def levels(bits: int) -> int:
     return max(1, 2 ** (bits - 1) - 1)
 
 
-def _buckets(x: torch.Tensor, bucket: int) -> tuple[torch.Tensor, int]:
-    """``x`` (flat) as rows of ``bucket`` elements, the last padded with zeros; and the padding."""
-    pad = (-x.numel()) % bucket
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``x`` as (messages, elements) float32 rows: a 1-D tensor is one message, a 2-D one a batch."""
+    return (x.detach().reshape(1, -1), True) if x.dim() <= 1 else (x.detach(), False)
+
+
+def _buckets(x: torch.Tensor, bucket: int) -> torch.Tensor:
+    """(..., n) as (..., n / bucket, bucket), the last bucket padded with zeros."""
+    pad = (-x.shape[-1]) % bucket
     if pad:
-        x = torch.cat([x, x.new_zeros(pad)])
-    return x.view(-1, bucket), pad
+        x = torch.cat([x, x.new_zeros(*x.shape[:-1], pad)], dim=-1)
+    return x.reshape(*x.shape[:-1], -1, bucket)
 
 
-def quantize(x: torch.Tensor, bits: int, bucket: int | None, generator: torch.Generator | None) -> Quantized:
-    """``x`` (any shape, floating) quantised per bucket (None: the whole tensor); stochastic (QSGD) with a
-    ``generator``, deterministic rounding without."""
-    flat = x.detach().reshape(-1).to(torch.float32)
-    size = bucket or max(1, flat.numel())
-    rows, pad = _buckets(flat, size)
+def _one(data: Any, single: bool) -> Any:
+    return row(data, 0) if single else data
+
+
+def quantize(x: torch.Tensor, bits: int, bucket: int | None, seeds: Any = None) -> Quantized:
+    """``x`` (a flat message, or a batch as rows) quantised per bucket (None: the whole message); stochastic (QSGD)
+    with ``seeds`` (an int, or one a row), deterministic rounding without."""
+    rows, single = _rows(x)
+    rows = rows.to(torch.float32)
+    n = rows.shape[1]
+    size = bucket or max(1, n)
+    b = _buckets(rows, size)
     if bits == 1:
-        scales = rows.abs().sum(1) / torch.tensor([size] * (rows.shape[0] - 1) + [size - pad], dtype=torch.float32)
-        q = torch.where(rows < 0, -1, 1).to(torch.int16)
+        count = torch.full((b.shape[1],), float(size), device=rows.device)
+        if b.shape[1]:
+            count[-1] = n - size * (b.shape[1] - 1)
+        scales = b.abs().sum(-1) / count
+        q = torch.where(b < 0, -1, 1).to(torch.int16)
     else:
         s = levels(bits)
-        scales = torch.linalg.vector_norm(rows, dim=1)
-        ratio = rows.abs() * s / scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(1)
-        if generator is None:
+        scales = torch.linalg.vector_norm(b, dim=-1)
+        ratio = b.abs() * s / scales.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+        if seeds is None:
             level = torch.round(ratio)
         else:
             low = torch.floor(ratio)
-            level = low + (torch.rand(ratio.shape, generator=generator) < (ratio - low)).to(ratio.dtype)
-        q = (torch.sign(rows) * level.clamp(max=s)).to(torch.int16)
-    return Quantized(q.reshape(-1)[: flat.numel()], scales, bits, size)
+            u = uniform(seeds, b.shape[1] * size).to(rows.device).view_as(ratio)
+            level = low + (u < (ratio - low)).to(ratio.dtype)
+        q = (torch.sign(b) * level.clamp(max=s)).to(torch.int16)
+    return _one(Quantized(q.reshape(rows.shape[0], -1)[:, :n], scales, bits, size), single)
 
 
 def dequantize(q: Quantized) -> torch.Tensor:
-    """The flat float32 tensor ``q`` stands for."""
-    n = q.levels.numel()
-    rows, _ = _buckets(q.levels.to(torch.float32), q.bucket)
-    per = q.scales.to(torch.float32).unsqueeze(1)
-    out = rows * per if q.bits == 1 else rows * per / levels(q.bits)
-    return out.reshape(-1)[:n]
+    """The flat float32 tensor ``q`` stands for (a row each for a batch)."""
+    n = q.levels.shape[-1]
+    b = _buckets(q.levels.to(torch.float32), q.bucket)
+    out = b * q.scales.to(torch.float32).unsqueeze(-1)
+    out = out if q.bits == 1 else out / levels(q.bits)
+    return out.reshape(*q.levels.shape[:-1], -1)[..., :n]
 
 
 def topk(x: torch.Tensor, fraction: float) -> Sparse:
-    flat = x.detach().reshape(-1)
-    k = keep_count(flat.numel(), fraction)
+    """The k = ceil(fraction x d) entries of largest magnitude of each row (ties: the lower index)."""
+    rows, single = _rows(x)
+    k = keep_count(rows.shape[1], fraction)
+    mag = rows.abs()
     if k == 0:
-        return Sparse(torch.zeros(0, dtype=torch.int64), flat.clone(), 0)
-    mag = flat.abs()
-    # every magnitude from the k-th largest up (no full sort); where several equal the k-th, the lowest indices
-    kth = torch.topk(mag, k, sorted=False).values.min()
-    keep = mag >= kth
-    if int(keep.sum()) > k:
-        tied = torch.nonzero(mag == kth).reshape(-1)
-        keep[tied[k - int((mag > kth).sum()):]] = False
-    idx = torch.nonzero(keep).reshape(-1)  # in index order
-    return Sparse(idx, flat[idx].clone(), flat.numel())
+        idx = torch.zeros(rows.shape[0], 0, dtype=torch.int64, device=rows.device)
+    else:
+        # every magnitude from the k-th largest up (no full sort); where several equal the k-th, the lowest indices
+        kth = torch.topk(mag, k, dim=1, sorted=False).values.min(1, keepdim=True).values
+        above, tied = mag > kth, mag == kth
+        keep = above | (tied & (tied.cumsum(1) <= k - above.sum(1, keepdim=True)))
+        idx = torch.nonzero(keep)[:, 1].reshape(rows.shape[0], k)  # row-major: in index order within a row
+    return _one(Sparse(idx, rows.gather(1, idx), rows.shape[1]), single)
 
 
-def randk(x: torch.Tensor, fraction: float, seed: int, unbiased: bool) -> Sparse:
-    flat = x.detach().reshape(-1)
-    idx = random_positions(flat.numel(), keep_count(flat.numel(), fraction), seed)
-    values = flat[idx].clone()
-    if unbiased and idx.numel():
-        values = values * (flat.numel() / idx.numel())
-    return Sparse(idx, values, flat.numel(), seed)
+def randk(x: torch.Tensor, fraction: float, seeds: Any, unbiased: bool) -> Sparse:
+    """k = ceil(fraction x d) entries of each row at positions drawn from its seed, scaled by d / k if ``unbiased``."""
+    rows, single = _rows(x)
+    seeds = [seeds] if single else list(seeds)
+    idx = random_positions(rows.shape[1], keep_count(rows.shape[1], fraction), seeds).to(rows.device)
+    values = rows.gather(1, idx)
+    if unbiased and idx.shape[1]:
+        values = values * (rows.shape[1] / idx.shape[1])
+    return _one(Sparse(idx, values, rows.shape[1], seeds), single)
 
 
 def keep_count(numel: int, fraction: float) -> int:
@@ -127,16 +166,32 @@ def keep_count(numel: int, fraction: float) -> int:
     return min(numel, max(1, math.ceil(fraction * numel - 1e-9)))
 
 
-def random_positions(numel: int, k: int, seed: int) -> torch.Tensor:
-    """The k sorted positions random-k keeps, drawn from ``seed``: the sender's and the receiver's draw."""
-    rng = np.random.default_rng(seed)
-    return torch.from_numpy(np.sort(rng.choice(numel, size=k, replace=False)).astype(np.int64))
+def random_positions(numel: int, k: int, seeds: Any) -> torch.Tensor:
+    """The k sorted positions random-k keeps: the k smallest of the seed's first ``numel`` draws (all distinct), the
+    sender's and the receiver's draw; (k,) for one seed, (seeds, k) for a list."""
+    z = _mix(seeds, numel)
+    idx = np.argpartition(z, k - 1, axis=1)[:, :k] if 0 < k < numel else np.tile(np.arange(k), (z.shape[0], 1))
+    idx = torch.from_numpy(np.sort(idx, axis=1).astype(np.int64))
+    return idx[0] if np.ndim(seeds) == 0 else idx
 
 
 def densify(s: Sparse, values: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(s.numel, dtype=values.dtype)
-    out[s.indices] = values
-    return out
+    """The flat tensor (a row each for a batch) with ``values`` at ``s``'s positions, zeros elsewhere."""
+    out = values.new_zeros(*s.indices.shape[:-1], s.numel)
+    return out.scatter_(-1, s.indices, values)
+
+
+def row(data: Any, i: int) -> Any:
+    """Message ``i`` of a batch's encoding (a tensor, :class:`Quantized` or :class:`Sparse` with one row each), in
+    tensors of its own: a view would carry the whole batch's storage when pickled or checkpointed."""
+    if isinstance(data, torch.Tensor):
+        return data[i].clone()
+    if isinstance(data, Quantized):
+        return replace(data, levels=data.levels[i].clone(), scales=data.scales[i].clone())
+    if isinstance(data, Sparse):
+        return Sparse(data.indices[i].clone(), row(data.values, i), data.numel,
+                      None if data.seed is None else data.seed[i])
+    return data
 
 
 # --- sizes and the bit-packed encoding -------------------------------------------------------------------------
@@ -247,4 +302,4 @@ def cast_floats(data: Any, dtype: torch.dtype) -> Any:
 
 
 __all__ = ["Quantized", "Sparse", "cast_floats", "densify", "dequantize", "keep_count", "levels", "pack",
-           "position_bytes", "quantize", "randk", "random_positions", "topk", "unpack", "wire_bytes"]
+           "position_bytes", "quantize", "randk", "random_positions", "row", "topk", "uniform", "unpack", "wire_bytes"]

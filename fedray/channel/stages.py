@@ -29,8 +29,14 @@ ORDER = {"adversary": 10, "clip": 20, "local_noise": 30, "compress": 40, "precis
 
 class Stage:
     """A transform of the leaves of every message (:class:`~fedray.channel.message.Leaf`; counts never reach it).
-    The defaults do nothing: a stage overrides the sides it acts on. ``key`` names the message for seeded draws:
-    (round, client) on the way up, (version,) on the way down."""
+    The defaults do nothing: a stage overrides the sides it acts on.
+
+    Encoders see a batch: each leaf's ``data`` has one row per message (the clients of a round a worker trained
+    together, batched or not; one row for the server's payload), with ``states`` and ``keys`` one per row. A
+    stage works on the rows at once, so that clients trained in lockstep are encoded without a loop over them, and
+    a message's encoding must not depend on the others of its batch: a client alone, stacked with others, in
+    process or on Ray sends the same. ``keys`` name the messages for seeded draws: (round, client) on the way up,
+    (version,) on the way down. Decoders see one message as it arrived."""
 
     name: ClassVar[str]
     order: ClassVar[int]
@@ -44,16 +50,18 @@ class Stage:
         return None
 
     # --- uplink: the client encodes what it sends, the server decodes what arrives ------------------------------
-    def client_encode(self, leaves: list[Leaf], state: Any, key: tuple[int, ...]) -> tuple[list[Leaf], Any]:
-        return leaves, state
+    def client_encode(self, leaves: list[Leaf], states: list[Any], keys: list[tuple[int, ...]]) -> tuple[list[Leaf],
+                                                                                                          list[Any]]:
+        return leaves, states
 
     def server_decode(self, leaves: list[Leaf]) -> list[Leaf]:
         return leaves
 
     # --- downlink: the server encodes a payload once per model version, every client decodes it ------------------
-    def server_encode(self, leaves: list[Leaf], state: Any, key: tuple[int, ...]) -> tuple[list[Leaf], Any]:
-        """``state``: the stage's server state (downlink error feedback); None when it keeps none."""
-        return leaves, state
+    def server_encode(self, leaves: list[Leaf], states: list[Any], keys: list[tuple[int, ...]]) -> tuple[list[Leaf],
+                                                                                                          list[Any]]:
+        """``states``: the stage's server state (downlink error feedback; None when it keeps none), one row."""
+        return leaves, states
 
     def client_decode(self, leaves: list[Leaf]) -> list[Leaf]:
         return leaves
@@ -78,10 +86,10 @@ class Precision(Stage):
     def __init__(self, precision: str):
         self.wire = self.WIRE_DTYPES[precision]
 
-    def _encode(self, leaves: list[Leaf], state: Any, key: tuple[int, ...]) -> tuple[list[Leaf], Any]:
+    def _encode(self, leaves: list[Leaf], states: list[Any], keys: list) -> tuple[list[Leaf], list[Any]]:
         for leaf in leaves:
             leaf.data = cast_floats(leaf.data, self.wire)
-        return leaves, state
+        return leaves, states
 
     def _decode(self, leaves: list[Leaf]) -> list[Leaf]:
         for leaf in leaves:
@@ -112,15 +120,16 @@ class Compress(Stage):
     def init_state(self, client_id: int) -> dict[str, torch.Tensor] | None:
         return {} if self.feedback else None
 
-    def _compress(self, x: torch.Tensor, seed: int, generator: torch.Generator | None) -> Any:
+    def _compress(self, x: torch.Tensor, positions: list[int], draws: list[int] | None) -> Any:
+        """The rows of ``x`` compressed: random-k's positions from ``positions``, QSGD's draws from ``draws``."""
         if self.sparsify == "none":
-            return compression.quantize(x, self.bits, self.bucket, generator)
+            return compression.quantize(x, self.bits, self.bucket, draws)
         if self.sparsify == "topk":
             kept = compression.topk(x, self.fraction)
         else:
-            kept = compression.randk(x, self.fraction, seed, unbiased=not self.feedback)
+            kept = compression.randk(x, self.fraction, positions, unbiased=not self.feedback)
         if self.quantize != "none":
-            kept.values = compression.quantize(kept.values, self.bits, self.bucket, generator)
+            kept.values = compression.quantize(kept.values, self.bits, self.bucket, draws)
         return kept
 
     @staticmethod
@@ -131,26 +140,29 @@ class Compress(Stage):
             return compression.densify(data, values.to(torch.float32))
         return compression.dequantize(data)
 
-    def _encode(self, leaves: list[Leaf], residuals: dict | None, key: tuple[int, ...],
-                direction: str) -> tuple[list[Leaf], Any]:
-        residuals = dict(residuals) if residuals is not None else None
-        # one seed a message (run seed, direction, its key): QSGD's draws from one stream over the leaves in walk
-        # order, random-k's positions from the seed plus the leaf's place
-        seed = derive_seed(self.seed, "compress", direction, *key) % (1 << 62)
-        generator = torch.Generator().manual_seed(seed) if self.quantize == "qsgd" else None
+    def _encode(self, leaves: list[Leaf], states: list[dict | None], keys: list[tuple[int, ...]],
+                direction: str) -> tuple[list[Leaf], list[dict | None]]:
+        n = len(keys)
+        states = [dict(s) if s is not None else None for s in states]
+        # one seed a message (run seed, direction, its key), one stream a leaf: QSGD's draws from seed + 2i + 1,
+        # random-k's positions from seed + 2i for the i-th leaf in walk order
+        seeds = [derive_seed(self.seed, "compress", direction, *key) % (1 << 62) for key in keys]
         for i, leaf in enumerate(leaves):
-            x = leaf.data.detach().reshape(-1).to(torch.float32)
+            x = leaf.data.detach().reshape(n, -1).to(torch.float32)
             if leaf.reference is not None:
-                x = x - leaf.reference.detach().reshape(-1).to(torch.float32)
+                x = x - leaf.reference.detach().reshape(1, -1).to(x)
                 leaf.relative = True
             name = _path_name(leaf.path)
-            if residuals is not None and name in residuals:
-                x = x + residuals[name]
-            sent = self._compress(x, seed + i, generator)
-            if residuals is not None:
-                residuals[name] = x - self._decompress(sent)
+            if self.feedback:
+                x = x + torch.stack([s[name].to(x) if name in s else x.new_zeros(x.shape[1]) for s in states])
+            sent = self._compress(x, [s + 2 * i for s in seeds],
+                                  [s + 2 * i + 1 for s in seeds] if self.quantize == "qsgd" else None)
+            if self.feedback:
+                # each client's own copy: a checkpoint of a view would save the whole batch
+                for state, residual in zip(states, (x - self._decompress(sent)).unbind()):
+                    state[name] = residual.clone()
             leaf.data = sent
-        return leaves, residuals
+        return leaves, states
 
     def _decode(self, leaves: list[Leaf]) -> list[Leaf]:
         for leaf in leaves:
@@ -160,14 +172,14 @@ class Compress(Stage):
             leaf.data = x.to(leaf.dtype)
         return leaves
 
-    def client_encode(self, leaves, state, key):
-        return self._encode(leaves, state, key, "up") if self.up else (leaves, state)
+    def client_encode(self, leaves, states, keys):
+        return self._encode(leaves, states, keys, "up") if self.up else (leaves, states)
 
     def server_decode(self, leaves):
         return self._decode(leaves) if self.up else leaves
 
-    def server_encode(self, leaves, state, key):
-        return self._encode(leaves, state, key, "down") if self.down else (leaves, state)
+    def server_encode(self, leaves, states, keys):
+        return self._encode(leaves, states, keys, "down") if self.down else (leaves, states)
 
     def client_decode(self, leaves):
         return self._decode(leaves) if self.down else leaves

@@ -114,8 +114,12 @@ class ClientWorkerCore:
         return self._train(round_, client_id, self.channel.decode_down(payload), state, wire)
 
     def _train(self, round_: int, client_id: int, payload: Any, state: ClientState | None, wire: Any) -> Done:
+        return self._outcomes([self._trained(round_, client_id, payload, state)], payload, [wire])[0]
+
+    def _trained(self, round_: int, client_id: int, payload: Any,
+                 state: ClientState | None) -> tuple[ClientContext, ClientResult]:
         ctx, state = self._context(round_, client_id, state)
-        return self._outcome(ctx, self._alone(ctx, self.algo.client_update(ctx, payload, state)), payload, wire)
+        return ctx, self._alone(ctx, self.algo.client_update(ctx, payload, state))
 
     def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
         """One client's update run by itself; a StepwiseTraining without a run of its own goes through the
@@ -134,14 +138,14 @@ class ClientWorkerCore:
         payload = self.channel.decode_down(payload)
         wires = wires if wires is not None else [None] * len(client_ids)
         if not self.vectorize or len(client_ids) < self.vectorize_min:
-            return [self._train(round_, c, payload, s, w) for c, s, w in zip(client_ids, states, wires)]
+            done = [self._trained(round_, c, payload, s) for c, s in zip(client_ids, states)]
+            return self._outcomes(done, payload, wires)
         ctxs, plans, results = [], [], {}
-        wire_of = dict(zip(client_ids, wires))
         for cid, state in zip(client_ids, states):
             ctx, state = self._context(round_, cid, state)
             update = self.algo.client_update(ctx, payload, state)
             if isinstance(update, ClientResult):  # not a plan (e.g. DaFKD with a gradient penalty): done already
-                results[cid] = self._outcome(ctx, update, payload, wire_of[cid])
+                results[cid] = ctx, update
             else:
                 ctxs.append(ctx)
                 plans.append(update)
@@ -156,19 +160,22 @@ class ClientWorkerCore:
                 trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part],
                                            pad=self.cfg.runtime.vectorize_pad, cuda_graphs=self.cfg.runtime.cuda_graphs)
                 for i, result in zip(part, trained):
-                    cid = ctxs[i].client_id
-                    results[cid] = self._outcome(ctxs[i], result, payload, wire_of[cid])
-        return [results[c] for c in client_ids]
+                    results[ctxs[i].client_id] = ctxs[i], result
+        return self._outcomes([results[c] for c in client_ids], payload, wires)
 
-    def _outcome(self, ctx: ClientContext, result: ClientResult, payload: Any, wire: Any) -> Done:
-        """The client's upload through the channel's client side (here, where the client runs), its new state, its
-        info (``bytes_up``: what the channel sent) and its new channel state."""
-        sent, wire = self.channel.encode_up(result.upload, payload, wire, ctx.client_id, ctx.round)
-        info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": self.channel.nbytes(sent),
-                "has_state": result.state is not None, "pid": os.getpid(),
-                "work_samples": self.algo.client_samples(ctx)}  # the simulated system's samples_k
-        info.update(result.metrics)
-        return sent, result.state, info, wire
+    def _outcomes(self, done: list[tuple[ClientContext, ClientResult]], payload: Any, wires: list[Any]) -> list[Done]:
+        """The clients' uploads through the channel's client side (here, where the clients run; stacked, one row a
+        client), their new states, their infos (``bytes_up``: what the channel sent) and their new channel states."""
+        encoded = self.channel.encode_up_many([result.upload for _, result in done], payload, wires,
+                                              [ctx.client_id for ctx, _ in done], done[0][0].round if done else 0)
+        out = []
+        for (ctx, result), (sent, wire) in zip(done, encoded):
+            info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": self.channel.nbytes(sent),
+                    "has_state": result.state is not None, "pid": os.getpid(),
+                    "work_samples": self.algo.client_samples(ctx)}  # the simulated system's samples_k
+            info.update(result.metrics)
+            out.append((sent, result.state, info, wire))
+        return out
 
     def _context(self, round_: int, client_id: int, state: ClientState | None) -> tuple[ClientContext, ClientState | None]:
         idx = self.data.client_train[client_id]

@@ -39,12 +39,12 @@ class Counting(Stage):
     def init_state(self, client_id):
         return {"count": 0, "pid": -1, "client": client_id}
 
-    def client_encode(self, leaves, state, key):
-        client_id = key[1]
-        assert state["client"] == client_id, "a client was handed another client's channel state"
-        count = state["count"] + 1
+    def client_encode(self, leaves, states, keys):
+        for state, (_, client_id) in zip(states, keys):
+            assert state["client"] == client_id, "a client was handed another client's channel state"
+        counts = torch.tensor([state["count"] + 1 for state in states], dtype=torch.float32)
         for leaf in leaves:
-            if leaf.kind == "model":
-                leaf.data = leaf.data * (1.0 + count / 1000.0)
+            if leaf.kind == "model":  # one row a client
+                leaf.data = leaf.data * (1.0 + counts / 1000.0).reshape(-1, *[1] * (leaf.data.dim() - 1))
                 break
-        return leaves, {"count": count, "pid": os.getpid(), "client": client_id}
+        return leaves, [{"count": int(c), "pid": os.getpid(), "client": k[1]} for c, k in zip(counts, keys)]
