@@ -173,6 +173,12 @@ def hours_target_column(target: float) -> str:
     return f"sim h to {_normalise_target(target) * 100:g}%"
 
 
+def hours_text(hours: float) -> str:
+    """Simulated hours to two decimals, under an hour to three significant digits (56 s and 87 s read 0.0156 and
+    0.0242, not both 0.02)."""
+    return f"{hours:,.2f}" if hours >= 1 else f"{hours:.3g}"
+
+
 def sim_hours_at(history: Sequence[dict], round_: int | None) -> float | None:
     """The simulated clock (``sim/clock_s``, in hours) at the end of ``round_``; None without a simulated system or
     when the target was never reached."""
@@ -277,7 +283,7 @@ def build_table(
             if any(as_number(row.get("sim/clock_s")) is not None for r in g.runs for row in r.history):
                 hours = [sim_hours_at(r.history, rr) for r, rr in zip(g.runs, reached)]
                 hits = [h for h in hours if h is not None]
-                row[hours_target_column(tgt)] = f"{sum(hits) / len(hits):,.2f}" if hits else DASH
+                row[hours_target_column(tgt)] = hours_text(sum(hits) / len(hits)) if hits else DASH
                 stats["sim_hours_to_target"] = hours
         for key, header in COMM_COLUMNS:
             vals = [v for v in (_final(r, key) for r in g.runs) if v is not None]

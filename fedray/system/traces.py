@@ -3,7 +3,8 @@
 Every malformed input is refused before any work, in one :class:`~fedray.errors.ConfigError` naming the key, the
 file's row (1 = the first data row) and the column: a missing or unknown column, a value that is not a number, a
 speed that is not positive, a client id out of range, a client listed twice or missing, an interval that ends
-before it starts or overlaps another of its client's.
+before it starts or overlaps another of its client's, an empty cell, a CSV row with too few or too many cells.
+Intervals of a client that touch (one ends where the next starts) are one interval: the client stays online.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def read_device_trace(key: str, path: str, num_clients: int) -> dict[str, np.nda
 
 
 def read_availability_trace(key: str, path: str, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(client, start_s, end_s)`` sorted by client then start, each client's intervals disjoint."""
+    """``(client, start_s, end_s)`` sorted by client then start, each client's intervals disjoint and apart: those
+    that touch are merged (``[0, 10)`` and ``[10, 50)`` read as ``[0, 50)``)."""
     cols = _read(key, path, AVAILABILITY_COLUMNS)
     client = _client_ids(key, path, cols["client"], num_clients)
     start, end = cols["start_s"], cols["end_s"]
@@ -61,7 +63,11 @@ def read_availability_trace(key: str, path: str, num_clients: int) -> tuple[np.n
         raise ConfigError(key, f"{path}: row {order[i + 1] + 1}, column start_s: client {client[i]}'s interval "
                           f"[{start[i + 1]:g}, {end[i + 1]:g}) overlaps row {order[i] + 1}'s [{start[i]:g}, {end[i]:g}); "
                           "merge them")
-    return client, start, end
+    # a new interval begins where its client changes or a gap opens; touching ones run on as one
+    begins = np.ones(client.size, dtype=bool)
+    begins[1:] = (client[1:] != client[:-1]) | (start[1:] > end[:-1])
+    last = np.append(np.flatnonzero(begins)[1:] - 1, client.size - 1)
+    return client[begins], start[begins], end[last]
 
 
 def _client_ids(key: str, path: str, values: np.ndarray, num_clients: int) -> np.ndarray:
@@ -94,7 +100,8 @@ def _read_cached(key: str, path: str, _mtime: int, _size: int, columns: tuple[st
 
             table = pacsv.read_csv(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise ConfigError(key, f"{path} is not a readable CSV or parquet file ({str(e).splitlines()[0]})") from None
+        where = "" if path.endswith((".parquet", ".pq")) else _ragged_row(path)
+        raise ConfigError(key, f"{path}{where} is not a readable CSV or parquet file ({str(e).splitlines()[0]})") from None
     unknown = [c for c in table.column_names if c not in columns]
     if unknown:
         raise ConfigError(key, f"{path}: unknown column {unknown[0]!r}; the columns are {', '.join(columns)}")
@@ -105,6 +112,9 @@ def _read_cached(key: str, path: str, _mtime: int, _size: int, columns: tuple[st
     out = {}
     for name in columns:
         col = table.column(name)
+        if col.null_count:
+            row = next(i for i, v in enumerate(col.to_pylist()) if v is None)
+            raise ConfigError(key, f"{path}: row {row + 1}, column {name}: empty; give a number")
         try:
             values = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -114,6 +124,19 @@ def _read_cached(key: str, path: str, _mtime: int, _size: int, columns: tuple[st
         values.setflags(write=False)
         out[name] = values
     return out
+
+
+def _ragged_row(path: str) -> str:
+    """``": row N"`` for the first data row of a CSV whose cell count is not the header's ("" when none is)."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = csv.reader(f)
+        header = next(rows, [])
+        for n, cells in enumerate(rows, start=1):
+            if cells and len(cells) != len(header):
+                return f": row {n} has {len(cells)} cells, the header {len(header)};"
+    return ""
 
 
 def _first_non_number(key: str, path: str, name: str, values: list) -> np.ndarray:

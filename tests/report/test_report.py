@@ -468,7 +468,10 @@ def test_simulated_hours_to_reach_the_target_and_their_curve(tmp_path):
     timed = [rec(0, [0.2, 0.6, 0.7], [1800, 3600, 7200]), rec(1, [0.6, 0.7, 0.8], [900, 5400, 9000]),
              rec(2, [0.1, 0.2, 0.3], [3600, 7200, 10800])]
     (row,) = build_table(timed, target=0.6)
-    assert row["sim h to 60%"] == "0.62"  # seed 0 at round 2: 1 h; seed 1 at round 1: 0.25 h; seed 2 never
+    assert row["sim h to 60%"] == "0.625"  # seed 0 at round 2: 1 h; seed 1 at round 1: 0.25 h; seed 2 never
+    from fedray.report.table import hours_text
+
+    assert [hours_text(56 / 3600), hours_text(87 / 3600), hours_text(1234.5)] == ["0.0156", "0.0242", "1,234.50"]
     assert row["rounds to 60%"] == "1.5 (2/3 reached)"
     assert "simulated clock" in footnote([row])
     (plain,) = build_table([rec(0, [0.2, 0.6, 0.7])], target=0.6)

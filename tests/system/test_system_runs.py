@@ -104,7 +104,10 @@ BAD = [
     (["system.devices=trace", "system.trace=nope.csv"], {}, "system.trace", "is not a file"),
     (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("latency_ms", "rtt_ms")},
      "system.trace", "unknown column 'rtt_ms'"),
-    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": DEVICES + "0,10,1,1\n"}, "system.trace", ""),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": DEVICES + "0,10,1,1,5\n1,10,1,1\n"}, "system.trace",
+     "row 2 has 4 cells, the header 5"),
+    (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("2,10,1,1,5", "2,10,,1,5")},
+     "system.trace", "row 3, column up_mbps: empty; give a number"),
     (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("3,10,1,1,5", "3,0,1,1,5")},
      "system.trace", "row 4, column compute_sps: 0; must be > 0"),
     (["system.devices=trace", "system.trace=d.csv"], {"d.csv": GOOD_DEVICES.replace("2,10,1,1,5", "2,10,-1,1,5")},
@@ -140,6 +143,18 @@ def test_bad_system_input_is_refused_in_one_line_before_any_work(system, files, 
     assert err[0].startswith(f"error: {key}"), err[0]
     assert fragment in err[0], err[0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_touching_intervals_are_one_interval(tmp_path):
+    """[0, 10) then [10, 5000) keeps the client online at 10 s: the same as [0, 5000); a gap keeps two."""
+    from fedray.system.availability import TraceAvailability
+    from fedray.system.traces import read_availability_trace
+
+    (tmp_path / "a.csv").write_text(ONLINE + "0,10,5000\n1,0,20\n0,0,10\n1,30,40\n0,5000,6000\n")
+    client, start, end = read_availability_trace("system.availability_trace", str(tmp_path / "a.csv"), 2)
+    assert (client.tolist(), start.tolist(), end.tolist()) == ([0, 1, 1], [0, 0, 30], [6000, 20, 40])
+    online, until = TraceAvailability(2, client, start, end).at(10.0)
+    assert online.tolist() == [True, True] and until[0] == 6000
 
 
 def test_a_parquet_trace_reads_as_its_csv(tmp_path):
