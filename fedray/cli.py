@@ -377,7 +377,11 @@ def main(argv: list[str] | None = None, hooks=()) -> int:
         return EXIT_USAGE
     except RunFailure as e:
         out = (args.resume or args.output_dir) if args.command == "run" else None
-        hint = f"; continue from the last checkpoint with: fedray run --resume {out}" if out else ""
+        from fedray.record.checkpoint import FILENAME
+
+        # only a command that can work: a checkpoint to resume from, and a cause a resume does not meet again
+        can = out and e.resumable and (Path(out) / FILENAME).is_file()
+        hint = f"; continue from the last checkpoint with: fedray run --resume {out}" if can else ""
         print(f"error: {e}{hint}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

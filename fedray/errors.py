@@ -36,8 +36,14 @@ class ResourceError(UserError):
 class RunFailure(Exception):
     """A run that cannot go on (every upload non-finite, a server actor lost, no worker left).
 
-    Not a bug and not bad input: the CLI prints it on one line, exits 1 and points at ``--resume``.
+    Not a bug and not bad input: the CLI prints it on one line, exits 1 and points at ``--resume`` when a checkpoint
+    was written and resuming can help; ``resumable=False`` for a cause that a resume of the same config would meet
+    again (its message names the key to change instead).
     """
+
+    def __init__(self, message: str, resumable: bool = True):
+        super().__init__(message)
+        self.resumable = resumable
 
 
 _INTERRUPTED = threading.Event()

@@ -25,6 +25,10 @@ from fedray.system.devices import Devices
 from fedray.system.traces import read_availability_trace
 
 
+#: Synchronous rounds in a row without an arriving upload after which the run stops (its accuracy would stay frozen).
+DRY_ROUNDS = 5
+
+
 def build_availability(cfg: SystemConfig, num_clients: int, seed: int):
     if cfg.availability == "markov":
         return Markov(num_clients, cfg.mean_online_s, cfg.mean_offline_s, seed)
@@ -46,6 +50,8 @@ class SystemClock:
         self.rounds = np.zeros(num_clients, dtype=np.int64)  # rounds whose aggregate holds the client's upload
         self.busy_s = np.zeros(num_clients)  # simulated seconds the client spent on rounds it was selected for
         self._round: dict[str, Any] | None = None
+        # rounds in a row in which no upload arrived, and why theirs were lost (the stop after DRY_ROUNDS of them)
+        self.dry = {"rounds": 0, "late": 0, "offline": 0, "fastest": math.inf}
 
     def select(self, round_: int) -> list[int]:
         """The clients of ``round_``: ceil(clients_per_round x overcommit) drawn (seeded by run seed and round) from
@@ -54,14 +60,15 @@ class SystemClock:
         start = self.availability.next_online(self.clock)
         if math.isinf(start):
             raise RunFailure(f"round {round_}: no client is online at simulated time {self.clock:.0f} s or later (the "
-                             "availability trace ends); give a longer system.availability_trace or fewer rounds")
+                             "availability trace ends); give a longer system.availability_trace or fewer rounds",
+                             resumable=False)
         waited, self.clock = start - self.clock, start
         online, until = self.availability.at(self.clock)
         ids = np.flatnonzero(online)
         want = min(math.ceil(self.per_round * self.cfg.overcommit - 1e-9), ids.size)
         chosen = derive_rng(self.seed, "sample", round_).choice(ids, size=want, replace=False)
         chosen = np.sort(chosen)
-        self._round = {"start": self.clock, "waited": waited, "available": int(ids.size), "ids": chosen,
+        self._round = {"round": round_, "start": self.clock, "waited": waited, "available": int(ids.size), "ids": chosen,
                        "until": until[chosen] - self.clock}
         return [int(c) for c in chosen]
 
@@ -77,7 +84,8 @@ class SystemClock:
                                      np.asarray(bytes_up, dtype=np.float64))
         offline_at = r["until"][np.searchsorted(r["ids"], ids)]  # seconds after the start it goes offline
         deadline = self.cfg.deadline_s if self.cfg.deadline_s is not None else math.inf
-        dropped = (offline_at < t) | (t > deadline)
+        late, offline = t > deadline, (offline_at < t) & ~(t > deadline)
+        dropped = late | offline
         order = [i for i in np.lexsort((ids, t)) if not dropped[i]]
         arrived = np.zeros(ids.size, dtype=bool)
         arrived[order[: self.per_round]] = True
@@ -91,7 +99,37 @@ class SystemClock:
         self.rounds[ids[arrived]] += 1
         r.update(wait=wait, dropouts=int(dropped.sum()), stragglers=int((~dropped & ~arrived).sum()),
                  lost=len(r["ids"]) - ids.size)
+        self._count_dry(int(arrived.sum()), int(late.sum()), int(offline.sum()), float(t.min()) if t.size else math.inf)
+        if self.dry["rounds"] >= DRY_ROUNDS:
+            raise self.no_arrivals(f"round {r.get('round', '?')}: no upload arrived in {DRY_ROUNDS} rounds in a row")
         return [int(c) for c in ids[arrived]]
+
+    def _count_dry(self, arrived: int, late: int, offline: int, fastest: float) -> None:
+        d = self.dry
+        if arrived:
+            self.dry = {"rounds": 0, "late": 0, "offline": 0, "fastest": math.inf}
+        else:
+            d.update(rounds=d["rounds"] + 1, late=d["late"] + late, offline=d["offline"] + offline,
+                     fastest=min(d["fastest"], fastest))
+
+    def no_arrivals(self, where: str, late: int | None = None, offline: int | None = None,
+                    fastest: float | None = None) -> RunFailure:
+        """The stop of a run in which uploads keep being lost: why (past the deadline, offline first) and the key
+        to change for each; not resumable as it is (the same config loses them again). Counts default to the
+        synchronous rounds' own (:attr:`dry`)."""
+        late = self.dry["late"] if late is None else late
+        offline = self.dry["offline"] if offline is None else offline
+        fastest = self.dry["fastest"] if fastest is None else fastest
+        causes = []
+        if late:
+            causes.append(f"{late} finished after system.deadline_s={self.cfg.deadline_s:g} s (the fastest in "
+                          f"{fastest:.1f} s): raise system.deadline_s")
+        if offline:
+            key = {"markov": "system.mean_online_s", "trace": "system.availability_trace"}.get(self.cfg.availability,
+                                                                                               "system.availability")
+            causes.append(f"{offline} went offline before they finished: give the clients longer online periods "
+                          f"({key})")
+        return RunFailure(f"{where}; " + "; ".join(causes or ["no client finished its work"]), resumable=False)
 
     def end_round(self, server_samples: float) -> dict[str, float]:
         """Moves the clock past the round and the server's work; the round's ``sim/*`` figures."""
@@ -102,7 +140,8 @@ class SystemClock:
         self.clock = r["start"] + r["wait"] + server_s
         return {"sim/round_s": round_s, "sim/clock_s": self.clock, "sim/available": float(r["available"]),
                 "sim/selected": float(len(r["ids"])), "sim/stragglers": float(r["stragglers"]),
-                "sim/dropouts": float(r["dropouts"] + r["lost"]), "sim/server_s": server_s}
+                "sim/dropouts": float(r["dropouts"] + r["lost"]), "sim/server_s": server_s,
+                "sim/idle_s": r["waited"]}
 
     def client_columns(self, client_ids) -> dict[str, np.ndarray]:
         """Per client of ``client_ids``: rounds aggregated and simulated busy seconds so far (clients.parquet)."""
@@ -111,9 +150,10 @@ class SystemClock:
 
     def state(self) -> dict[str, Any]:
         return {"clock": self.clock, "rounds": self.rounds.copy(), "busy_s": self.busy_s.copy(),
-                "availability": self.availability.state()}
+                "availability": self.availability.state(), "dry": dict(self.dry)}
 
     def load(self, state: dict[str, Any]) -> None:
         self.clock = float(state["clock"])
         self.rounds, self.busy_s = array(state["rounds"], np.int64), array(state["busy_s"], np.float64)
         self.availability.load(state["availability"])
+        self.dry = dict(state.get("dry", self.dry))  # a checkpoint from before the count: none in a row

@@ -91,9 +91,12 @@ class FedBuff(Schedule):
         each event taken in simulated-time order; the work itself is the runtime's (on Ray it runs while the driver
         waits for the figures that time it)."""
         clock = self.clock
-        start, down, dispatched, dropouts = clock.clock, 0.0, 0, 0
+        start, down, dispatched, dropouts, idle = clock.clock, 0.0, 0, 0, 0.0
+        late = offline = 0
+        fastest = math.inf
         while len(self.buffer) < self.buffer_size:
-            chosen = self.dispatch()
+            chosen, waited = self.dispatch()
+            idle += waited
             if chosen:
                 sent = work.start(self.version + 1, chosen, self.version)
                 for cid, nbytes in zip(chosen, sent):
@@ -101,14 +104,16 @@ class FedBuff(Schedule):
                     down += nbytes
                 dispatched += len(chosen)
             self.time(work)
-            cid, arrived = self.next_event()
+            cid, arrived, t = self.next_event()
             if not arrived:
                 work.drop([cid])
                 dropouts += 1
+                deadline = clock.cfg.deadline_s if clock.cfg.deadline_s is not None else math.inf
+                late, offline = late + (t > deadline), offline + (t <= deadline)
+                fastest = min(fastest, t)
                 if dropouts > DROPOUTS_PER_SLOT * self.concurrency and not self.buffer:
-                    raise RunFailure(f"round {round_}: {dropouts} clients in a row dropped out and none arrived; "
-                                     "raise system.deadline_s or make the clients online longer "
-                                     "(system.mean_online_s)")
+                    raise clock.no_arrivals(f"round {round_}: {dropouts} clients in a row dropped out and none "
+                                            "arrived", late, offline, fastest)
         clients, versions, weights, taus = self.take_buffer()
         step = work.step(round_, clients, versions, weights)
         server_s = (step.metrics.get("sim/server_samples", 0.0) / clock.cfg.server_sps) if clock.cfg.server_sps else 0.0
@@ -116,13 +121,14 @@ class FedBuff(Schedule):
         online, _ = clock.availability.at(clock.clock)
         sim = {"sim/round_s": clock.clock - start, "sim/clock_s": clock.clock, "sim/available": float(online.sum()),
                "sim/selected": float(dispatched), "sim/stragglers": 0.0, "sim/dropouts": float(dropouts),
-               "sim/server_s": server_s, "sim/staleness": float(np.mean(taus))}
+               "sim/server_s": server_s, "sim/staleness": float(np.mean(taus)), "sim/idle_s": idle}
         return Report(step, down, sim)
 
-    def dispatch(self) -> list[int]:
+    def dispatch(self) -> tuple[list[int], float]:
         """Clients to start now from the current version, filling the clients in training up to ``concurrency``
-        (sorted). With none in training and nobody to start, the clock first moves to the next change of
-        availability."""
+        (sorted), and the simulated seconds waited first: with none in training and nobody to start, the clock
+        first moves to the next change of availability."""
+        waited_from = self.clock.clock
         while True:
             online, until = self.clock.availability.at(self.clock.clock)
             busy = np.zeros(online.size, dtype=bool)
@@ -133,17 +139,19 @@ class FedBuff(Schedule):
             nxt = self.clock.availability.next_change(self.clock.clock)
             if math.isinf(nxt):
                 raise RunFailure(f"no client can train at simulated time {self.clock.clock:.0f} s or later (the "
-                                 "availability trace ends); give a longer system.availability_trace or fewer rounds")
+                                 "availability trace ends); give a longer system.availability_trace or fewer rounds",
+                                 resumable=False)
             self.clock.clock = nxt
+        waited = self.clock.clock - waited_from
         want = min(self.concurrency - len(self.flight), eligible.size)
         if want <= 0:
-            return []
+            return [], waited
         chosen = np.sort(derive_rng(self.clock.seed, "async", self.dispatches).choice(eligible, size=want,
                                                                                       replace=False))
         self.dispatches += 1
         for c in chosen:
             self.flight[int(c)] = Flight(self.version, self.clock.clock, float(until[c]) - self.clock.clock)
-        return [int(c) for c in chosen]
+        return [int(c) for c in chosen], waited
 
     def time(self, work: Work) -> None:
         """The finish time of every client in training whose time is not known yet (its work's figures are
@@ -160,9 +168,9 @@ class FedBuff(Schedule):
                 np.array([cid]), np.array([info["work_samples"]], dtype=np.float64), float(f.down),
                 np.array([info["bytes_up"]], dtype=np.float64))[0])
 
-    def next_event(self) -> tuple[int, bool]:
-        """The earliest event among the clients in training, taken: (client, whether its upload arrived). The clock
-        moves to it; an arrival joins the buffer."""
+    def next_event(self) -> tuple[int, bool, float]:
+        """The earliest event among the clients in training, taken: (client, whether its upload arrived, its
+        finish time t_k after its start). The clock moves to it; an arrival joins the buffer."""
         deadline = self.clock.cfg.deadline_s if self.clock.cfg.deadline_s is not None else math.inf
         client = min(self.flight, key=lambda c: (self.flight[c].start + self.flight[c].settled(deadline), c))
         f = self.flight.pop(client)
@@ -171,7 +179,7 @@ class FedBuff(Schedule):
         self.clock.busy_s[client] += f.settled(deadline)
         if arrived:
             self.buffer.append((client, f.version, self.clock.clock))
-        return client, arrived
+        return client, arrived, f.t
 
     def take_buffer(self) -> tuple[list[int], list[int], list[float], list[int]]:
         """The server step: (clients, versions, staleness weights, staleness), in client-id order; the version

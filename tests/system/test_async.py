@@ -53,16 +53,17 @@ def test_events_follow_the_simulated_clock_and_a_finished_client_is_replaced(tmp
     """Three at once among four clients: the fastest arrives first; its place goes to the one left; the server
     steps after two arrivals; every arrival waits in the buffer until its step."""
     s = _schedule(tmp_path, speeds=[10, 5, 2, 1], concurrency=3, buffer=2)
-    started = s.dispatch()
+    started, waited = s.dispatch()
+    assert waited == 0.0
     assert len(started) == 3 and all(s.flight[c].version == 0 for c in started)
     idle = ({0, 1, 2, 3} - set(started)).pop()
     _time_all(s)
     first = min(started, key=lambda c: 10 / [10, 5, 2, 1][c])
-    assert s.next_event() == (first, True) and s.clock.clock == pytest.approx(10 / [10, 5, 2, 1][first])
-    assert s.dispatch() == [idle] and s.flight[idle].version == 0  # never one in flight or in the buffer
-    assert s.dispatch() == []
+    assert s.next_event()[:2] == (first, True) and s.clock.clock == pytest.approx(10 / [10, 5, 2, 1][first])
+    assert s.dispatch()[0] == [idle] and s.flight[idle].version == 0  # never one in flight or in the buffer
+    assert s.dispatch()[0] == []
     _time_all(s)
-    second, arrived = s.next_event()
+    second, arrived, _ = s.next_event()
     assert arrived and len(s.buffer) == 2
     clients, versions, weights, taus = s.take_buffer()
     assert clients == sorted([first, second]) and versions == [0, 0] and weights == [1.0, 1.0] and taus == [0, 0]
@@ -80,14 +81,14 @@ def test_a_stale_upload_is_weighted_by_its_age(tmp_path):
     s.dispatch()
     _time_all(s)  # client 0 takes 1 s, client 1 10 s
     for version in (0, 1):
-        assert s.next_event() == (0, True)
+        assert s.next_event()[:2] == (0, True)
         assert s.take_buffer() == ([0], [version], [1.0], [0])
-        assert s.dispatch() == [0] and s.flight[0].version == version + 1
+        assert s.dispatch()[0] == [0] and s.flight[0].version == version + 1
         _time_all(s)
     assert _live(s) == [0, 2]
     s.next_event()  # client 0 again, at 3 s
     s.take_buffer()
-    assert s.next_event() == (1, True) and s.clock.clock == 10.0
+    assert s.next_event() == (1, True, 10.0) and s.clock.clock == 10.0
     assert s.take_buffer() == ([1], [0], [1 / math.sqrt(1 + 3)], [3])
 
 
@@ -96,9 +97,9 @@ def test_a_client_that_goes_offline_or_passes_the_deadline_is_a_dropout(tmp_path
                   online=[(0, 0, 100), (1, 0, 0.5), (2, 0, 100)])
     s.dispatch()
     _time_all(s)  # 1 s, 1 s (but offline at 0.5 s), 10 s (past the 5 s deadline)
-    assert s.next_event() == (1, False) and s.clock.clock == 0.5  # known gone when it goes
-    assert s.next_event() == (0, True)
-    assert s.next_event() == (2, False) and s.clock.clock == 5.0  # known late at the deadline
+    assert s.next_event()[:2] == (1, False) and s.clock.clock == 0.5  # known gone when it goes
+    assert s.next_event()[:2] == (0, True)
+    assert s.next_event() == (2, False, 10.0) and s.clock.clock == 5.0  # known late at the deadline
     assert s.clock.busy_s.tolist() == [1.0, 0.5, 5.0]
 
 

@@ -120,11 +120,43 @@ def test_with_nobody_online_the_clock_waits_and_a_trace_that_ends_stops_the_run(
     clock.admit([0], [10], [0], 0)
     row = clock.end_round(0)
     assert row["sim/round_s"] == 31.0 and row["sim/clock_s"] == 31.0  # waited 30 s, worked 1 s
-    with pytest.raises(RunFailure, match="availability trace ends"):
+    assert row["sim/idle_s"] == 30.0  # the wait, a figure of its own
+    with pytest.raises(RunFailure, match="availability trace ends") as e:
         for r in range(2, 20):
             clock.select(r)
             clock.admit([0], [10], [0], 0)
             clock.end_round(0)
+    assert not e.value.resumable  # a resume meets the trace's end again
+
+
+def test_rounds_in_which_no_upload_arrives_stop_the_run_naming_the_key(tmp_path):
+    """An impossible deadline: after DRY_ROUNDS rounds without an arrival the run stops, naming system.deadline_s
+    and the fastest client's time; one arrival in between starts the count again, and the count is resumed."""
+    from fedray.system.clock import DRY_ROUNDS
+
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0), (1, 5, 1000, 1000, 0)], per_round=2, deadline_s=1.5)
+    for r in range(1, DRY_ROUNDS):  # client 0 needs 1 s, client 1 2 s: only client 1's samples are too many
+        clock.select(r)
+        assert clock.admit([0, 1], [20, 10], [0, 0], 0) == []  # 2 s and 2 s: both late
+        clock.end_round(0)
+    clock.select(DRY_ROUNDS)
+    assert clock.admit([0, 1], [10, 10], [0, 0], 0) == [0]  # an arrival: the count starts again
+    clock.end_round(0)
+    again = _clock(tmp_path, [(0, 10, 1000, 1000, 0), (1, 5, 1000, 1000, 0)], per_round=2, deadline_s=1.5)
+    for r in range(DRY_ROUNDS + 1, 2 * DRY_ROUNDS + 1):
+        if r == DRY_ROUNDS + 3:  # resumed mid-count
+            again.load(clock.state())
+            clock = again
+        clock.select(r)
+        if r < 2 * DRY_ROUNDS:
+            clock.admit([0, 1], [20, 10], [0, 0], 0)
+            clock.end_round(0)
+    with pytest.raises(RunFailure) as e:
+        clock.admit([0, 1], [20, 10], [0, 0], 0)
+    assert str(e.value) == (f"round {2 * DRY_ROUNDS}: no upload arrived in {DRY_ROUNDS} rounds in a row; "
+                            f"{2 * DRY_ROUNDS} finished after system.deadline_s=1.5 s (the fastest in 2.0 s): "
+                            "raise system.deadline_s")
+    assert not e.value.resumable
 
 
 def test_with_fewer_than_k_selected_the_round_ends_when_the_last_is_in(tmp_path):

@@ -19,7 +19,7 @@ from fedray.system.rounds import fresh_round
 from tests.conftest import tiny_config
 
 SIM_KEYS = {"sim/round_s", "sim/clock_s", "sim/available", "sim/selected", "sim/stragglers", "sim/dropouts",
-            "sim/server_s"}
+            "sim/server_s", "sim/idle_s"}
 
 
 def _learning(history):
@@ -143,6 +143,22 @@ def test_bad_system_input_is_refused_in_one_line_before_any_work(system, files, 
     assert err[0].startswith(f"error: {key}"), err[0]
     assert fragment in err[0], err[0]
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_deadline_no_client_meets_stops_in_one_line_naming_the_key(mode, tmp_path, monkeypatch, capsys):
+    """Synchronous rounds stop after DRY_ROUNDS rounds without an arrival, FedBuff after its dropouts in a row; both
+    name system.deadline_s, and neither suggests a --resume that would meet the same deadline."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    modes = ["federation.mode=async", "federation.concurrency=1"] if mode == "async" else []
+    argv = ["run", "synthetic", "data.num_clients=4", "federation.clients_per_round=2", "federation.rounds=8",
+            "federation.local_steps=1", "data.synthetic_train_samples=400", "system.devices=uniform",
+            "system.deadline_s=0.001", *modes, "tracking.enabled=false", "--output-dir", "out", "--no-progress"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "raise system.deadline_s" in err[0] and "--resume" not in err[0], err
+    assert "finished after system.deadline_s=0.001 s" in err[0] and "online" not in err[0], err[0]
 
 
 def test_touching_intervals_are_one_interval(tmp_path):
