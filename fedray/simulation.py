@@ -31,6 +31,7 @@ from fedray.runtime.base import RuntimeState
 from fedray.runtime.core import summarise_clients
 from fedray.runtime.server_inputs import setup_bytes
 from fedray.system import Schedule, build_schedule
+from fedray.system.traces import check_trace_digests, trace_digests
 
 log = logging.getLogger("fedray")
 
@@ -68,6 +69,8 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
         summary["comm/bytes_setup"] = float(bytes_setup)
     if history and "sim/clock_s" in history[-1]:  # the simulated system's clock at the end
         summary["sim/clock_s"] = float(history[-1]["sim/clock_s"])
+    if traces := trace_digests(cfg.system):
+        summary["traces"] = traces
     times = [row["time/round_s"] for row in history]
     summary["time/round_s"] = float(np.mean(times)) if times else math.nan
     summary["time/total_s"] = total_s
@@ -199,6 +202,7 @@ def check_resumable(cfg: ExperimentConfig, ckpt: dict[str, Any]) -> None:
                               f"({', '.join(DATA_SOURCE_KEYS)}) and federation.rounds may change on resume")
     if cfg.federation.rounds != saved.federation.rounds:
         check_extension(saved, cfg.federation.rounds, int(ckpt["round"]))
+    check_trace_digests(ckpt.get("traces", {}), trace_digests(cfg.system))
 
 
 def check_extension(saved: ExperimentConfig, rounds: int, done: int) -> None:
@@ -223,6 +227,8 @@ def _checkpoint(out: Path, cfg: ExperimentConfig, runtime: Runtime, history: lis
     ckpt = {"round": len(history), "config": cfg.model_dump(mode="json"), "server_state": state.server,
             "client_states": state.clients, "channel_states": state.channel, "sent_payloads": state.sent,
             "server_channel_state": state.server_channel, "history": history, "rng": rng_state()}
+    if traces := trace_digests(cfg.system):  # which files the clock ran on (a resume refuses changed ones)
+        ckpt["traces"] = traces
     system = schedule.state()
     if system is not None:  # the clock, the availability state, the work in flight: a resume continues them
         ckpt["system"] = system

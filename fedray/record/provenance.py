@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fedray.system.traces import trace_digests
+
 
 def git_commit() -> str | None:
     """The commit of the fedray checkout, when it is one."""
@@ -60,16 +62,24 @@ def data_facts(cfg, data) -> dict[str, Any]:
             "digest": data.partition_digest(),
             "source": {"dataset": cfg.data.dataset, "data_dir": cfg.data.data_dir or "fedray's default"},
             "profile": profile, "input_shape": list(data.input_shape), "num_classes": int(data.num_classes),
-            "mean": [float(v) for v in data.mean], "std": [float(v) for v in data.std]}
+            "mean": [float(v) for v in data.mean], "std": [float(v) for v in data.std],
+            "traces": trace_digests(cfg.system)}
 
 
-def dataset_input(facts: dict[str, Any]):
-    """:func:`data_facts` as an MLflow dataset input of the training context (the UI's Dataset column)."""
+def dataset_inputs(facts: dict[str, Any]) -> list:
+    """:func:`data_facts` as MLflow dataset inputs: the data of the training context (the UI's Dataset column), and
+    each trace file of the simulated system in the ``system`` context (its SHA-256, shortened to MLflow's digest
+    column, whole in its source)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     dataset = Dataset(name=facts["name"], digest=facts["digest"], source_type="local",
                       source=json.dumps(facts["source"]), profile=json.dumps(facts["profile"]))
-    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "train")])
+    inputs = [DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "train")])]
+    for key, trace in facts.get("traces", {}).items():
+        inputs.append(DatasetInput(Dataset(name=key, digest=trace["sha256"][:32], source_type="local",
+                                           source=json.dumps(trace)),
+                                   tags=[InputTag("mlflow.data.context", "system")]))
+    return inputs
 
 
 def final_model(cfg, facts: dict[str, Any], weights):

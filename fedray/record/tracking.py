@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedray.errors import interrupts_deferred
-from fedray.record.provenance import data_facts, dataset_input, final_model, fluent_store, git_commit, run_label
+from fedray.record.provenance import data_facts, dataset_inputs, final_model, fluent_store, git_commit, run_label
 from fedray.record.run_dir import OPTIONAL_FILES, RESULT_FILES, write_json
 
 
@@ -182,8 +182,8 @@ class MlflowTracker:
 
     @_uninterrupted
     def log_data(self, facts: dict[str, Any]) -> None:
-        """The run's data (:func:`data_facts`) as its MLflow input."""
-        self.client.log_inputs(self.run_id, datasets=[dataset_input(facts)])
+        """The run's data and trace files (:func:`data_facts`) as its MLflow inputs."""
+        self.client.log_inputs(self.run_id, datasets=dataset_inputs(facts))
 
     @_uninterrupted
     def log_model(self, cfg, facts: dict[str, Any], weights, step: int) -> str:

@@ -70,6 +70,38 @@ def read_availability_trace(key: str, path: str, num_clients: int) -> tuple[np.n
     return client[begins], start[begins], end[last]
 
 
+def trace_digests(cfg) -> dict[str, dict[str, str]]:
+    """``{key: {"path", "sha256"}}`` of the trace files ``cfg`` (``system.*``) reads: recorded in the checkpoint,
+    ``summary.json`` and MLflow, so that a run says which traces it ran on and a resume refuses a changed one."""
+    used = {"system.trace": cfg.trace if cfg.devices == "trace" else None,
+            "system.availability_trace": cfg.availability_trace if cfg.availability == "trace" else None}
+    out = {}
+    for key, path in used.items():
+        if path:
+            p = Path(os.path.expanduser(path))
+            stat = p.stat()
+            out[key] = {"path": str(p.resolve()), "sha256": _sha256(str(p), stat.st_mtime_ns, stat.st_size)}
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256(path: str, _mtime: int, _size: int) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def check_trace_digests(saved: dict[str, dict[str, str]], now: dict[str, dict[str, str]]) -> None:
+    """A resume reads the traces its checkpoint was written with: a changed file is refused naming its key."""
+    for key, was in saved.items():
+        got = now.get(key)
+        if got is not None and got["sha256"] != was["sha256"]:
+            raise ConfigError(key, f"{got['path']} changed since the checkpoint was written (sha256 "
+                              f"{was['sha256'][:12]}... then, {got['sha256'][:12]}... now): the resumed rounds would "
+                              "run on other devices or availability; restore the file or start a new run")
+
+
 def _client_ids(key: str, path: str, values: np.ndarray, num_clients: int) -> np.ndarray:
     bad = np.flatnonzero((values != np.round(values)) | (values < 0) | (values >= num_clients))
     if bad.size:

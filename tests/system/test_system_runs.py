@@ -188,24 +188,43 @@ def test_a_parquet_trace_reads_as_its_csv(tmp_path):
     assert csv["compute_sps"].tolist() == [10, 10, 10, 10, 30, 10]
 
 
-def test_mlflow_gets_the_sim_figures_of_every_round_and_the_summary(tmp_path, monkeypatch, capsys):
+def test_mlflow_gets_the_sim_figures_and_the_traces_and_a_changed_trace_is_refused_at_resume(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Every round's sim/* figures in MLflow; the trace files' SHA-256 in summary.json, the checkpoint and MLflow's
+    inputs; a resume after a trace file changed is refused in one line naming its key."""
+    import hashlib
+    import json
+
     from mlflow.tracking import MlflowClient
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "d.csv").write_text(GOOD_DEVICES)
+    (tmp_path / "a.csv").write_text(ONLINE + "".join(f"{c},0,100000\n" for c in range(6)))
     argv = ["run", "synthetic", "data.num_clients=6", "federation.clients_per_round=3", "federation.rounds=2",
-            "federation.local_steps=1", "data.synthetic_train_samples=600", "system.devices=uniform",
+            "federation.local_steps=1", "data.synthetic_train_samples=600", "system.devices=trace",
+            "system.trace=d.csv", "system.availability=trace", "system.availability_trace=a.csv",
             "--output-dir", "out", "--no-progress"]
     assert main(argv) == 0
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     clock = client.get_metric_history(run.info.run_id, "sim/clock_s")
     assert sorted(m.step for m in clock) == [1, 2] and clock[-1].value > 0
-    assert {"sim/round_s", "sim/dropouts", "sim/available"} <= set(run.data.metrics)
-    import json
-
+    assert {"sim/round_s", "sim/dropouts", "sim/available", "sim/idle_s"} <= set(run.data.metrics)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["sim/clock_s"] == pytest.approx(max(m.value for m in clock))
+    digest = {k: hashlib.sha256((tmp_path / f).read_bytes()).hexdigest() for k, f in
+              (("system.trace", "d.csv"), ("system.availability_trace", "a.csv"))}
+    assert {k: v["sha256"] for k, v in summary["traces"].items()} == digest
+    inputs = {d.dataset.name: d for d in client.get_run(run.info.run_id).inputs.dataset_inputs}
+    assert json.loads(inputs["system.trace"].dataset.source)["sha256"] == digest["system.trace"]
+    assert [t.value for t in inputs["system.trace"].tags] == ["system"]
+    capsys.readouterr()
+    (tmp_path / "a.csv").write_text(ONLINE + "".join(f"{c},0,50000\n" for c in range(6)))
+    assert main(["run", "--resume", "out", "federation.rounds=3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: system.availability_trace") and "changed since" in err[0], err
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"  # the refused resume left it as it was
 
 
 def test_the_trace_examples_of_docs_system_md_read(tmp_path):
