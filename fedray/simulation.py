@@ -23,7 +23,7 @@ from fedray.record.console import ConsoleReporter
 from fedray.data.federated import FederatedData, build_federated_data
 from fedray.errors import check_interrupted
 from fedray.paths import DATA_SOURCE_KEYS
-from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, claim_run_dir, clear_previous_run, final_figures,
+from fedray.record.run_dir import (EVAL_KEYS, ClientHistory, EventHistory, claim_run_dir, clear_previous_run, final_figures,
                                    unmark_finished, write_run_outputs)
 from fedray.methods import Experiment, resolve_experiment
 from fedray.runtime import Runtime, make_runtime
@@ -148,6 +148,8 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         # those up to its checkpoint's round.
         client_history = (ClientHistory(output_dir, len(history) if ckpt is not None else None, resume_from)
                           if output_dir is not None else None)
+        event_history = (EventHistory(output_dir, len(history) if ckpt is not None else None, resume_from)
+                         if output_dir is not None and cfg.system.enabled else None)
         started: list[RunHooks] = []  # a hook whose on_start raised gets on_error too (it may have begun a run)
         try:
             for hook in hooks:
@@ -159,7 +161,7 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
             with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
                 for r in range(len(history) + 1, fed.rounds + 1):
-                    row = _round(cfg, runtime, r, schedule, client_history)
+                    row = _round(cfg, runtime, r, schedule, client_history, event_history)
                     history.append(row)
                     bar.update(row)
                     if every and (r % every == 0 or r == fed.rounds):  # the last one too: a run may be extended
@@ -176,11 +178,13 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
                 write_run_outputs(out, cfg, data, history, summary, final_weights, clients, client_history,
-                                  [row["round"] for row in history if should_evaluate(cfg, row["round"])])
+                                  [row["round"] for row in history if should_evaluate(cfg, row["round"])],
+                                  event_history)
             result = RunResult(summary, history, out)
         except BaseException as exc:
-            if client_history is not None:
-                client_history.stopped()
+            for parts in (client_history, event_history):
+                if parts is not None:
+                    parts.stopped()
             for hook in started:
                 hook.on_error(exc)
             raise
@@ -237,10 +241,12 @@ def _checkpoint(out: Path, cfg: ExperimentConfig, runtime: Runtime, history: lis
 
 
 def _round(cfg: ExperimentConfig, runtime: Runtime, r: int, schedule: Schedule,
-           client_history: ClientHistory | None = None) -> dict[str, Any]:
+           client_history: ClientHistory | None = None, events: EventHistory | None = None) -> dict[str, Any]:
     """Round ``r``: the schedule's server step (its work run by the runtime), then evaluation."""
     t0 = time.perf_counter()
     report = schedule.step(r, runtime)
+    if events is not None and report.events is not None:
+        events.add(r, report.events)
     row: dict[str, Any] = {"round": r, **summarise_clients(report.step.infos), "comm/bytes_down": report.bytes_down,
                            **report.step.metrics, **report.sim}
     evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()

@@ -51,6 +51,8 @@ MODEL_FILE = "model.pt"
 CLIENTS_FILE = "clients.json"  # personalised methods: each client's own model at the last evaluation
 CLIENT_HISTORY_FILE = "clients.parquet"  # every method: each evaluated client at every evaluation
 CLIENT_PARTS_DIR = ".clients-parts"  # clients.parquet's parts while the run goes on (ClientHistory)
+EVENTS_FILE = "events.parquet"  # with a simulated system: every selected client of every round, its times and fate
+EVENT_PARTS_DIR = ".events-parts"  # events.parquet's parts while the run goes on (EventHistory)
 CLIENTS_PLOT_FILE = "clients.png"  # fedray report --clients RUN's plot when no --plot is given
 MLFLOW_RUN_FILE = "mlflow_run.json"
 LOCK_FILE = ".fedray.lock"  # held while a run writes the folder (claim_run_dir)
@@ -58,7 +60,7 @@ LOCK_FILE = ".fedray.lock"  # held while a run writes the folder (claim_run_dir)
 # What a finished run leaves in its output directory (and logs to MLflow as artifacts).
 RESULT_FILES = (CONFIG_FILE, SUMMARY_FILE, HISTORY_FILE, CLIENT_HISTORY_FILE, CURVES_FILE, PARTITION_FILE,
                 MODEL_FILE)
-OPTIONAL_FILES = (CLIENTS_FILE,)  # left by some runs only (personalised methods)
+OPTIONAL_FILES = (CLIENTS_FILE, EVENTS_FILE)  # left by some runs only (personalised methods; a simulated system)
 
 # The evaluation columns of a history row; ``None`` in rounds that were not evaluated.
 EVAL_KEYS = ("eval/accuracy", "eval/amp", "eval/fm", "eval/wlp")
@@ -143,16 +145,18 @@ class ClientHistory:
     to R kept, so the finished file holds each evaluated (round, client) exactly once.
     """
 
+    PARTS, FILE = CLIENT_PARTS_DIR, CLIENT_HISTORY_FILE
+
     def __init__(self, out: str | Path, resume_round: int | None = None, resume_from: str | Path | None = None):
         """A new run (``resume_round`` None): parts an earlier run left in ``out`` are removed. A run resumed
         from the checkpoint of round ``resume_round`` (in ``resume_from``, default ``out``) keeps the parts up
         to that round, copied over when the checkpoint's folder is another."""
-        self.parts = Path(out) / CLIENT_PARTS_DIR
+        self.parts = Path(out) / self.PARTS
         if resume_round is None:
             shutil.rmtree(self.parts, ignore_errors=True)
             return
-        source = Path(resume_from) / CLIENT_PARTS_DIR if resume_from is not None else self.parts
-        finished = source.parent / CLIENT_HISTORY_FILE
+        source = Path(resume_from) / self.PARTS if resume_from is not None else self.parts
+        finished = source.parent / self.FILE
         if not self._found(source) and finished.is_file():  # a finished run being extended: its parts were joined
             self._split(finished, resume_round)
             return
@@ -208,7 +212,7 @@ class ClientHistory:
         if missing:
             logging.getLogger("fedray").warning(
                 "%s not written: no per-client figures of round(s) %s (the run was resumed from a checkpoint "
-                "written before fedray recorded them)", CLIENT_HISTORY_FILE, ", ".join(map(str, missing[:10]))
+                "written before fedray recorded them)", self.FILE, ", ".join(map(str, missing[:10]))
                 + (", ..." if len(missing) > 10 else ""))
             return False
         path = Path(path)
@@ -239,15 +243,24 @@ class ClientHistory:
             self.discard()
 
 
+class EventHistory(ClientHistory):
+    """``events.parquet`` as a run with a simulated system writes it: a part file per round (every selected client,
+    its simulated times and its fate), kept and resumed as :class:`ClientHistory` keeps its parts."""
+
+    PARTS, FILE = EVENT_PARTS_DIR, EVENTS_FILE
+
+
 def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData", history: list[dict[str, Any]],
                       summary: dict[str, Any], weights: Any, clients: list[dict[str, Any]] | None = None,
-                      client_history: ClientHistory | None = None, evaluated: list[int] | None = None) -> None:
+                      client_history: ClientHistory | None = None, evaluated: list[int] | None = None,
+                      events: "EventHistory | None" = None) -> None:
     """Write a finished run's files into ``out``: config, final weights, both plots, history, the
     per-client history (``clients.parquet``, from ``client_history``'s parts of the ``evaluated`` rounds),
     the per-client figures of personalised methods at the last evaluation (``clients.json``), and last
     ``summary.json``, whose presence marks the run finished. The last round's checkpoint stays, so that
     ``fedray run --resume DIR federation.rounds=N`` can extend the run (:class:`ClientHistory` then takes the rounds
-    so far from ``clients.parquet``); the per-client parts go."""
+    so far from ``clients.parquet``); the per-client parts go. ``events``: a simulated system's per-round parts
+    (``events.parquet``, every round of ``history``)."""
     import torch
 
     from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
@@ -264,11 +277,14 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     write_history(out / HISTORY_FILE, history)
     if client_history is not None:
         client_history.finish(out / CLIENT_HISTORY_FILE, list(evaluated or []))
+    if events is not None:
+        events.finish(out / EVENTS_FILE, [row["round"] for row in history])
     if clients is not None:
         write_json(out / CLIENTS_FILE, clients)
     write_json(out / SUMMARY_FILE, summary)  # its presence marks a finished run
-    if client_history is not None:
-        client_history.discard()
+    for parts in (client_history, events):
+        if parts is not None:
+            parts.discard()
 
 
 def unmark_finished(out: str | Path) -> bool:
@@ -328,15 +344,16 @@ def clear_previous_run(out: str | Path) -> list[str]:
     from fedray.record.checkpoint import FILENAME as CHECKPOINT_FILE
 
     removed = []  # summary.json first: stopped while clearing, the folder no longer claims a finished run
-    for name in dict.fromkeys((SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, CLIENTS_PLOT_FILE, MLFLOW_RUN_FILE,
-                               CHECKPOINT_FILE)):
+    for name in dict.fromkeys((SUMMARY_FILE, *RESULT_FILES, CLIENTS_FILE, EVENTS_FILE, CLIENTS_PLOT_FILE,
+                               MLFLOW_RUN_FILE, CHECKPOINT_FILE)):
         path = Path(out) / name
         if path.is_file():
             path.unlink()
             removed.append(name)
-    if (Path(out) / CLIENT_PARTS_DIR).is_dir():
-        shutil.rmtree(Path(out) / CLIENT_PARTS_DIR)
-        removed.append(CLIENT_PARTS_DIR)
+    for parts in (CLIENT_PARTS_DIR, EVENT_PARTS_DIR):
+        if (Path(out) / parts).is_dir():
+            shutil.rmtree(Path(out) / parts)
+            removed.append(parts)
     return removed
 
 

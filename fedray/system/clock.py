@@ -25,6 +25,24 @@ from fedray.system.devices import Devices
 from fedray.system.traces import read_availability_trace
 
 
+def events(ids: np.ndarray, start: Any, end: np.ndarray, parts: dict[str, np.ndarray], fate: np.ndarray,
+           lost: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """A step's rows of ``events.parquet``, by client: its simulated start, when its fate was settled (its arrival,
+    its going offline or the deadline), t_k and its parts, and its fate. ``lost``: clients whose work the runtime
+    lost (started at ``start``, no times: NaN, fate ``lost``)."""
+    lost = np.zeros(0, dtype=np.int64) if lost is None else np.asarray(lost, dtype=np.int64)
+    nan = np.full(lost.size, np.nan)
+    t = parts["latency_s"] + parts["download_s"] + parts["compute_s"] + parts["upload_s"]
+    start = np.broadcast_to(np.asarray(start, dtype=np.float64), ids.shape)
+    cols = {"client": np.concatenate([ids, lost]).astype(np.int64),
+            "start_s": np.concatenate([start, np.full(lost.size, start[0] if start.size else np.nan)]),
+            "end_s": np.concatenate([end, nan]), "t_s": np.concatenate([t, nan]),
+            **{k: np.concatenate([np.broadcast_to(v, ids.shape).astype(np.float64), nan]) for k, v in parts.items()},
+            "outcome": np.concatenate([fate.astype(str), np.full(lost.size, "lost")]).astype(object)}
+    order = np.argsort(cols["client"], kind="stable")
+    return {k: v[order] for k, v in cols.items()}
+
+
 #: Synchronous rounds in a row without an arriving upload after which the run stops (its accuracy would stay frozen).
 DRY_ROUNDS = 5
 
@@ -50,6 +68,7 @@ class SystemClock:
         self.rounds = np.zeros(num_clients, dtype=np.int64)  # rounds whose aggregate holds the client's upload
         self.busy_s = np.zeros(num_clients)  # simulated seconds the client spent on rounds it was selected for
         self._round: dict[str, Any] | None = None
+        self.last_events: dict[str, np.ndarray] | None = None  # the last round's rows of events.parquet
         # rounds in a row in which no upload arrived, and why theirs were lost (the stop after DRY_ROUNDS of them)
         self.dry = {"rounds": 0, "late": 0, "offline": 0, "fastest": math.inf}
 
@@ -79,9 +98,10 @@ class SystemClock:
         r = self._round
         assert r is not None, "select comes first"
         ids = np.asarray(client_ids, dtype=np.int64)
-        t = self.devices.client_time(ids, np.asarray(samples, dtype=np.float64),
-                                     np.asarray(bytes_down, dtype=np.float64),
-                                     np.asarray(bytes_up, dtype=np.float64))
+        parts = self.devices.time_parts(ids, np.asarray(samples, dtype=np.float64),
+                                        np.asarray(bytes_down, dtype=np.float64),
+                                        np.asarray(bytes_up, dtype=np.float64))
+        t = parts["latency_s"] + parts["download_s"] + parts["compute_s"] + parts["upload_s"]
         offline_at = r["until"][np.searchsorted(r["ids"], ids)]  # seconds after the start it goes offline
         deadline = self.cfg.deadline_s if self.cfg.deadline_s is not None else math.inf
         late, offline = t > deadline, (offline_at < t) & ~(t > deadline)
@@ -99,6 +119,9 @@ class SystemClock:
         self.rounds[ids[arrived]] += 1
         r.update(wait=wait, dropouts=int(dropped.sum()), stragglers=int((~dropped & ~arrived).sum()),
                  lost=len(r["ids"]) - ids.size)
+        fate = np.where(arrived, "aggregated", np.where(late, "dropout_deadline",
+                                                        np.where(offline, "dropout_offline", "straggler")))
+        r["events"] = events(ids, r["start"], r["start"] + settled, parts, fate, lost=np.setdiff1d(r["ids"], ids))
         self._count_dry(int(arrived.sum()), int(late.sum()), int(offline.sum()), float(t.min()) if t.size else math.inf)
         if self.dry["rounds"] >= DRY_ROUNDS:
             raise self.no_arrivals(f"round {r.get('round', '?')}: no upload arrived in {DRY_ROUNDS} rounds in a row")
@@ -135,6 +158,7 @@ class SystemClock:
         """Moves the clock past the round and the server's work; the round's ``sim/*`` figures."""
         r, self._round = self._round, None
         assert r is not None and "wait" in r, "admit comes before end_round"
+        self.last_events = r["events"]
         server_s = server_samples / self.cfg.server_sps if self.cfg.server_sps else 0.0
         round_s = r["waited"] + r["wait"] + server_s
         self.clock = r["start"] + r["wait"] + server_s

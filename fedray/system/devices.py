@@ -54,5 +54,11 @@ class Devices:
     def client_time(self, ids: np.ndarray, samples: np.ndarray, bytes_down: np.ndarray,
                     bytes_up: np.ndarray) -> np.ndarray:
         """t_k = latency + bytes_down / down + samples / compute + latency + bytes_up / up, in seconds."""
-        return (2 * self.latency_s[ids] + bytes_down / self.down_bps[ids] + samples / self.compute_sps[ids]
-                + bytes_up / self.up_bps[ids])
+        p = self.time_parts(ids, samples, bytes_down, bytes_up)
+        return p["latency_s"] + p["download_s"] + p["compute_s"] + p["upload_s"]
+
+    def time_parts(self, ids: np.ndarray, samples: np.ndarray, bytes_down: np.ndarray,
+                   bytes_up: np.ndarray) -> dict[str, np.ndarray]:
+        """t_k's parts: both latencies, the download, the local work, the upload (seconds)."""
+        return {"latency_s": 2 * self.latency_s[ids], "download_s": bytes_down / self.down_bps[ids],
+                "compute_s": samples / self.compute_sps[ids], "upload_s": bytes_up / self.up_bps[ids]}

@@ -21,7 +21,7 @@ import numpy as np
 
 from fedray.errors import ConfigError, RunFailure
 from fedray.seeding import derive_rng
-from fedray.system.clock import SystemClock
+from fedray.system.clock import SystemClock, events
 from fedray.system.protocol import Report, Schedule, Step, Work
 
 #: A server step gives up after this many dropouts in a row per client training at once: no upload can arrive (a
@@ -44,6 +44,7 @@ class Flight:
     offline: float
     down: float = 0.0
     t: float | None = None
+    parts: dict[str, float] | None = None  # t's parts (events.parquet)
 
     def settled(self, deadline: float) -> float:
         """Seconds after its start when the server knows the client's fate."""
@@ -62,6 +63,7 @@ class FedBuff(Schedule):
         self.dispatches = 0  # dispatch decisions taken (seeds the draws)
         self.flight: dict[int, Flight] = {}
         self.buffer: list[tuple[int, int, float]] = []  # (client, version, arrival time)
+        self.settled: list[tuple] = []  # this step's (client, start, settled at, t's parts, fate): events.parquet
 
     @classmethod
     def build(cls, cfg: Any, num_clients: int) -> "FedBuff":
@@ -92,6 +94,7 @@ class FedBuff(Schedule):
         waits for the figures that time it)."""
         clock = self.clock
         start, down, dispatched, dropouts, idle = clock.clock, 0.0, 0, 0, 0.0
+        self.settled = []
         late = offline = 0
         fastest = math.inf
         while len(self.buffer) < self.buffer_size:
@@ -122,7 +125,15 @@ class FedBuff(Schedule):
         sim = {"sim/round_s": clock.clock - start, "sim/clock_s": clock.clock, "sim/available": float(online.sum()),
                "sim/selected": float(dispatched), "sim/stragglers": 0.0, "sim/dropouts": float(dropouts),
                "sim/server_s": server_s, "sim/staleness": float(np.mean(taus)), "sim/idle_s": idle}
-        return Report(step, down, sim)
+        return Report(step, down, sim, self._events())
+
+    def _events(self) -> dict[str, Any]:
+        """The step's rows of events.parquet: every client whose fate was settled during it."""
+        ids = np.array([c for c, *_ in self.settled], dtype=np.int64)
+        parts = {k: np.array([p[k] for *_, p, _ in self.settled]) for k in ("latency_s", "download_s", "compute_s",
+                                                                          "upload_s")}
+        return events(ids, np.array([s for _, s, *_ in self.settled]), np.array([e for _, _, e, *_ in self.settled]),
+                      parts, np.array([f for *_, f in self.settled]))
 
     def dispatch(self) -> tuple[list[int], float]:
         """Clients to start now from the current version, filling the clients in training up to ``concurrency``
@@ -164,9 +175,10 @@ class FedBuff(Schedule):
                 raise RunFailure(f"client {cid}'s work was lost (its worker failed past "
                                  "runtime.max_client_retries); resume the run from its last checkpoint")
             f = self.flight[cid]
-            f.t = float(self.clock.devices.client_time(
-                np.array([cid]), np.array([info["work_samples"]], dtype=np.float64), float(f.down),
-                np.array([info["bytes_up"]], dtype=np.float64))[0])
+            parts = self.clock.devices.time_parts(np.array([cid]), np.array([info["work_samples"]], dtype=np.float64),
+                                                  float(f.down), np.array([info["bytes_up"]], dtype=np.float64))
+            f.parts = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in parts.items()}
+            f.t = f.parts["latency_s"] + f.parts["download_s"] + f.parts["compute_s"] + f.parts["upload_s"]
 
     def next_event(self) -> tuple[int, bool, float]:
         """The earliest event among the clients in training, taken: (client, whether its upload arrived, its
@@ -179,6 +191,8 @@ class FedBuff(Schedule):
         self.clock.busy_s[client] += f.settled(deadline)
         if arrived:
             self.buffer.append((client, f.version, self.clock.clock))
+        fate = "aggregated" if arrived else "dropout_deadline" if f.t > deadline else "dropout_offline"
+        self.settled.append((client, f.start, self.clock.clock, f.parts, fate))
         return client, arrived, f.t
 
     def take_buffer(self) -> tuple[list[int], list[int], list[float], list[int]]:

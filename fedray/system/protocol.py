@@ -46,6 +46,9 @@ class Report:
     step: Step
     bytes_down: float
     sim: dict[str, float] = field(default_factory=dict)
+    #: the step's rows of ``events.parquet`` (columns of equal length, :func:`fedray.system.clock.events`); None
+    #: without a simulated system
+    events: dict[str, Any] | None = None
 
 
 class Work(Protocol):

@@ -46,7 +46,12 @@ class Rounds(Schedule):
 
     def step(self, round_: int, work: Work) -> Report:
         step, down = fresh_round(work, round_, self.select(round_), self.admit)
-        return Report(step, float(sum(down)), self.sim(step))
+        sim = self.sim(step)
+        return Report(step, float(sum(down)), sim, self.events())
+
+    def events(self) -> dict[str, Any] | None:
+        """The round's rows of ``events.parquet``: none without a system."""
+        return None
 
 
 def fresh_round(work: Work, round_: int, clients: list[int],
@@ -83,6 +88,9 @@ class ClockRounds(Rounds):
 
     def sim(self, step: Step) -> dict[str, float]:
         return self.clock.end_round(step.metrics.get("sim/server_samples", 0.0))
+
+    def events(self) -> dict[str, Any] | None:
+        return self.clock.last_events
 
     def client_columns(self, client_ids) -> dict[str, np.ndarray]:
         return self.clock.client_columns(client_ids)

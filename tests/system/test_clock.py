@@ -237,3 +237,27 @@ def test_uniform_devices_and_the_heterogeneous_profile():
     assert not np.array_equal(het.compute_sps, SystemClock(SystemConfig(devices="heterogeneous"), 20000, 1,
                                                            seed=1).devices.compute_sps)
     assert math.isclose(np.median(het.latency_s), 0.035, rel_tol=0.03)
+
+
+def test_the_event_record_of_a_round_by_hand(tmp_path):
+    """Five selected for one upload (over-commitment 5): client 0 arrives first, client 1 straggles, client 2 goes
+    offline at 3 s, client 3 passes the 12 s deadline, client 4's work is lost by the runtime. Each row: the round's
+    start, when its fate was settled, t_k and its parts, its fate."""
+    rows = [(0, 100, 8, 8, 10), (1, 50, 8, 8, 10), (2, 100, 8, 8, 10), (3, 10, 8, 8, 10), (4, 100, 8, 8, 10)]
+    online = _availability(tmp_path, [(0, 0, 1e6), (1, 0, 1e6), (2, 0, 3), (3, 0, 1e6), (4, 0, 1e6)])
+    clock = _clock(tmp_path, rows, per_round=1, overcommit=5.0, deadline_s=12.0, availability="trace",
+                   availability_trace=online)
+    assert clock.select(1) == [0, 1, 2, 3, 4]
+    down, up = 1_000_000, 2_000_000
+    assert clock.admit([0, 1, 2, 3], [400, 400, 400, 400], [up] * 4, down) == [0]
+    clock.end_round(0)
+    ev = clock.last_events
+    transfer = 0.020 + down / (8 * MB) + up / (8 * MB)  # both latencies, 1 s down, 2 s up
+    t = [transfer + 400 / sps for sps in (100, 50, 100, 10)]  # 7.02, 11.02, 7.02, 43.02
+    assert ev["client"].tolist() == [0, 1, 2, 3, 4]
+    assert ev["outcome"].tolist() == ["aggregated", "straggler", "dropout_offline", "dropout_deadline", "lost"]
+    assert ev["t_s"][:4] == pytest.approx(t) and math.isnan(ev["t_s"][4])
+    assert ev["compute_s"][:4] == pytest.approx([4, 8, 4, 40]) and ev["download_s"][:4] == pytest.approx([1] * 4)
+    assert ev["upload_s"][:4] == pytest.approx([2] * 4) and ev["latency_s"][:4] == pytest.approx([0.02] * 4)
+    # settled: its arrival; the straggler's too; going offline at 3 s; the deadline at 12 s
+    assert ev["end_s"][:4] == pytest.approx([t[0], t[1], 3.0, 12.0]) and (ev["start_s"] == 0).all()

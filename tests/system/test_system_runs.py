@@ -239,3 +239,30 @@ def test_the_trace_examples_of_docs_system_md_read(tmp_path):
     (tmp_path / "a.csv").write_text(online)
     assert read_device_trace("system.trace", str(tmp_path / "d.csv"), 4)["compute_sps"].tolist() == [17, 56, 6, 17]
     assert read_availability_trace("system.availability_trace", str(tmp_path / "a.csv"), 3)[0].tolist() == [0, 0, 1, 2]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_event_record_is_kept_through_a_resume(mode, tmp_path):
+    """events.parquet: every selected (or dispatched) client of every round, its times and fate; a run of 2 rounds
+    extended to 4 writes the 4-round run's record, row for row."""
+    from fedray.record.run_dir import EVENTS_FILE
+
+    kw = dict(system__devices="heterogeneous", system__deadline_s=60.0, system__overcommit=1.5 if mode == "sync"
+              else 1.0, federation__mode=mode, runtime__checkpoint_every=1, data__num_clients=6,
+              federation__clients_per_round=3, federation__local_steps=2)
+    whole = run_experiment(tiny_config(**kw, federation__rounds=4), tmp_path / "whole", progress=False)
+    run_experiment(tiny_config(**kw, federation__rounds=2), tmp_path / "part", progress=False)
+    run_experiment(tiny_config(**kw, federation__rounds=4), tmp_path / "part", progress=False,
+                   resume_from=tmp_path / "part")
+    events = pq.read_table(tmp_path / "whole" / EVENTS_FILE)
+    assert pq.read_table(tmp_path / "part" / EVENTS_FILE).equals(events)
+    rows = events.to_pandas()
+    per_round = rows.groupby(["round", "outcome"]).size().unstack(fill_value=0)
+    dropouts = per_round.filter(like="dropout").sum(axis=1)
+    assert dropouts.tolist() == [r["sim/dropouts"] for r in whole.history]
+    assert (per_round["aggregated"] > 0).all() and set(rows["outcome"]) <= {"aggregated", "straggler",
+                                                                          "dropout_offline", "dropout_deadline"}
+    if mode == "sync":  # every selected client settles in its round (asynchronous ones in the step they finish in)
+        assert rows.groupby("round").size().tolist() == [r["sim/selected"] for r in whole.history]
+        assert per_round.get("straggler", 0 * dropouts).tolist() == [r["sim/stragglers"] for r in whole.history]
+    assert (rows["t_s"] - rows[["latency_s", "download_s", "compute_s", "upload_s"]].sum(axis=1)).abs().max() < 1e-9
