@@ -3,7 +3,8 @@
 - ``run``: one experiment (a preset or YAML file plus dotted overrides), or ``--resume`` one from its checkpoint;
 - ``tune``: a Ray Tune sweep from a spec (``tune_configs/``);
 - ``report``: finished runs compared as a Markdown table (mean ± std over seeds) and learning curves; with
-  ``--clients RUN`` one run's spread over its clients, round by round (``clients.parquet``);
+  ``--clients RUN`` one run's spread over its clients, round by round (``clients.parquet``); ``--events RUN``
+  what became of each round's selected clients (``events.parquet``);
 - ``partition``: the clients' sample counts per label, optionally plotted;
 - ``models``: the model zoo, with parameters and feature size for a dataset.
 
@@ -77,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", help="also write the table to this Markdown file")
     rep.add_argument("--plot", help="write learning curves (mean ± std over seeds) to this PNG; with --clients, the "
                      "clients' spread (default RUN/clients.png)")
+    rep.add_argument("--events", metavar="RUN", help="one run's simulated system instead: per round the clients "
+                     "aggregated, straggling, dropped out or lost, and the slowest arrival (its events.parquet)")
     rep.add_argument("--clients", metavar="RUN", help="one run's clients instead: per evaluated round the worst, "
                      "median and best client accuracy, FM and WLP, and which client is worst (its clients.parquet)")
     parser.commands = sub.choices  # for intermixed parsing in main()
@@ -305,6 +308,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.clients is not None:
         return _report_clients(args)
+    if args.events is not None:
+        return _report_events(args)
     from fedray.report import report
 
     if args.out:
@@ -346,6 +351,21 @@ def _report_clients(args: argparse.Namespace) -> int:
     console.print(f"client {client} was the worst at {times} of {len(spreads)} evaluated round(s)", highlight=False)
     written = plot_client_spread(spreads, plot, title=title)
     console.print(f"client spread plotted to {written}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def _report_events(args: argparse.Namespace) -> int:
+    """``fedray report --events RUN``: per round, what became of the clients selected (events.parquet)."""
+    from fedray.record.console import comparison_table, make_console
+    from fedray.report.events import COLUMNS, event_rows, events_path
+
+    given = [flag for flag, value in (("RUNS", args.runs), ("--experiment", args.experiment),
+                                      ("--target", args.target), ("--out", args.out), ("--plot", args.plot)) if value]
+    if given:
+        raise ConfigError("--events", f"reports one run's events, so {', '.join(given)} cannot come with it; "
+                          "report the runs' table without --events")
+    rows = event_rows(events_path(args.events))
+    make_console().print(comparison_table(rows, COLUMNS, title=f"{args.events}: the clients of each round"))
     return 0
 
 

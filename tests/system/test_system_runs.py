@@ -262,6 +262,12 @@ def test_the_event_record_is_kept_through_a_resume(mode, tmp_path):
     assert dropouts.tolist() == [r["sim/dropouts"] for r in whole.history]
     assert (per_round["aggregated"] > 0).all() and set(rows["outcome"]) <= {"aggregated", "straggler",
                                                                           "dropout_offline", "dropout_deadline"}
+    from fedray.report.events import event_rows
+
+    table = event_rows(tmp_path / "whole" / EVENTS_FILE)  # what fedray report --events prints
+    assert [(r["round"], r["aggregated"], r["dropout_offline"] + r["dropout_deadline"]) for r in table] == [
+        (r, per_round.loc[r, "aggregated"], dropouts.loc[r]) for r in range(1, 5)]
+    assert main(["report", "--events", str(tmp_path / "whole"), "--target", "0.5"]) == 2  # one run's: no --target
     if mode == "sync":  # every selected client settles in its round (asynchronous ones in the step they finish in)
         assert rows.groupby("round").size().tolist() == [r["sim/selected"] for r in whole.history]
         assert per_round.get("straggler", 0 * dropouts).tolist() == [r["sim/stragglers"] for r in whole.history]
