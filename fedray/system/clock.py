@@ -100,7 +100,7 @@ class SystemClock:
         ids = np.asarray(client_ids, dtype=np.int64)
         parts = self.devices.time_parts(ids, np.asarray(samples, dtype=np.float64),
                                         np.asarray(bytes_down, dtype=np.float64),
-                                        np.asarray(bytes_up, dtype=np.float64))
+                                        np.asarray(bytes_up, dtype=np.float64), r["round"])
         t = parts["latency_s"] + parts["download_s"] + parts["compute_s"] + parts["upload_s"]
         offline_at = r["until"][np.searchsorted(r["ids"], ids)]  # seconds after the start it goes offline
         deadline = self.cfg.deadline_s if self.cfg.deadline_s is not None else math.inf

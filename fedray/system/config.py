@@ -14,7 +14,7 @@ from fedray.errors import ConfigError
 from fedray.paths import absolute_path
 
 #: Keys that only mean something on a simulated clock (``system.devices`` other than none).
-TIMED_KEYS = ("availability", "overcommit", "deadline_s", "server_sps")
+TIMED_KEYS = ("availability", "overcommit", "deadline_s", "server_sps", "speed_sigma")
 
 
 class SystemConfig(BaseModel):
@@ -47,6 +47,9 @@ class SystemConfig(BaseModel):
                                      "many simulated seconds after the round's start is dropped")
     server_sps: float | None = Field(default=None, gt=0, description="the server's samples per second for its own "
                                      "work (distillation, generator training); none: the server takes no time")
+    speed_sigma: float = Field(default=0.0, ge=0, le=3, description="speeds that vary: each round a client's compute "
+                               "and network speeds are its device's times exp(sigma z), z standard normal drawn per "
+                               "run, round, client and quantity (lognormal, median the device's); 0: fixed speeds")
 
     @field_validator("trace", "availability_trace")
     @classmethod

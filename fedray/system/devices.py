@@ -31,6 +31,8 @@ class Devices:
     up_bps: np.ndarray  # bytes per second: Mbit/s x 10^6 / 8
     down_bps: np.ndarray
     latency_s: np.ndarray
+    speed_sigma: float = 0.0  # system.speed_sigma: per-round lognormal factors of compute and network speed
+    seed: int = 0
 
     @classmethod
     def build(cls, cfg: SystemConfig, num_clients: int, seed: int) -> "Devices":
@@ -49,16 +51,31 @@ class Devices:
         return cls(compute_sps=np.asarray(cols["compute_sps"], dtype=np.float64),
                    up_bps=np.asarray(cols["up_mbps"], dtype=np.float64) * 1e6 / 8,
                    down_bps=np.asarray(cols["down_mbps"], dtype=np.float64) * 1e6 / 8,
-                   latency_s=np.asarray(cols["latency_ms"], dtype=np.float64) / 1e3)
+                   latency_s=np.asarray(cols["latency_ms"], dtype=np.float64) / 1e3,
+                   speed_sigma=cfg.speed_sigma, seed=seed)
 
     def client_time(self, ids: np.ndarray, samples: np.ndarray, bytes_down: np.ndarray,
-                    bytes_up: np.ndarray) -> np.ndarray:
+                    bytes_up: np.ndarray, round_: int | None = None) -> np.ndarray:
         """t_k = latency + bytes_down / down + samples / compute + latency + bytes_up / up, in seconds."""
-        p = self.time_parts(ids, samples, bytes_down, bytes_up)
+        p = self.time_parts(ids, samples, bytes_down, bytes_up, round_)
         return p["latency_s"] + p["download_s"] + p["compute_s"] + p["upload_s"]
 
     def time_parts(self, ids: np.ndarray, samples: np.ndarray, bytes_down: np.ndarray,
-                   bytes_up: np.ndarray) -> dict[str, np.ndarray]:
-        """t_k's parts: both latencies, the download, the local work, the upload (seconds)."""
-        return {"latency_s": 2 * self.latency_s[ids], "download_s": bytes_down / self.down_bps[ids],
-                "compute_s": samples / self.compute_sps[ids], "upload_s": bytes_up / self.up_bps[ids]}
+                   bytes_up: np.ndarray, round_: int | None = None) -> dict[str, np.ndarray]:
+        """t_k's parts: both latencies, the download, the local work, the upload (seconds). With
+        ``system.speed_sigma`` the speeds of ``round_`` (:meth:`factors`)."""
+        compute, network = self.factors(ids, round_)
+        return {"latency_s": 2 * self.latency_s[ids], "download_s": bytes_down / (self.down_bps[ids] * network),
+                "compute_s": samples / (self.compute_sps[ids] * compute),
+                "upload_s": bytes_up / (self.up_bps[ids] * network)}
+
+    def factors(self, ids: np.ndarray, round_: int | None) -> tuple[np.ndarray | float, np.ndarray | float]:
+        """This round's factors of each client's compute and network speed (the network's scales up and down
+        alike): exp(sigma z), z ~ N(0, 1) from a stream per (run seed, round, quantity, client), so a client's draw
+        does not depend on who else was selected, and a resumed run draws the same. 1 with ``speed_sigma=0``."""
+        if not self.speed_sigma or round_ is None:
+            return 1.0, 1.0
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        z = np.array([[derive_rng(self.seed, "speeds", int(round_), what, int(c)).standard_normal()
+                       for c in ids] for what in ("compute", "network")])
+        return tuple(np.exp(self.speed_sigma * z).reshape(2, *np.shape(ids)))

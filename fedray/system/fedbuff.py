@@ -176,7 +176,8 @@ class FedBuff(Schedule):
                                  "runtime.max_client_retries); resume the run from its last checkpoint")
             f = self.flight[cid]
             parts = self.clock.devices.time_parts(np.array([cid]), np.array([info["work_samples"]], dtype=np.float64),
-                                                  float(f.down), np.array([info["bytes_up"]], dtype=np.float64))
+                                                  float(f.down), np.array([info["bytes_up"]], dtype=np.float64),
+                                                  f.version + 1)  # speeds vary by the step it trains for
             f.parts = {k: float(np.asarray(v).reshape(-1)[0]) for k, v in parts.items()}
             f.t = f.parts["latency_s"] + f.parts["download_s"] + f.parts["compute_s"] + f.parts["upload_s"]
 

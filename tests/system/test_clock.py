@@ -261,3 +261,28 @@ def test_the_event_record_of_a_round_by_hand(tmp_path):
     assert ev["upload_s"][:4] == pytest.approx([2] * 4) and ev["latency_s"][:4] == pytest.approx([0.02] * 4)
     # settled: its arrival; the straggler's too; going offline at 3 s; the deadline at 12 s
     assert ev["end_s"][:4] == pytest.approx([t[0], t[1], 3.0, 12.0]) and (ev["start_s"] == 0).all()
+
+
+def test_speeds_that_vary_are_seeded_per_round_and_client_around_the_device(tmp_path):
+    """system.speed_sigma: t_k's compute part is samples / (sps x exp(sigma z)) with z drawn per (run seed, round,
+    client): the same whoever else is selected and after a resume, another each round, its median the device's;
+    sigma = 0 gives the fixed speeds exactly."""
+    from fedray.system.devices import Devices
+
+    rows = [(c, 100, 8, 8, 10) for c in range(4)]
+    cfg = lambda sigma: SystemConfig(devices="trace", trace=_trace(tmp_path, rows), speed_sigma=sigma)  # noqa: E731
+    dev = Devices.build(cfg(0.5), 4, seed=3)
+    one = dev.time_parts(np.array([2]), np.array([100.0]), np.array([1e6]), np.array([1e6]), 7)
+    many = dev.time_parts(np.array([0, 2, 3]), np.full(3, 100.0), np.full(3, 1e6), np.full(3, 1e6), 7)
+    assert many["compute_s"][1] == one["compute_s"][0] and many["upload_s"][1] == one["upload_s"][0]
+    again = Devices.build(cfg(0.5), 4, seed=3).time_parts(np.array([2]), np.array([100.0]), np.array([1e6]),
+                                                           np.array([1e6]), 7)
+    assert again["compute_s"][0] == one["compute_s"][0]  # a resumed run draws the same
+    compute = np.array([dev.time_parts(np.array([1]), np.array([100.0]), np.array([0.0]), np.array([0.0]), r)
+                        ["compute_s"][0] for r in range(1, 2001)])
+    assert len(set(compute.tolist())) == 2000  # another draw each round
+    assert np.median(compute) == pytest.approx(1.0, rel=0.05)  # 100 samples at a median 100 samples/s
+    assert np.std(np.log(compute)) == pytest.approx(0.5, rel=0.05)
+    fixed = Devices.build(cfg(0.0), 4, seed=3)
+    assert fixed.client_time(np.array([1]), np.array([100.0]), np.array([1e6]), np.array([1e6]), 7)[0] == \
+        fixed.client_time(np.array([1]), np.array([100.0]), np.array([1e6]), np.array([1e6]))[0]

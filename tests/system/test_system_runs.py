@@ -97,6 +97,7 @@ BAD = [
     (["system.devices=uniform", "system.overcommit=0.5"], {}, "system.overcommit", "greater than or equal to 1"),
     (["system.devices=uniform", "system.deadline_s=-1"], {}, "system.deadline_s", "greater than 0"),
     (["system.overcommit=1.3"], {}, "system.overcommit", "set system.devices to uniform"),
+    (["system.speed_sigma=0.5"], {}, "system.speed_sigma", "needs a simulated clock"),
     (["system.availability=markov"], {}, "system.availability", "needs a simulated clock"),
     (["system.devices=trace"], {}, "system.trace", "give system.trace=PATH"),
     (["system.devices=uniform", "system.trace=d.csv"], {}, "system.trace", "only read with system.devices=trace"),
@@ -244,10 +245,11 @@ def test_the_trace_examples_of_docs_system_md_read(tmp_path):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_event_record_is_kept_through_a_resume(mode, tmp_path):
     """events.parquet: every selected (or dispatched) client of every round, its times and fate; a run of 2 rounds
-    extended to 4 writes the 4-round run's record, row for row."""
+    extended to 4 writes the 4-round run's record, row for row (speeds varying by round included)."""
     from fedray.record.run_dir import EVENTS_FILE
 
-    kw = dict(system__devices="heterogeneous", system__deadline_s=60.0, system__overcommit=1.5 if mode == "sync"
+    kw = dict(system__devices="heterogeneous", system__deadline_s=60.0, system__speed_sigma=0.3,
+              system__overcommit=1.5 if mode == "sync"
               else 1.0, federation__mode=mode, runtime__checkpoint_every=1, data__num_clients=6,
               federation__clients_per_round=3, federation__local_steps=2)
     whole = run_experiment(tiny_config(**kw, federation__rounds=4), tmp_path / "whole", progress=False)
