@@ -98,17 +98,11 @@ def accuracy_within(history: list[dict], budget_mb: float) -> tuple[int | None, 
 
 
 def collect(grid: dict[tuple[str, str], list[Finished]], budgets: tuple[float, ...] = BUDGETS_MB) -> dict:
-    from fedray.report.table import bytes_to_round, rounds_to_target, sim_hours_at
-
     res: dict[str, list[dict]] = {}
     for (method, setting), recs in grid.items():
         for f in recs:
             hist = f.history
-            reach = {}
-            for t in TARGETS:
-                r = rounds_to_target(hist, t)
-                mb = bytes_to_round(hist, r)
-                reach[str(t)] = {"rounds": r, "mb": None if mb is None else mb / 1e6, "hours": sim_hours_at(hist, r)}
+            reach = harness.reach(hist, TARGETS)
             within = {}
             for b in budgets:
                 r, acc = accuracy_within(hist, b)
@@ -119,16 +113,6 @@ def collect(grid: dict[tuple[str, str], list[Finished]], budgets: tuple[float, .
                 "mb": (f.summary["comm/bytes_up"] + f.summary["comm/bytes_down"]) / 1e6,
                 "setup_mb": f.summary.get("comm/bytes_setup", 0.0) / 1e6})
     return res
-
-
-def _mean_reached(rs: list[dict], target: float, what: str) -> tuple[float | None, str]:
-    vals = [r["reach"][str(target)][what] for r in rs]
-    hits = [v for v in vals if v is not None]
-    if not hits:
-        return None, f"— (0/{len(vals)})"
-    m = sum(hits) / len(hits)
-    text = f"{m:,.1f}" if what == "mb" else f"{m:.1f}" if what == "rounds" else f"{m:.2f}"
-    return m, text if len(hits) == len(vals) else f"{text} ({len(hits)}/{len(vals)})"
 
 
 def _within(rs: list[dict], budget: float) -> tuple[str, str]:
@@ -146,7 +130,7 @@ def ratios(res: dict) -> list[str]:
     it with every seed; then with FedCD's setup bytes added to its MB."""
     def full(method: str, t: float) -> float | None:
         rs = res.get(f"{method}|alpha0.1", [])
-        m, _ = _mean_reached(rs, t, "mb") if rs else (None, "")
+        m, _ = harness.mean_reached(rs, t, "mb", 1) if rs else (None, "")
         return m if m is not None and all(r["reach"][str(t)]["mb"] is not None for r in rs) else None
 
     lines = []
@@ -188,7 +172,7 @@ def tables(res: dict, meta: dict, runs_dir: Path, planned: list[Run], budgets: t
         rs = res.get(f"{method}|alpha0.1", [])
         if not rs:
             continue
-        cells = [_mean_reached(rs, t, what)[1] for t in TARGETS for what in ("rounds", "mb", "hours")]
+        cells = [harness.mean_reached(rs, t, what, 1)[1] for t in TARGETS for what in ("rounds", "mb", "hours")]
         cells += [c for b in budgets for c in _within(rs, b)]
         n = len(rs)
         lines.append(f"| {method} | {'personal' if method in PERSONAL else 'global'} | {n} | "

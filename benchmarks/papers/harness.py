@@ -353,3 +353,29 @@ def write(out: Path, name: str, meta: dict, data: Any, md: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, **data}, indent=1, default=str) + "\n")
     (out / f"{name}.md").write_text(md)
+
+
+def reach(history: list[dict], targets) -> dict[str, dict]:
+    """Per target (keyed ``str(target)``): the first round at or above it, the MB (up + down) and the simulated
+    hours until then; None each where it is never reached."""
+    from fedray.report.table import bytes_to_round, rounds_to_target, sim_hours_at
+
+    out = {}
+    for t in targets:
+        r = rounds_to_target(history, t)
+        mb = bytes_to_round(history, r)
+        out[str(t)] = {"rounds": r, "mb": None if mb is None else mb / 1e6, "hours": sim_hours_at(history, r)}
+    return out
+
+
+def mean_reached(rs: list[dict], target: float, what: str, mb_digits: int = 0) -> tuple[float | None, str]:
+    """The mean over the seeds that reach ``target`` of their ``reach[target][what]`` (rounds, mb or hours) and its
+    text: MB to ``mb_digits`` decimals, rounds to one, hours to two; "(hits/seeds)" when not every seed reaches
+    it, "— (0/n)" when none does."""
+    vals = [r["reach"][str(target)][what] for r in rs]
+    hits = [v for v in vals if v is not None]
+    if not hits:
+        return None, f"— (0/{len(vals)})"
+    m = sum(hits) / len(hits)
+    text = f"{m:,.{mb_digits}f}" if what == "mb" else f"{m:.1f}" if what == "rounds" else f"{m:.2f}"
+    return m, text if len(hits) == len(vals) else f"{text} ({len(hits)}/{len(vals)})"

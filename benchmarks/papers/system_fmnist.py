@@ -64,17 +64,11 @@ def build(run: Run, opts: dict):
 
 
 def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
-    from fedray.report.table import bytes_to_round, rounds_to_target, sim_hours_at
-
     res: dict[str, list[dict]] = {}
     for (method, setting), recs in grid.items():
         for f in recs:
             hist = f.history
-            reach = {}
-            for t in TARGETS:
-                r = rounds_to_target(hist, t)
-                mb = bytes_to_round(hist, r)
-                reach[str(t)] = {"rounds": r, "mb": None if mb is None else mb / 1e6, "hours": sim_hours_at(hist, r)}
+            reach = harness.reach(hist, TARGETS)
             res.setdefault(f"{method}|{setting}", []).append({
                 "seed": f.seed, "accuracy": f.summary["eval/accuracy"], "last_n": harness.last_n(hist),
                 "hours": f.summary.get("sim/clock_s", 0.0) / 3600.0, "reach": reach,
@@ -82,16 +76,6 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> dict:
                 "dropouts": sum(r.get("sim/dropouts", 0.0) for r in hist),
                 "stragglers": sum(r.get("sim/stragglers", 0.0) for r in hist)})
     return res
-
-
-def _mean_reached(rs: list[dict], target: float, what: str) -> tuple[float | None, str]:
-    vals = [r["reach"][str(target)][what] for r in rs]
-    hits = [v for v in vals if v is not None]
-    if not hits:
-        return None, f"— (0/{len(vals)})"
-    m = sum(hits) / len(hits)
-    text = f"{m:,.0f}" if what == "mb" else f"{m:.1f}" if what == "rounds" else f"{m:.2f}"
-    return m, text if len(hits) == len(vals) else f"{text} ({len(hits)}/{len(vals)})"
 
 
 def tables(res: dict, meta: dict, runs_dir: Path, planned: list[Run]) -> str:
@@ -113,7 +97,7 @@ def tables(res: dict, meta: dict, runs_dir: Path, planned: list[Run]) -> str:
         cells = []
         for t in TARGETS:
             for what in ("rounds", "mb", "hours"):
-                m, text = _mean_reached(rs, t, what)
+                m, text = harness.mean_reached(rs, t, what, 0)
                 cells.append(text)
                 if m is not None and all(r["reach"][str(t)][what] is not None for r in rs):
                     order[t][what].append((m, method))

@@ -50,24 +50,28 @@ class RoundSpread:
 
 def client_history_path(run: str | Path) -> Path:
     """``RUN/clients.parquet``, or one line naming ``--clients`` and the fix when ``run`` has none."""
+    return run_file(run, CLIENT_HISTORY_FILE, "--clients", "the run was made by a fedray that did not record "
+                    "per-client history (or resumed from such a checkpoint); run it again to record it")
+
+
+def run_file(run: str | Path, name: str, flag: str, why_missing: str) -> Path:
+    """``RUN/name`` of a finished run, or one line naming ``flag`` and the fix: ``why_missing`` when the run
+    finished without it, ``--resume`` when it has not finished (the file is written at the end)."""
     run = Path(run)
-    path = run / CLIENT_HISTORY_FILE
+    path = run / name
     if path.is_file():
         return path
     if not run.exists():
-        raise ConfigError("--clients", f"{run} does not exist; give the directory of a finished fedray run")
+        raise ConfigError(flag, f"{run} does not exist; give the directory of a finished fedray run")
     if not run.is_dir():
-        raise ConfigError("--clients", f"{run} is not a directory; give the run's directory (it holds "
-                          f"{CLIENT_HISTORY_FILE}), not a file")
+        raise ConfigError(flag, f"{run} is not a directory; give the run's directory (it holds {name}), not a file")
     if (run / SUMMARY_FILE).is_file():
-        raise ConfigError("--clients", f"{run} has no {CLIENT_HISTORY_FILE}: the run was made by a fedray that "
-                          "did not record per-client history (or resumed from such a checkpoint); run it again "
-                          "to record it")
+        raise ConfigError(flag, f"{run} has no {name}: {why_missing}")
     if (run / CHECKPOINT_FILE).is_file():
-        raise ConfigError("--clients", f"{run} has not finished ({CLIENT_HISTORY_FILE} is written at the end); "
-                          f"finish it with: fedray run --resume {run}")
-    raise ConfigError("--clients", f"{run} holds no finished fedray run (no {SUMMARY_FILE}); give the directory "
-                      "of a finished run")
+        raise ConfigError(flag, f"{run} has not finished ({name} is written at the end); finish it with: "
+                          f"fedray run --resume {run}")
+    raise ConfigError(flag, f"{run} holds no finished fedray run (no {SUMMARY_FILE}); give the directory of a "
+                      "finished run")
 
 
 def _rounds(path: Path) -> Iterator[tuple[int, dict[str, np.ndarray]]]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from fedray.errors import ConfigError
-from fedray.record.run_dir import EVENTS_FILE, SUMMARY_FILE
+from fedray.record.run_dir import EVENTS_FILE
+from fedray.report.clients import run_file
 
 OUTCOMES = ("aggregated", "straggler", "dropout_offline", "dropout_deadline", "lost")
 COLUMNS = ["round", "settled", *OUTCOMES, "median t aggregated (s)", "slowest aggregated"]
@@ -18,17 +18,8 @@ COLUMNS = ["round", "settled", *OUTCOMES, "median t aggregated (s)", "slowest ag
 
 def events_path(run: str | Path) -> Path:
     """``RUN/events.parquet``, or one line naming ``--events`` and the fix."""
-    run = Path(run)
-    path = run / EVENTS_FILE
-    if path.is_file():
-        return path
-    if not run.is_dir():
-        raise ConfigError("--events", f"{run} is not a directory; give the directory of a finished fedray run")
-    if not (run / SUMMARY_FILE).is_file():
-        raise ConfigError("--events", f"{run} holds no finished fedray run (no {SUMMARY_FILE}; {EVENTS_FILE} is "
-                          "written at the end)")
-    raise ConfigError("--events", f"{run} has no {EVENTS_FILE}: it ran without a simulated system (set "
-                      "system.devices, docs/system.md) or with a fedray that did not record events")
+    return run_file(run, EVENTS_FILE, "--events", "it ran without a simulated system (set system.devices, "
+                    "docs/system.md) or with a fedray that did not record events")
 
 
 def event_rows(path: Path) -> list[dict[str, Any]]:
