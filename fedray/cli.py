@@ -306,10 +306,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if args.clients is not None:
-        return _report_clients(args)
-    if args.events is not None:
-        return _report_events(args)
+    if args.clients is not None or args.events is not None:
+        from fedray.report.views import report_clients, report_events
+
+        return report_clients(args, _check_plot) if args.clients is not None else report_events(args)
     from fedray.report import report
 
     if args.out:
@@ -323,49 +323,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(markdown)
     if args.plot:
         print(f"learning curves written to {args.plot}")
-    return 0
-
-
-def _report_clients(args: argparse.Namespace) -> int:
-    """``fedray report --clients RUN [--plot PNG]``: the table of the run's client spread, and its plot."""
-    from fedray.report.clients import (TABLE_COLUMNS, client_history_path, most_often_worst, plot_client_spread,
-                                       round_spreads, run_title, shown_rounds, table_rows)
-    from fedray.record.console import comparison_table, make_console
-    from fedray.record.run_dir import CLIENTS_PLOT_FILE
-
-    given = [flag for flag, value in (("RUNS", args.runs), ("--experiment", args.experiment),
-                                      ("--target", args.target), ("--out", args.out)) if value]
-    if given:
-        raise ConfigError("--clients", f"reports one run's clients, so {', '.join(given)} cannot come with it; "
-                          "report the runs' table without --clients")
-    path = client_history_path(args.clients)
-    plot = args.plot or str(Path(args.clients) / CLIENTS_PLOT_FILE)
-    _check_plot("--plot", plot)
-    spreads = round_spreads(path)
-    shown = shown_rounds(spreads)
-    title = run_title(args.clients, spreads[-1].clients)
-    some = f" ({len(shown)} of {len(spreads)} evaluated rounds)" if len(shown) < len(spreads) else ""
-    console = make_console()
-    console.print(comparison_table(table_rows(shown), TABLE_COLUMNS, title=title + some))
-    client, times = most_often_worst(spreads)
-    console.print(f"client {client} was the worst at {times} of {len(spreads)} evaluated round(s)", highlight=False)
-    written = plot_client_spread(spreads, plot, title=title)
-    console.print(f"client spread plotted to {written}", highlight=False, soft_wrap=True)
-    return 0
-
-
-def _report_events(args: argparse.Namespace) -> int:
-    """``fedray report --events RUN``: per round, what became of the clients selected (events.parquet)."""
-    from fedray.record.console import comparison_table, make_console
-    from fedray.report.events import COLUMNS, event_rows, events_path
-
-    given = [flag for flag, value in (("RUNS", args.runs), ("--experiment", args.experiment),
-                                      ("--target", args.target), ("--out", args.out), ("--plot", args.plot)) if value]
-    if given:
-        raise ConfigError("--events", f"reports one run's events, so {', '.join(given)} cannot come with it; "
-                          "report the runs' table without --events")
-    rows = event_rows(events_path(args.events))
-    make_console().print(comparison_table(rows, COLUMNS, title=f"{args.events}: the clients of each round"))
     return 0
 
 
