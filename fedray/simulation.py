@@ -133,6 +133,7 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
         runtime.attach(data)
         where = runtime.describe()
         schedule = build_schedule(cfg, data.num_clients)
+        schedule.register(data.client_sizes())
         if ckpt is not None:
             runtime.import_state(RuntimeState(ckpt["server_state"], ckpt["client_states"],
                                               ckpt.get("channel_states", {}), ckpt.get("sent_payloads", {}),

@@ -25,12 +25,14 @@ from fedray.evaluation import ClientScores, Evaluator, eval_layout
 from fedray.models import build_model
 from fedray.models.init import apply_init
 from fedray.models.base import channels_last_if_faster
+from fedray.learning.feedback import statistical_utility
 from fedray.learning.training import ClientUpdate, LocalTraining, StepwiseTraining, run_update
 from fedray.learning.weights import leaves, nbytes
 from fedray.vectorized.precision import at_local_precision, check_precision
 from fedray.vectorized.policy import vectorize_enabled, vectorize_min_clients
 from fedray.vectorized.engine import train_vectorized
 from fedray.seeding import derive_seed
+from fedray.system.oort import UTILITY
 from fedray.runtime.server_inputs import client_label_counts, diagnostic_probe, server_side_data
 
 
@@ -98,6 +100,7 @@ class ClientWorkerCore:
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
+        self._utilities: dict[int, float] = {}  # Oort's U(i) of the clients being trained, until their info is made
         self._evaluator: Evaluator | None = None
         self._eval_models: dict[str, torch.nn.Module] = {}  # per architecture, apart from the modules clients train in
         self.server_x = None  # only methods whose clients hold the server data's images get them
@@ -119,7 +122,20 @@ class ClientWorkerCore:
     def _trained(self, round_: int, client_id: int, payload: Any,
                  state: ClientState | None) -> tuple[ClientContext, ClientResult]:
         ctx, state = self._context(round_, client_id, state)
-        return ctx, self._alone(ctx, self.algo.client_update(ctx, payload, state))
+        return ctx, self._alone(ctx, self._update(ctx, payload, state))
+
+    def _update(self, ctx: ClientContext, payload: Any, state: ClientState | None) -> ClientUpdate:
+        """The method's update of this client; under Oort (``system.selection=oort``) the client's statistical
+        utility is measured from the model it starts from, before it trains, and kept for its info."""
+        update = self.algo.client_update(ctx, payload, state)
+        if self.cfg.system.selection == "oort":
+            u = statistical_utility(update, ctx.x, ctx.y, self.algo.spec.mean, self.algo.spec.std,
+                                    self.cfg.federation.eval_batch_size)
+            if u is None:
+                raise RunFailure(f"system.selection=oort: {self.cfg.algorithm.name}'s client update gave no model "
+                                 "to measure the client's losses on; use system.selection=uniform")
+            self._utilities[ctx.client_id] = u
+        return update
 
     def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
         """One client's update run by itself; a StepwiseTraining without a run of its own goes through the
@@ -143,7 +159,7 @@ class ClientWorkerCore:
         ctxs, plans, results = [], [], {}
         for cid, state in zip(client_ids, states):
             ctx, state = self._context(round_, cid, state)
-            update = self.algo.client_update(ctx, payload, state)
+            update = self._update(ctx, payload, state)
             if isinstance(update, ClientResult):  # not a plan (e.g. DaFKD with a gradient penalty): done already
                 results[cid] = ctx, update
             else:
@@ -173,6 +189,8 @@ class ClientWorkerCore:
             info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": self.channel.nbytes(sent),
                     "has_state": result.state is not None, "pid": os.getpid(),
                     "work_samples": self.algo.client_samples(ctx)}  # the simulated system's samples_k
+            if (u := self._utilities.pop(ctx.client_id, None)) is not None:
+                info[UTILITY] = u
             info.update(result.metrics)
             out.append((sent, result.state, info, wire))
         return out

@@ -22,6 +22,7 @@ from fedray.seeding import derive_rng
 from fedray.system.availability import Always, Markov, TraceAvailability, array
 from fedray.system.config import SystemConfig
 from fedray.system.devices import Devices
+from fedray.system.oort import Oort
 from fedray.system.traces import read_availability_trace
 
 
@@ -71,11 +72,18 @@ class SystemClock:
         self.last_events: dict[str, np.ndarray] | None = None  # the last round's rows of events.parquet
         # rounds in a row in which no upload arrived, and why theirs were lost (the stop after DRY_ROUNDS of them)
         self.dry = {"rounds": 0, "late": 0, "offline": 0, "fastest": math.inf}
+        self.oort = Oort(cfg.oort, num_clients, seed) if cfg.selection == "oort" else None
+
+    def register(self, sizes: np.ndarray) -> None:
+        """The clients' training-set sizes, as they declare them when they register (Oort ranks unexplored clients
+        by them)."""
+        if self.oort is not None:
+            self.oort.register(sizes)
 
     def select(self, round_: int) -> list[int]:
         """The clients of ``round_``: ceil(clients_per_round x overcommit) drawn (seeded by run seed and round) from
-        those online at the round's start, all of them when fewer are online. With nobody online the clock first
-        moves to the next time someone is."""
+        those online at the round's start, uniformly or by Oort (``system.selection``), all of them when fewer are
+        online. With nobody online the clock first moves to the next time someone is."""
         start = self.availability.next_online(self.clock)
         if math.isinf(start):
             raise RunFailure(f"round {round_}: no client is online at simulated time {self.clock:.0f} s or later (the "
@@ -85,16 +93,20 @@ class SystemClock:
         online, until = self.availability.at(self.clock)
         ids = np.flatnonzero(online)
         want = min(math.ceil(self.per_round * self.cfg.overcommit - 1e-9), ids.size)
-        chosen = derive_rng(self.seed, "sample", round_).choice(ids, size=want, replace=False)
-        chosen = np.sort(chosen)
+        if self.oort is not None and want < ids.size:
+            chosen = self.oort.select(round_, ids, want)
+        else:
+            chosen = np.sort(derive_rng(self.seed, "sample", round_).choice(ids, size=want, replace=False))
         self._round = {"round": round_, "start": self.clock, "waited": waited, "available": int(ids.size), "ids": chosen,
                        "until": until[chosen] - self.clock}
         return [int(c) for c in chosen]
 
-    def admit(self, client_ids: list[int], samples: list[int], bytes_up: list[int], bytes_down) -> list[int]:
+    def admit(self, client_ids: list[int], samples: list[int], bytes_up: list[int], bytes_down,
+              utility: list[float] | None = None) -> list[int]:
         """The clients among ``client_ids`` (those of :meth:`select` that finished their work) whose upload reaches
         the server, in client-id order; records the round's figures for :meth:`end_round`. ``bytes_down``: what
-        each was sent (one number for all, or one per client)."""
+        each was sent (one number for all, or one per client). ``utility``: each client's reported statistical
+        utility (Oort's feedback, with the durations the server measured)."""
         r = self._round
         assert r is not None, "select comes first"
         ids = np.asarray(client_ids, dtype=np.int64)
@@ -122,6 +134,9 @@ class SystemClock:
         fate = np.where(arrived, "aggregated", np.where(late, "dropout_deadline",
                                                         np.where(offline, "dropout_offline", "straggler")))
         r["events"] = events(ids, r["start"], r["start"] + settled, parts, fate, lost=np.setdiff1d(r["ids"], ids))
+        if self.oort is not None:
+            self.oort.feedback(r["round"], r["ids"], ids[arrived], np.asarray(utility, dtype=np.float64)[arrived],
+                               t[arrived], wait)
         self._count_dry(int(arrived.sum()), int(late.sum()), int(offline.sum()), float(t.min()) if t.size else math.inf)
         if self.dry["rounds"] >= DRY_ROUNDS:
             raise self.no_arrivals(f"round {r.get('round', '?')}: no upload arrived in {DRY_ROUNDS} rounds in a row")
@@ -165,7 +180,7 @@ class SystemClock:
         return {"sim/round_s": round_s, "sim/clock_s": self.clock, "sim/available": float(r["available"]),
                 "sim/selected": float(len(r["ids"])), "sim/stragglers": float(r["stragglers"]),
                 "sim/dropouts": float(r["dropouts"] + r["lost"]), "sim/server_s": server_s,
-                "sim/idle_s": r["waited"]}
+                "sim/idle_s": r["waited"], **(self.oort.sim() if self.oort is not None else {})}
 
     def client_columns(self, client_ids) -> dict[str, np.ndarray]:
         """Per client of ``client_ids``: rounds aggregated and simulated busy seconds so far (clients.parquet)."""
@@ -174,10 +189,13 @@ class SystemClock:
 
     def state(self) -> dict[str, Any]:
         return {"clock": self.clock, "rounds": self.rounds.copy(), "busy_s": self.busy_s.copy(),
-                "availability": self.availability.state(), "dry": dict(self.dry)}
+                "availability": self.availability.state(), "dry": dict(self.dry),
+                **({"oort": self.oort.state()} if self.oort is not None else {})}
 
     def load(self, state: dict[str, Any]) -> None:
         self.clock = float(state["clock"])
         self.rounds, self.busy_s = array(state["rounds"], np.int64), array(state["busy_s"], np.float64)
         self.availability.load(state["availability"])
         self.dry = dict(state.get("dry", self.dry))  # a checkpoint from before the count: none in a row
+        if self.oort is not None:
+            self.oort.load(state["oort"])

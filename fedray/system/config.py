@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fedray.errors import ConfigError
 from fedray.paths import absolute_path
+from fedray.system.oort import OortConfig
 
 #: Keys that only mean something on a simulated clock (``system.devices`` other than none).
-TIMED_KEYS = ("availability", "overcommit", "deadline_s", "server_sps", "speed_sigma")
+TIMED_KEYS = ("availability", "overcommit", "deadline_s", "server_sps", "speed_sigma", "selection")
 
 
 class SystemConfig(BaseModel):
@@ -50,6 +51,10 @@ class SystemConfig(BaseModel):
     speed_sigma: float = Field(default=0.0, ge=0, le=3, description="speeds that vary: each round a client's compute "
                                "and network speeds are its device's times exp(sigma z), z standard normal drawn per "
                                "run, round, client and quantity (lognormal, median the device's); 0: fixed speeds")
+    selection: Literal["uniform", "oort"] = Field(default="uniform", description="how a synchronous round picks its "
+                                                  "clients among those online: uniform (seeded), or oort (Lai et al., "
+                                                  "OSDI 2021: by reported loss and measured duration, system.oort.*)")
+    oort: OortConfig = Field(default_factory=OortConfig, description="system.selection=oort: its knobs")
 
     @field_validator("trace", "availability_trace")
     @classmethod
@@ -73,6 +78,10 @@ class SystemConfig(BaseModel):
         if self.availability != "trace" and self.availability_trace is not None:
             raise ConfigError("system.availability_trace", "is only read with system.availability=trace (it is "
                               f"{self.availability})")
+        if self.selection != "oort" and self.oort != OortConfig():
+            changed = next(k for k in OortConfig.model_fields if getattr(self.oort, k) != getattr(OortConfig(), k))
+            raise ConfigError(f"system.oort.{changed}", f"is only read with system.selection=oort (it is "
+                              f"{self.selection})")
         if not self.enabled:
             default = SystemConfig()
             for key in TIMED_KEYS:

@@ -77,6 +77,9 @@ class FedBuff(Schedule):
         if not system.enabled:
             raise ConfigError("federation.mode", "async orders the uploads by simulated time; set system.devices "
                               "to uniform, heterogeneous or trace (docs/system.md)")
+        if system.selection != "uniform":
+            raise ConfigError("system.selection", f"{system.selection} picks a synchronous round's clients; FedBuff "
+                              "dispatches uniformly among those online: set system.selection=uniform")
         if system.overcommit != 1:
             raise ConfigError("system.overcommit", "over-selection is for synchronous rounds; with "
                               "federation.mode=async set federation.concurrency instead")

@@ -105,6 +105,10 @@ class Schedule(ABC):
     def step(self, round_: int, work: Work) -> Report:
         """Round ``round_``: one server step, its work run through ``work``."""
 
+    def register(self, sizes: np.ndarray) -> None:
+        """The clients' training-set sizes (index = client id), as clients declare them when they register, before
+        the first round (Oort ranks the clients it has not heard from by them). Default: not read."""
+
     def client_columns(self, client_ids: np.ndarray | list[int]) -> dict[str, np.ndarray]:
         """Per-client columns of ``clients.parquet`` the schedule keeps (the clock's rounds and busy time)."""
         return {}

@@ -17,6 +17,7 @@ import numpy as np
 from fedray.errors import RunFailure
 from fedray.seeding import sample_clients
 from fedray.system.clock import SystemClock
+from fedray.system.oort import UTILITY
 from fedray.system.protocol import Report, Schedule, Step, Work
 
 
@@ -82,9 +83,13 @@ class ClockRounds(Rounds):
     def select(self, round_: int) -> list[int]:
         return self.clock.select(round_)
 
+    def register(self, sizes: np.ndarray) -> None:
+        self.clock.register(sizes)
+
     def admit(self, clients: list[int], infos: list[dict], bytes_down: list[int]) -> list[int]:
         return self.clock.admit(clients, [i["work_samples"] for i in infos], [i["bytes_up"] for i in infos],
-                                np.asarray(bytes_down, dtype=np.float64))
+                                np.asarray(bytes_down, dtype=np.float64),
+                                [i.get(UTILITY, np.nan) for i in infos])
 
     def sim(self, step: Step) -> dict[str, float]:
         return self.clock.end_round(step.metrics.get("sim/server_samples", 0.0))

@@ -245,13 +245,15 @@ def test_the_trace_examples_of_docs_system_md_read(tmp_path):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_the_event_record_is_kept_through_a_resume(mode, tmp_path):
     """events.parquet: every selected (or dispatched) client of every round, its times and fate; a run of 2 rounds
-    extended to 4 writes the 4-round run's record, row for row (speeds varying by round included)."""
+    extended to 4 writes the 4-round run's record, row for row (speeds varying by round and Oort's selection
+    included)."""
     from fedray.record.run_dir import EVENTS_FILE
 
     kw = dict(system__devices="heterogeneous", system__deadline_s=60.0, system__speed_sigma=0.3,
-              system__overcommit=1.5 if mode == "sync"
-              else 1.0, federation__mode=mode, runtime__checkpoint_every=1, data__num_clients=6,
+              federation__mode=mode, runtime__checkpoint_every=1, data__num_clients=6,
               federation__clients_per_round=3, federation__local_steps=2)
+    if mode == "sync":  # Oort's selector state resumed too: the same clients are selected after the resume
+        kw.update(system__overcommit=1.5, system__selection="oort")
     whole = run_experiment(tiny_config(**kw, federation__rounds=4), tmp_path / "whole", progress=False)
     run_experiment(tiny_config(**kw, federation__rounds=2), tmp_path / "part", progress=False)
     run_experiment(tiny_config(**kw, federation__rounds=4), tmp_path / "part", progress=False,
@@ -274,3 +276,25 @@ def test_the_event_record_is_kept_through_a_resume(mode, tmp_path):
         assert rows.groupby("round").size().tolist() == [r["sim/selected"] for r in whole.history]
         assert per_round.get("straggler", 0 * dropouts).tolist() == [r["sim/stragglers"] for r in whole.history]
     assert (rows["t_s"] - rows[["latency_s", "download_s", "compute_s", "upload_s"]].sum(axis=1)).abs().max() < 1e-9
+
+
+@pytest.mark.ray
+def test_on_ray_the_system_gives_the_in_process_rounds_and_event_record(ray_local, tmp_path):
+    """Oort's selection (utilities computed in the workers), speeds varying by round, a deadline and
+    over-commitment on Ray (two workers): every figure and every row of events.parquet is the in-process run's."""
+    from fedray.record.run_dir import EVENTS_FILE
+
+    kw = dict(system__devices="heterogeneous", system__deadline_s=60.0, system__speed_sigma=0.3,
+              system__overcommit=1.5, system__selection="oort", data__num_clients=8, federation__rounds=3,
+              federation__clients_per_round=3, federation__local_steps=2, tracking__enabled=False)
+    local = run_experiment(tiny_config(**kw), tmp_path / "local", progress=False)
+    ray = run_experiment(tiny_config(**kw, runtime__backend="ray", runtime__num_workers=2), tmp_path / "ray",
+                         progress=False)
+
+    def figures(history):  # Ray counts the clients it lost (health/dropped_clients, 0 here); in process none are
+        return [{k: v for k, v in row.items() if not k.startswith("time/") and k != "health/dropped_clients"}
+                for row in history]
+
+    assert figures(ray.history) == figures(local.history)
+    assert pq.read_table(tmp_path / "ray" / EVENTS_FILE).equals(pq.read_table(tmp_path / "local" / EVENTS_FILE))
+    assert sum(r["sim/oort_explored"] for r in local.history) < 3 * 5  # Oort exploited some clients

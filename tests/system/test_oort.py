@@ -1,0 +1,163 @@
+"""Oort's selection by hand (Lai et al., OSDI 2021): each explored client's utility, the trade-off between a higher
+loss and a duration past the preferred T, the exploration share, the cut-off, the pacer, the blacklist; the
+statistical utility a client reports; and only what the server knows is read."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedray.errors import ConfigError
+from fedray.learning.feedback import statistical_utility
+from fedray.learning.training import LocalTraining
+from fedray.system.oort import Oort, OortConfig
+from tests.conftest import tiny_config
+
+
+def _oort(n, **cfg):
+    return Oort(OortConfig(**cfg), n, seed=0)
+
+
+def test_utility_by_hand_a_higher_loss_slower_than_t_loses_to_a_lower_loss_within_it():
+    """Round 1: clients 0, 1, 2 report U = 10, 30, 20 after 5, 20 and 10 s; client 3's upload never came (the
+    server waited 20 s for it). T = the 40th percentile of the known durations [5, 10, 20, 20] = 10 s. At round 2:
+    Util = (min(U, clip) - 0.999 min U) / range + sqrt(0.1 ln 2 / 1), and client 1, slower than T, times
+    (T / t)^2 = (10 / 20)^2: the highest loss ranks below client 2 (20 within T), above client 0 (the lowest loss)."""
+    oort = _oort(4, alpha=2.0, round_percentile=40)
+    oort.register(np.array([7, 8, 9, 50]))
+    oort.feedback(1, np.arange(4), np.array([0, 1, 2]), np.array([10.0, 30.0, 20.0]), np.array([5.0, 20.0, 10.0]),
+                  waited=20.0)
+    assert oort.duration.tolist() == [5, 20, 10, 20] and oort.last.tolist() == [1, 1, 1, 0]
+    oort.select(2, np.arange(4), 2)
+    assert oort.preferred_s == 10.0
+    low, span, temporal = 10 * 0.999, 30 - 10 * 0.999, math.sqrt(0.1 * math.log(2) / 1)
+    hand = [(10 - low) / span + temporal, ((30 - low) / span + temporal) * (10 / 20) ** 2, (20 - low) / span + temporal]
+    got = oort.scores(2, np.array([0, 1, 2]))
+    assert got == pytest.approx(hand, rel=1e-12)
+    assert got[2] > got[1] > got[0]
+    assert got[1] == pytest.approx(1.2633 * 0.25, abs=1e-4)  # the penalty is (T / t)^alpha, not its inverse
+    # alpha = 0: no system utility; the highest loss ranks first
+    flat = _oort(4, alpha=0.0, round_percentile=40)
+    flat.feedback(1, np.arange(4), np.array([0, 1, 2]), np.array([10.0, 30.0, 20.0]), np.array([5.0, 20.0, 10.0]), 20.0)
+    flat.select(2, np.arange(4), 2)
+    assert np.argmax(flat.scores(2, np.array([0, 1, 2]))) == 1
+    # the unexplored client 3 is ranked by its declared size, penalised by the 20 s the server waited for it
+    assert oort.penalty(np.array([3]))[0] == pytest.approx((10 / 20) ** 2)
+
+
+def test_the_exploration_share_holds_and_exploitation_takes_the_rest():
+    """eps = 0.25 held fixed: of K = 20, int(20 x 0.25) = 5 are clients not heard from and 15 explored ones; with
+    only 3 unexplored online, 3 and 17."""
+    oort = _oort(100, exploration=0.25, exploration_decay=1.0, exploration_min=0.25)
+    oort.register(np.full(100, 10))
+    heard = np.arange(0, 100, 5)  # 20 explored clients
+    oort.feedback(1, heard, heard, np.linspace(1, 20, 20), np.full(20, 3.0), waited=3.0)
+    for r in range(2, 6):
+        chosen = oort.select(r, np.arange(100), 20)
+        assert chosen.size == 20 and np.unique(chosen).size == 20
+        assert np.isin(chosen, heard).sum() == 15 and oort.sim()["sim/oort_explored"] == 5
+    few = np.concatenate([heard, [1, 2, 3]])
+    chosen = oort.select(6, np.sort(few), 20)
+    assert np.isin(chosen, heard).sum() == 17 and np.isin([1, 2, 3], chosen).all()
+    assert not np.isin(chosen, np.setdiff1d(np.arange(100), few)).any()  # only the online are selected
+
+
+def test_the_cut_off_admits_only_clients_near_the_kth_utility():
+    """With c = 0.95 and no pool, 3 of 10 explored clients whose utilities fall off sharply after the 3rd are the 3
+    exploited every time; FedScale's pool of 10 x 3 lets the others in."""
+    oort = _oort(10, exploration=0.0, exploration_min=0.0, clip=1.0)
+    utilities = np.array([100.0, 99.0, 98.0, 10, 9, 8, 7, 6, 5, 4])
+    oort.feedback(1, np.arange(10), np.arange(10), utilities, np.ones(10), 1.0)
+    for r in range(2, 8):
+        assert oort.select(r, np.arange(10), 3).tolist() == [0, 1, 2]
+    pooled = _oort(10, exploration=0.0, exploration_min=0.0, clip=1.0, pool_factor=10)
+    pooled.feedback(1, np.arange(10), np.arange(10), utilities, np.ones(10), 1.0)
+    seen = set()
+    for r in range(2, 30):
+        seen |= set(pooled.select(r, np.arange(10), 3).tolist())
+    assert seen - {0, 1, 2}
+
+
+@pytest.mark.parametrize("pacer, history, percentile", [
+    ("paper", [4, 4, 3, 3], 35.0),  # the last window's utility fell: T relaxes by delta
+    ("paper", [3, 3, 4, 4], 30.0),  # it rose: T stays
+    ("fedscale", [4, 4, 4, 4.2], 35.0),  # changed by 10 % or less: relaxes
+    ("fedscale", [1, 1, 7, 7], 25.0),  # changed by 5 times or more: tightens
+    ("fedscale", [4, 4, 3, 3], 30.0),
+])
+def test_the_pacer_moves_t_every_window(pacer, history, percentile):
+    oort = _oort(4, pacer=pacer, pacer_step=2, pacer_delta=5.0)
+    oort.exploit_utility = list(history[:-1])
+    oort.last_pick = {"exploit": np.array([0]), "explore": np.zeros(0, np.int64)}
+    oort.reported, oort.utility[0] = np.array([0]), history[-1]
+    oort._pace(4)  # round 4: a multiple of the window, two windows of history
+    assert len(oort.exploit_utility) == 4 and oort.exploit_utility[-1] == pytest.approx(history[-1], rel=1e-4)
+    assert oort.percentile == percentile
+
+
+def test_the_blacklist_retires_the_most_picked_up_to_its_cap():
+    oort = _oort(4, blacklist_rounds=1, blacklist_max=0.5, exploration=0.0, exploration_min=0.0)
+    for r in (1, 2):
+        oort.feedback(r, np.arange(3), np.arange(3), np.ones(3), np.ones(3), 1.0)
+    assert oort.blacklist().tolist() == [0, 1]  # three over the count; two at most (0.5 x 4), lower ids first
+    assert set(oort.select(3, np.arange(4), 2).tolist()) == {2, 3}
+
+
+def test_selection_is_seeded_and_its_state_resumes_exactly():
+    def fresh():
+        o = _oort(50)
+        o.register(np.arange(50) + 1)
+        return o
+
+    a, b = fresh(), fresh()
+    for r in range(1, 8):
+        pa = a.select(r, np.arange(50), 10)
+        if r == 4:  # b continues from a checkpoint of a's state
+            b = fresh()
+            b.load(a_state)
+        pb = b.select(r, np.arange(50), 10)
+        assert pa.tolist() == pb.tolist()
+        for o, p in ((a, pa), (b, pb)):
+            o.feedback(r, p, p[:7], np.sin(p[:7]) + 2, p[:7] / 10, waited=5.0)
+        a_state = a.state()
+
+
+def test_the_reported_utility_is_the_starting_models_losses_by_hand():
+    """U = |B| sqrt(mean over B of CE^2) of the model the client starts from (its start weights, not the module's)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    start = {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+    x = torch.randint(0, 256, (7, 1, 2, 2), dtype=torch.uint8)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
+    plan = LocalTraining(model=model, start=start, loss=None, finish=None)
+    got = statistical_utility(plan, x, y, (0.5,), (0.25,), batch_size=3)
+    model.load_state_dict(start)
+    with torch.no_grad():
+        ce = F.cross_entropy(model((x.float() / 255 - 0.5) / 0.25), y, reduction="none")
+    assert got == pytest.approx(7 * math.sqrt(float((ce ** 2).mean())), rel=1e-6)
+
+
+def test_a_run_selects_by_oort_and_its_keys_are_checked():
+    """In a run the worker reports U with each upload and the clock feeds it to Oort; its figures reach history.
+    Oort's keys are refused without it, and Oort without a clock or under FedBuff."""
+    from fedray.simulation import run_experiment
+
+    cfg = tiny_config(federation__rounds=3, data__num_clients=8, federation__clients_per_round=2,
+                      system__devices="heterogeneous", system__selection="oort", system__overcommit=1.5)
+    run = run_experiment(cfg, progress=False)
+    first = run.history[0]
+    assert first["sim/oort_explored"] == 3 and "sim/oort_preferred_s" not in first  # nothing known yet: no T
+    assert run.history[1]["sim/oort_preferred_s"] > 0 and run.history[1]["sim/oort_explored"] < 3
+    for overrides, key in [({"system__oort__alpha": 1.0}, "system.oort.alpha"),
+                           ({"system__selection": "oort"}, "system.selection"),
+                           ({"system__selection": "oort", "system__devices": "uniform", "federation__mode": "async"},
+                            "system.selection")]:
+        with pytest.raises(ConfigError) as e:
+            from fedray.methods import resolve_experiment
+
+            resolve_experiment(tiny_config(**overrides))
+        assert e.value.key == key, e.value
