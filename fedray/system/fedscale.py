@@ -187,44 +187,41 @@ def _behaviour(key: str, path: str, trace: Any, num_clients: int
         what = "an empty dict" if isinstance(trace, dict) else f"a {type(trace).__name__}"
         raise ConfigError(key, f"{path} holds {what}, not FedScale's client behaviour trace (a dict {{key: "
                           "{'active': [s], 'inactive': [s], 'finish_time': s, ...}})")
-    keys = list(trace)
-    # every entry is checked, used or not: a file accepted for 10 clients is accepted for 10,000
-    used = np.arange(len(keys))
+    keys = list(trace)  # every entry is checked, used or not: a file accepted for 10 clients is for 10,000
     client_entry = (np.arange(num_clients, dtype=np.int64) + 1) % len(keys)  # FedScale's ids start at 1
-    actives, inactives, period = [], [], np.empty(used.size)
-    for e, k in enumerate(used.tolist()):
-        name, entry = keys[k], trace[keys[k]]
-        where = f"{path}: entry {name!r}"
-        if not isinstance(entry, dict):
-            raise ConfigError(key, f"{where}: a {type(entry).__name__}, not a dict with fields "
+    actives, inactives, period = [], [], np.empty(len(keys))
+    for e, name in enumerate(keys):
+        item, where = trace[name], f"{path}: entry {name!r}"
+        if not isinstance(item, dict):
+            raise ConfigError(key, f"{where}: a {type(item).__name__}, not a dict with fields "
                               f"{', '.join(BEHAVIOUR_FIELDS)}")
         for field in BEHAVIOUR_FIELDS:
-            if field not in entry:
+            if field not in item:
                 raise ConfigError(key, f"{where}: no field {field!r}; an entry has fields "
                                   f"{', '.join(BEHAVIOUR_FIELDS)} (and FedScale's duration and model, unused)")
-        finish = _number(entry["finish_time"])
+        finish = _number(item["finish_time"])
         if finish is None or not math.isfinite(finish) or finish <= 0:
-            raise ConfigError(key, f"{where}, field finish_time: {entry['finish_time']!r}; must be a number > 0 (the "
+            raise ConfigError(key, f"{where}, field finish_time: {item['finish_time']!r}; must be a number > 0 (the "
                               "period, s, after which the entry's intervals repeat)")
         period[e] = finish
         for field in ("active", "inactive"):
-            if not isinstance(entry[field], (list, tuple, np.ndarray)):
+            if not isinstance(item[field], (list, tuple, np.ndarray)):
                 raise ConfigError(key, f"{where}, field {field}: must be a list of numbers (seconds), not "
-                                  f"{_shown(entry[field])}")
-        if len(entry["active"]) != len(entry["inactive"]):
-            raise ConfigError(key, f"{where}, field inactive: {len(entry['inactive'])} values for "
-                              f"{len(entry['active'])} in active; interval j is [active[j], inactive[j]]")
-        actives.append(entry["active"])
-        inactives.append(entry["inactive"])
+                                  f"{_shown(item[field])}")
+        if len(item["active"]) != len(item["inactive"]):
+            raise ConfigError(key, f"{where}, field inactive: {len(item['inactive'])} values for "
+                              f"{len(item['active'])} in active; interval j is [active[j], inactive[j]]")
+        actives.append(item["active"])
+        inactives.append(item["inactive"])
     count = np.array([len(a) for a in actives], dtype=np.int64)
-    entry = np.repeat(np.arange(used.size), count)
-    start, end = (_numbers(key, path, keys, used, lists, field)
+    entry = np.repeat(np.arange(len(keys)), count)  # per interval: its entry's index in keys
+    start, end = (_numbers(key, path, keys, lists, field)
                   for lists, field in ((actives, "active"), (inactives, "inactive")))
     nth = np.arange(entry.size) - np.repeat(np.cumsum(count) - count, count)  # an interval's index in its entry
-    entry, start, end = _check_intervals(key, path, keys, used, entry, nth, start, end, period)
+    entry, start, end = _check_intervals(key, path, keys, entry, nth, start, end, period)
     # each client's copy of its entry's intervals (clients share an entry when there are more clients than entries)
-    first = np.searchsorted(entry, np.arange(used.size))
-    per_entry = np.bincount(entry, minlength=used.size)
+    first = np.searchsorted(entry, np.arange(len(keys)))
+    per_entry = np.bincount(entry, minlength=len(keys))
     n = per_entry[client_entry]
     if not n.sum():
         raise ConfigError(key, f"{path}: none of the entries data.num_clients={num_clients} clients get has an "
@@ -234,13 +231,13 @@ def _behaviour(key: str, path: str, trace: Any, num_clients: int
     return client, start[index], end[index], period[client_entry]
 
 
-def _check_intervals(key: str, path: str, keys: list, used: np.ndarray, entry: np.ndarray, nth: np.ndarray,
+def _check_intervals(key: str, path: str, keys: list, entry: np.ndarray, nth: np.ndarray,
                      start: np.ndarray, end: np.ndarray, period: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The entries' intervals checked, sorted by (entry, start), touching ones merged, zero-length ones dropped."""
 
     def refuse(i: int, field: str, why: str) -> ConfigError:
-        return ConfigError(key, f"{path}: entry {keys[used[entry[i]]]!r}, field {field}: interval {nth[i]} "
+        return ConfigError(key, f"{path}: entry {keys[entry[i]]!r}, field {field}: interval {nth[i]} "
                            f"[{start[i]:g}, {end[i]:g}] {why}")
 
     for field, values in (("active", start), ("inactive", end)):
@@ -265,7 +262,7 @@ def _check_intervals(key: str, path: str, keys: list, used: np.ndarray, entry: n
     return entry[keep], start[keep], end[keep]
 
 
-def _numbers(key: str, path: str, keys: list, used: np.ndarray, lists: list, field: str) -> np.ndarray:
+def _numbers(key: str, path: str, keys: list, lists: list, field: str) -> np.ndarray:
     """The entries' ``field`` lists as one float array; the first value that is not a number refused."""
     flat = np.asarray(list(itertools.chain.from_iterable(lists)))  # one conversion, not one per entry: 10^5 entries
     if flat.dtype.kind in "iuf" and flat.ndim == 1:
@@ -273,7 +270,7 @@ def _numbers(key: str, path: str, keys: list, used: np.ndarray, lists: list, fie
     for e, values in enumerate(lists):
         for v in values:
             if _number(v) is None:
-                raise ConfigError(key, f"{path}: entry {keys[used[e]]!r}, field {field}: {_shown(v)} is not a "
+                raise ConfigError(key, f"{path}: entry {keys[e]!r}, field {field}: {_shown(v)} is not a "
                                   "number (seconds)")
     return flat.astype(np.float64)  # bools among numbers: numpy reads them as 0 and 1, as FedScale's comparisons do
 
