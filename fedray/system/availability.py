@@ -1,4 +1,5 @@
-"""When each client is online: always, alternating exponential periods (a two-state Markov chain), or a trace.
+"""When each client is online: always, alternating exponential periods (a two-state Markov chain), or a trace
+(ending after its last interval, or repeating: :class:`CyclicTrace`, which FedScale's behaviour traces also read as).
 
 Each model answers, at a simulated time ``t`` that never goes back, which clients are online and until when each
 online client stays so (the end of its current online period: a client selected at ``t`` whose work ends after it
@@ -115,6 +116,79 @@ class TraceAvailability:
     def next_change(self, t: float) -> float:
         later = np.concatenate([self.start[self.start > t], self.end[self.end > t]])
         return float(later.min()) if later.size else np.inf
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class CyclicTrace:
+    """Online intervals that repeat: client c's intervals ``[start, end)`` (sorted by client, then start; within
+    ``[0, period[c]]``, disjoint, touching ones merged) recur every ``period[c]`` seconds, for ever. Periods may
+    differ per client (FedScale's ``finish_time`` does). A client online at the end of its cycle and at the start of
+    the next (an interval ending at the period, another starting at 0) stays online across the boundary: its online
+    period ends where the next cycle's first interval does (never, for a client online the whole cycle).
+
+    Stateless: every answer is a function of ``t`` over per-interval arrays (no loop over clients). A time within
+    ``max(1e-9, 1e-12 t)`` s of an interval's edge counts as at that edge, so that a time this class returned (a
+    start, an end) reads back as that start or end whatever the rounding of ``t mod period``."""
+
+    def __init__(self, num_clients: int, client: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 period: np.ndarray):
+        self.num_clients, self.client, self.start, self.end = num_clients, client, start, end
+        self.period = np.asarray(period, dtype=np.float64)[client]  # per interval: its client's
+        # each client's first and last interval (the intervals come sorted by client, then start)
+        ids, first_of, count = np.unique(client, return_index=True, return_counts=True)
+        first = np.full(num_clients, -1, dtype=np.int64)
+        last = np.full(num_clients, -1, dtype=np.int64)
+        first[ids], last[ids] = first_of, first_of + count - 1
+        # An interval that ends at the period runs on into the next cycle when its client's first interval starts
+        # at 0: its online period ends with that first interval (never, when the two are one interval [0, period]).
+        runs_on = (end == self.period) & (start[first[client]] == 0)
+        self.extra = np.where(runs_on, np.where(first[client] == np.arange(client.size), np.inf,
+                                                end[first[client]]), 0.0)
+        # Such a boundary is no change: the end at the period and the start at 0 it runs into.
+        self.end_changes = ~runs_on
+        self.start_changes = ~((start == 0) & (end[last[client]] == self.period[last[client]]))
+
+    def _phase(self, t: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """Per interval: the start of the cycle holding ``t``, ``t``'s offset in it, and the tolerance."""
+        tol = max(1e-9, 1e-12 * abs(t))
+        base = np.floor(t / self.period) * self.period
+        norm = t - base
+        wrap = norm > self.period - tol  # a rounding error short of the cycle's end: the next cycle's start
+        return np.where(wrap, base + self.period, base), np.where(wrap, norm - self.period, norm), tol
+
+    def _inside(self, norm: np.ndarray, tol: float) -> np.ndarray:
+        return (self.start - tol <= norm) & (norm < self.end - tol)
+
+    def at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        base, norm, tol = self._phase(t)
+        inside = self._inside(norm, tol)
+        online = np.zeros(self.num_clients, dtype=bool)
+        until = np.full(self.num_clients, -np.inf)
+        online[self.client[inside]] = True
+        until[self.client[inside]] = (base + self.end + self.extra)[inside]
+        return online, until
+
+    def _next(self, edge: np.ndarray, base: np.ndarray, norm: np.ndarray, tol: float) -> np.ndarray:
+        """Per interval, the first occurrence of ``edge`` (its start or end) after ``t``: this cycle's or the next."""
+        return np.where(edge - tol > norm, base + edge, base + self.period + edge)
+
+    def next_online(self, t: float) -> float:
+        base, norm, tol = self._phase(t)
+        if self._inside(norm, tol).any():
+            return t
+        return float(self._next(self.start, base, norm, tol).min()) if self.start.size else np.inf
+
+    def next_change(self, t: float) -> float:
+        base, norm, tol = self._phase(t)
+        starts = self._next(self.start, base, norm, tol)[self.start_changes]
+        ends = self._next(self.end, base, norm, tol)[self.end_changes]
+        later = np.concatenate([starts, ends])
+        return float(later.min()) if later.size else np.inf  # inf: everyone always online, or never
 
     def state(self) -> dict[str, Any]:
         return {}

@@ -19,9 +19,10 @@ import numpy as np
 
 from fedray.errors import RunFailure
 from fedray.seeding import derive_rng
-from fedray.system.availability import Always, Markov, TraceAvailability, array
+from fedray.system.availability import Always, CyclicTrace, Markov, TraceAvailability, array
 from fedray.system.config import SystemConfig
 from fedray.system.devices import Devices
+from fedray.system.fedscale import read_fedscale_behaviour
 from fedray.system.oort import Oort
 from fedray.system.traces import read_availability_trace
 
@@ -51,9 +52,16 @@ DRY_ROUNDS = 5
 def build_availability(cfg: SystemConfig, num_clients: int, seed: int):
     if cfg.availability == "markov":
         return Markov(num_clients, cfg.mean_online_s, cfg.mean_offline_s, seed)
+    if cfg.availability == "trace" and cfg.availability_cycle_s is not None:
+        intervals = read_availability_trace("system.availability_trace", cfg.availability_trace, num_clients,
+                                            cfg.availability_cycle_s)
+        return CyclicTrace(num_clients, *intervals, np.full(num_clients, cfg.availability_cycle_s))
     if cfg.availability == "trace":
         return TraceAvailability(num_clients, *read_availability_trace("system.availability_trace",
                                                                        cfg.availability_trace, num_clients))
+    if cfg.availability == "fedscale":  # each client's intervals repeat with its entry's finish_time
+        return CyclicTrace(num_clients, *read_fedscale_behaviour("system.availability_trace", cfg.availability_trace,
+                                                                 num_clients))
     return Always(num_clients)
 
 
@@ -163,8 +171,8 @@ class SystemClock:
             causes.append(f"{late} finished after system.deadline_s={self.cfg.deadline_s:g} s (the fastest in "
                           f"{fastest:.1f} s): raise system.deadline_s")
         if offline:
-            key = {"markov": "system.mean_online_s", "trace": "system.availability_trace"}.get(self.cfg.availability,
-                                                                                               "system.availability")
+            key = {"markov": "system.mean_online_s", "trace": "system.availability_trace",
+                   "fedscale": "system.availability_trace"}.get(self.cfg.availability, "system.availability")
             causes.append(f"{offline} went offline before they finished: give the clients longer online periods "
                           f"({key})")
         return RunFailure(f"{where}; " + "; ".join(causes or ["no client finished its work"]), resumable=False)

@@ -8,6 +8,7 @@ import numpy as np
 
 from fedray.seeding import derive_rng
 from fedray.system.config import SystemConfig
+from fedray.system.fedscale import read_fedscale_devices
 from fedray.system.traces import read_device_trace
 
 #: The heterogeneous profile: per quantity, the median and the standard deviation of its natural logarithm (a
@@ -46,6 +47,8 @@ class Devices:
                 cols[name] = median * np.exp(sigma * derive_rng(seed, "devices", name).standard_normal(num_clients))
         elif cfg.devices == "trace":
             cols = read_device_trace("system.trace", cfg.trace, num_clients)
+        elif cfg.devices == "fedscale":  # FedScale's profiles converted to these columns (fedscale.py says how)
+            cols = read_fedscale_devices("system.trace", cfg.trace, num_clients)
         else:
             raise ValueError(f"no devices to build for system.devices={cfg.devices}")
         return cls(compute_sps=np.asarray(cols["compute_sps"], dtype=np.float64),

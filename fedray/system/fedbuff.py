@@ -76,7 +76,7 @@ class FedBuff(Schedule):
         fed, system, num_clients = cfg.federation, cfg.system, cfg.data.num_clients
         if not system.enabled:
             raise ConfigError("federation.mode", "async orders the uploads by simulated time; set system.devices "
-                              "to uniform, heterogeneous or trace (docs/system.md)")
+                              "to uniform, heterogeneous, trace or fedscale (docs/system.md)")
         if system.selection != "uniform":
             raise ConfigError("system.selection", f"{system.selection} picks a synchronous round's clients; FedBuff "
                               "dispatches uniformly among those online: set system.selection=uniform")

@@ -43,9 +43,11 @@ def read_device_trace(key: str, path: str, num_clients: int) -> dict[str, np.nda
     return {name: cols[name][seen] for name in DEVICE_COLUMNS[1:]}
 
 
-def read_availability_trace(key: str, path: str, num_clients: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def read_availability_trace(key: str, path: str, num_clients: int,
+                            cycle_s: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(client, start_s, end_s)`` sorted by client then start, each client's intervals disjoint and apart: those
-    that touch are merged (``[0, 10)`` and ``[10, 50)`` read as ``[0, 50)``)."""
+    that touch are merged (``[0, 10)`` and ``[10, 50)`` read as ``[0, 50)``). ``cycle_s`` (a repeating trace,
+    ``system.availability_cycle_s``): every interval must lie within ``[0, cycle_s]``."""
     cols = _read(key, path, AVAILABILITY_COLUMNS)
     client = _client_ids(key, path, cols["client"], num_clients)
     start, end = cols["start_s"], cols["end_s"]
@@ -55,6 +57,10 @@ def read_availability_trace(key: str, path: str, num_clients: int) -> tuple[np.n
     if (bad := np.flatnonzero(~(end > start))).size:
         raise ConfigError(key, f"{path}: row {bad[0] + 1}, column end_s: {end[bad[0]]:g} is not after start_s="
                           f"{start[bad[0]]:g}")
+    if cycle_s is not None and (bad := np.flatnonzero(end > cycle_s)).size:
+        raise ConfigError("system.availability_cycle_s", f"{path}: row {bad[0] + 1}, column end_s: {end[bad[0]]:g} is "
+                          f"past the cycle's end ({cycle_s:g} s): a repeating trace's intervals lie within [0, "
+                          f"{cycle_s:g}]; end the interval by then or raise system.availability_cycle_s")
     order = np.lexsort((start, client))
     client, start, end = client[order], start[order], end[order]
     clash = np.flatnonzero((client[1:] == client[:-1]) & (start[1:] < end[:-1]))
@@ -73,8 +79,8 @@ def read_availability_trace(key: str, path: str, num_clients: int) -> tuple[np.n
 def trace_digests(cfg) -> dict[str, dict[str, str]]:
     """``{key: {"path", "sha256"}}`` of the trace files ``cfg`` (``system.*``) reads: recorded in the checkpoint,
     ``summary.json`` and MLflow, so that a run says which traces it ran on and a resume refuses a changed one."""
-    used = {"system.trace": cfg.trace if cfg.devices == "trace" else None,
-            "system.availability_trace": cfg.availability_trace if cfg.availability == "trace" else None}
+    used = {"system.trace": cfg.trace if cfg.devices in ("trace", "fedscale") else None,
+            "system.availability_trace": cfg.availability_trace if cfg.availability in ("trace", "fedscale") else None}
     out = {}
     for key, path in used.items():
         if path:

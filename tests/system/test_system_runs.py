@@ -92,7 +92,7 @@ ONLINE = "client,start_s,end_s\n"
 GOOD_DEVICES = DEVICES + "".join(f"{c},10,1,1,5\n" for c in range(6))
 BAD = [
     # (system overrides, files to write {name: text}, key, a fragment of the message)
-    (["system.devices=phones"], {}, "system.devices", "'none', 'uniform', 'heterogeneous' or 'trace'"),
+    (["system.devices=phones"], {}, "system.devices", "'none', 'uniform', 'heterogeneous', 'trace' or 'fedscale'"),
     (["system.devices=uniform", "system.compute_sps=0"], {}, "system.compute_sps", "greater than 0"),
     (["system.devices=uniform", "system.overcommit=0.5"], {}, "system.overcommit", "greater than or equal to 1"),
     (["system.devices=uniform", "system.deadline_s=-1"], {}, "system.deadline_s", "greater than 0"),

@@ -1,0 +1,218 @@
+"""FedScale's trace pickles read into fedray's system model, and availability traces that repeat: hand-computed
+devices and online answers, FedScale's own time formula, each malformed input refused in one line, a pickle that
+asks for a foreign class refused unbuilt. Tiny fabricated pickles; no Ray, no training."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from fedray.errors import ConfigError
+from fedray.system import SystemConfig, check_traces
+from fedray.system.availability import CyclicTrace
+from fedray.system.clock import SystemClock, build_availability
+from fedray.system.devices import Devices
+from fedray.system.fedscale import read_fedscale_behaviour
+
+PROFILES = {1: {"computation": 10.0, "communication": 1000.0},  # keys 1..3, so mapped id 0 is missing: the default
+            2: {"computation": np.float64(50.0), "communication": np.int64(250)},
+            3: {"computation": 2.0, "communication": 8000.0}}
+
+#: entry "x": online [0, 10] and [50, 100] of a 100 s cycle (the second runs on into the next cycle's first);
+#: entry "y": online [20, 30] of a 40 s cycle. Client c gets keys[(c + 1) % 2]: clients 0, 2: "y"; 1, 3: "x".
+BEHAVIOUR = {"x": {"duration": 60, "inactive": [10, 100], "finish_time": 100, "active": [0, 50], "model": "m"},
+             "y": {"duration": 10, "inactive": [30], "finish_time": 40, "active": [20], "model": "m"}}
+
+
+def _pickle(tmp_path, value, name="t.pkl") -> str:
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(value))
+    return str(path)
+
+
+def _fedscale(tmp_path, devices=PROFILES, behaviour=BEHAVIOUR, **keys) -> SystemConfig:
+    return SystemConfig(devices="fedscale", trace=_pickle(tmp_path, devices, "d.pkl"), availability="fedscale",
+                        availability_trace=_pickle(tmp_path, behaviour, "b.pkl"), **keys)
+
+
+def test_device_profiles_map_as_fedscale_does_and_a_missing_mapped_id_gets_its_default(tmp_path):
+    """fedray client c is FedScale's c + 1 and gets profile (c + 1) % 3: clients 0, 1 -> 1, 2; client 2 -> 0, not
+    a key, so FedScale's default {computation 1, communication 1}; client 3 -> 1 again."""
+    dev = Devices.build(_fedscale(tmp_path), num_clients=4, seed=0)
+    computation = np.array([10.0, 50.0, 1.0, 10.0])
+    communication = np.array([1000.0, 250.0, 1.0, 1000.0])
+    assert dev.compute_sps == pytest.approx(1000 / (3 * computation), rel=1e-12)  # 33.3, 6.67, 333.3, 33.3 /s
+    assert dev.up_bps == pytest.approx(communication * 1024 / 8, rel=1e-12)  # kbit/s of 1024 bits, in bytes/s
+    assert (dev.down_bps == dev.up_bps).all() and (dev.latency_s == 0).all()
+
+
+def test_a_client_time_is_fedscales_formula(tmp_path):
+    """samples / compute_sps + bytes down / down + bytes up / up equals FedScale's get_completion_time: 3 x
+    batch_size x local_steps x computation / 1000 + (upload_kbit + download_kbit) / communication, kbit = bytes /
+    1024 x 8, with samples = batch_size x local_steps."""
+    dev = Devices.build(_fedscale(tmp_path), num_clients=4, seed=0)
+    ids = np.arange(4)
+    batch_size, local_steps = 20, 7
+    down, up = np.array([4e5, 4e5, 4e5, 4e5]), np.array([4e5, 1e5, 3e3, 123457.0])
+    ours = dev.client_time(ids, np.full(4, batch_size * local_steps, dtype=float), down, up)
+    for c in ids:
+        profile = PROFILES.get((c + 1) % len(PROFILES), {"computation": 1.0, "communication": 1.0})
+        theirs = (3.0 * batch_size * local_steps * float(profile["computation"]) / 1000.0
+                  + (up[c] / 1024 * 8 + down[c] / 1024 * 8) / float(profile["communication"]))
+        assert ours[c] == pytest.approx(theirs, rel=1e-12, abs=1e-9)
+
+
+def test_behaviour_trace_reads_to_cyclic_online_answers(tmp_path):
+    """Each client's intervals repeat with its entry's finish_time; "x"'s [50, 100] runs on into the next cycle's
+    [0, 10], so its online period ends at 110, and 100 is no change; next_online and next_change cross cycles."""
+    avail = build_availability(_fedscale(tmp_path), num_clients=4, seed=0)
+    assert isinstance(avail, CyclicTrace)
+    y, x = [0, 2], [1, 3]
+
+    def online(t):
+        mask, until = avail.at(t)
+        return mask.tolist(), until
+
+    assert online(5.0)[0] == [False, True, False, True] and online(5.0)[1][x].tolist() == [10, 10]
+    assert online(25.0)[0] == [True, False, True, False] and online(25.0)[1][y].tolist() == [30, 30]
+    assert online(10.0)[0] == [False] * 4 and avail.next_online(10.0) == 20 and avail.next_change(10.0) == 20
+    assert avail.next_change(35.0) == 50  # "x" comes online at 50; "y"'s next start is 60
+    assert online(70.0)[1][x].tolist() == [110, 110]  # across the cycle boundary: no end at 100
+    assert avail.next_change(95.0) == 100  # "y": 95 % 40 = 15, its next start 100 (= 2 x 40 + 20)
+    assert avail.next_change(101.0) == 110 and avail.next_online(115.0) == 140  # "y" at 3 x 40 + 20
+    # a later cycle: 1000 + 5 for "x" (10th cycle), 1000 % 40 = 0 for "y"
+    assert online(1005.0)[0] == [False, True, False, True] and online(1005.0)[1][x].tolist() == [1010, 1010]
+    assert avail.next_online(1011.0) == 1020 and online(1020.0)[0] == [True, False, True, False]
+    assert not math.isinf(avail.next_change(1e9))  # a cyclic trace never ends
+
+
+def test_a_repeating_csv_trace(tmp_path):
+    """system.availability_cycle_s repeats a fedray trace; a client online for the whole cycle never goes offline,
+    and one online [80, 100) then [0, 20) stays online across the boundary."""
+    (tmp_path / "a.csv").write_text("client,start_s,end_s\n0,0,20\n0,80,100\n1,30,40\n2,0,100\n")
+    cfg = SystemConfig(devices="uniform", availability="trace", availability_trace=str(tmp_path / "a.csv"),
+                       availability_cycle_s=100)
+    check_traces(cfg, 3)
+    avail = build_availability(cfg, 3, seed=0)
+    mask, until = avail.at(90.0)
+    assert mask.tolist() == [True, False, True] and until[0] == 120 and until[2] == math.inf
+    mask, until = avail.at(735.0)
+    assert mask.tolist() == [False, True, True] and until[1] == 740
+    assert avail.next_change(741.0) == 780 and avail.next_change(790.0) == 820
+    # without the key the same file ends for good: nobody but client 2 is online after 100 s
+    plain = build_availability(cfg.model_copy(update={"availability_cycle_s": None}), 3, seed=0)
+    assert plain.at(735.0)[0].tolist() == [False, False, False] and plain.next_change(150.0) == math.inf
+
+
+def test_a_time_the_trace_returned_reads_back_at_its_edge_whatever_the_rounding():
+    """A period that is not a binary fraction: next_online's answer, many cycles on, reads back as online."""
+    avail = CyclicTrace(1, np.array([0]), np.array([0.3]), np.array([0.5]), np.array([0.7]))
+    t = 1e5 * 0.7 + 0.55
+    start = avail.next_online(t)
+    assert start > t and avail.at(start)[0].tolist() == [True]
+    end = avail.next_change(start)
+    assert end > start and avail.at(end)[0].tolist() == [False]
+
+
+def test_a_clock_on_fedscales_traces_selects_only_online_clients(tmp_path):
+    clock = SystemClock(_fedscale(tmp_path), num_clients=4, per_round=2, seed=0)
+    assert sorted(clock.select(1)) == [1, 3]  # at 0 s "x" is online, "y" is not
+    clock.clock = 12.0  # nobody online: the round waits for "y" at 20 s
+    assert sorted(clock.select(2)) == [0, 2] and clock.clock == 20
+
+
+BAD_DEVICES = [
+    ([1, 2], "holds a list, not FedScale's device profiles"),
+    ({}, "holds an empty dict"),
+    ({"1": {"computation": 1.0, "communication": 1.0}}, "profile key '1' is not an integer"),
+    ({1: {"computation": 1.0}}, "profile 1: no field 'communication'"),
+    ({1: {"computation": 0.0, "communication": 1.0}}, "profile 1, field computation: 0.0; must be a number > 0"),
+    ({1: {"computation": 1.0, "communication": "fast"}}, "profile 1, field communication: 'fast'"),
+]
+
+
+@pytest.mark.parametrize("profiles, message", BAD_DEVICES)
+def test_a_malformed_device_pickle_is_refused_in_one_line(tmp_path, profiles, message):
+    with pytest.raises(ConfigError) as e:
+        check_traces(SystemConfig(devices="fedscale", trace=_pickle(tmp_path, profiles)), 3)
+    assert e.value.key == "system.trace" and message in e.value.message and "\n" not in str(e.value), e.value
+
+
+def _entry(**change):
+    return {"x": {**BEHAVIOUR["x"], **change}}
+
+
+BAD_BEHAVIOUR = [
+    ("not a dict", "holds a str, not FedScale's client behaviour trace"),
+    ({"x": [0, 10]}, "entry 'x': a list, not a dict"),
+    ({"x": {"active": [0], "inactive": [10]}}, "entry 'x': no field 'finish_time'"),
+    (_entry(active=[0]), "entry 'x', field inactive: 2 values for 1 in active"),
+    (_entry(active=[0, "a"]), "entry 'x', field active: 'a' is not a number"),
+    (_entry(inactive=5), "entry 'x', field inactive: must be a list of numbers"),
+    (_entry(active=[0, 60], inactive=[10, 55]), "entry 'x', field inactive: interval 1 [60, 55] ends before it starts"),
+    (_entry(active=[0, 5], inactive=[10, 20]), "entry 'x', field active: interval 1 [5, 20] overlaps interval 0 "
+     "[0, 10]"),
+    (_entry(finish_time=0), "entry 'x', field finish_time: 0; must be a number > 0"),
+    (_entry(inactive=[10, 120]), "entry 'x', field inactive: interval 1 [50, 120] ends past finish_time=100"),
+    (_entry(active=[-5, 50]), "entry 'x', field active: interval 0 [-5, 10] must lie within [0, finish_time]"),
+    ({"x": {**BEHAVIOUR["x"], "active": [], "inactive": []}}, "no client would ever be online"),
+]
+
+
+@pytest.mark.parametrize("trace, message", BAD_BEHAVIOUR)
+def test_a_malformed_behaviour_pickle_is_refused_in_one_line(tmp_path, trace, message):
+    with pytest.raises(ConfigError) as e:
+        check_traces(SystemConfig(devices="uniform", availability="fedscale",
+                                  availability_trace=_pickle(tmp_path, trace)), 3)
+    assert e.value.key == "system.availability_trace" and message in e.value.message, e.value
+    assert "\n" not in str(e.value) and "t.pkl" in e.value.message
+
+
+def test_touching_intervals_merge_and_a_zero_length_one_is_dropped(tmp_path):
+    path = _pickle(tmp_path, _entry(active=[0, 10, 40, 70], inactive=[10, 30, 40, 80]))
+    client, start, end, period = read_fedscale_behaviour("system.availability_trace", path, 2)
+    assert (client.tolist(), start.tolist(), end.tolist(), period.tolist()) == (
+        [0, 0, 1, 1], [0, 70, 0, 70], [30, 80, 30, 80], [100, 100])
+
+
+@pytest.mark.parametrize("csv, cycle, message", [
+    ("0,0,20\n0,80,120\n", 100, "row 2, column end_s: 120 is past the cycle's end (100 s)"),
+])
+def test_a_repeating_csv_trace_past_its_cycle_is_refused(tmp_path, csv, cycle, message):
+    (tmp_path / "a.csv").write_text("client,start_s,end_s\n" + csv)
+    cfg = SystemConfig(devices="uniform", availability="trace", availability_trace=str(tmp_path / "a.csv"),
+                       availability_cycle_s=cycle)
+    with pytest.raises(ConfigError) as e:
+        check_traces(cfg, 1)
+    assert e.value.key == "system.availability_cycle_s" and message in e.value.message, e.value
+
+
+@pytest.mark.parametrize("keys, key, message", [
+    ({"devices": "fedscale"}, "system.trace", "system.devices=fedscale needs a file"),
+    ({"devices": "uniform", "availability": "fedscale"}, "system.availability_trace", "availability=fedscale needs"),
+    ({"devices": "uniform", "availability": "markov", "availability_cycle_s": 60.0}, "system.availability_cycle_s",
+     "repeats the intervals of system.availability=trace (it is markov)"),
+])
+def test_keys_that_disagree_are_refused(keys, key, message):
+    with pytest.raises(ConfigError) as e:
+        SystemConfig(**keys).check()
+    assert e.value.key == key and message in e.value.message, e.value
+
+
+def test_a_pickle_asking_for_another_class_is_refused_unbuilt(tmp_path):
+    """A pickle whose reduction names os.system would run a shell command under pickle.load: it is refused before
+    anything of it is called (the marker file is never written)."""
+    import os
+
+    class Exploit:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    path = _pickle(tmp_path, {1: {"computation": Exploit(), "communication": 1.0}})
+    with pytest.raises(ConfigError) as e:
+        check_traces(SystemConfig(devices="fedscale", trace=path), 3)
+    assert "asks to build a posix.system" in e.value.message and "refused unbuilt" in e.value.message, e.value
+    assert not (tmp_path / "ran").exists()
