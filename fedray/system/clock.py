@@ -105,6 +105,8 @@ class SystemClock:
             chosen = self.oort.select(round_, ids, want)
         else:
             chosen = np.sort(derive_rng(self.seed, "sample", round_).choice(ids, size=want, replace=False))
+            if self.oort is not None:
+                self.oort.take_all(chosen)
         self._round = {"round": round_, "start": self.clock, "waited": waited, "available": int(ids.size), "ids": chosen,
                        "until": until[chosen] - self.clock}
         return [int(c) for c in chosen]

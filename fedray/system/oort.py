@@ -119,6 +119,12 @@ class Oort:
         self.last_pick = {"exploit": exploit, "explore": explore}
         return np.sort(np.concatenate([exploit, explore]))
 
+    def take_all(self, chosen: np.ndarray) -> None:
+        """A round that selects every online client (no more online than it selects) consults no score, as
+        FedScale's; its clients count as exploited if heard from before, explored otherwise."""
+        heard = self.last[chosen] > 0
+        self.last_pick = {"exploit": chosen[heard], "explore": chosen[~heard]}
+
     def scores(self, round_: int, ids: np.ndarray) -> np.ndarray:
         """Util(i) of explored clients ``ids`` at round ``round_`` (module docstring), normalised among them."""
         u = self.utility[ids]

@@ -280,11 +280,17 @@ def test_the_event_record_is_kept_through_a_resume(mode, tmp_path):
 
 @pytest.mark.ray
 def test_on_ray_the_system_gives_the_in_process_rounds_and_event_record(ray_local, tmp_path):
-    """Oort's selection (utilities computed in the workers), speeds varying by round, a deadline and
-    over-commitment on Ray (two workers): every figure and every row of events.parquet is the in-process run's."""
+    """FedScale's device and behaviour traces, Oort's selection (utilities computed in the workers), speeds varying
+    by round, a deadline and over-commitment on Ray (two workers): every figure and every row of events.parquet is
+    the in-process run's."""
     from fedray.record.run_dir import EVENTS_FILE
+    from tests.system.test_fedscale_traces import PROFILES, _pickle
 
-    kw = dict(system__devices="heterogeneous", system__deadline_s=60.0, system__speed_sigma=0.3,
+    behaviour = {"a": {"duration": 0, "active": [0], "inactive": [500], "finish_time": 600, "model": "m"},
+                 "b": {"duration": 0, "active": [0, 12], "inactive": [6, 20], "finish_time": 20, "model": "m"}}
+    kw = dict(system__devices="fedscale", system__trace=_pickle(tmp_path, PROFILES, "devices.pkl"),
+              system__availability="fedscale", system__availability_trace=_pickle(tmp_path, behaviour, "online.pkl"),
+              system__deadline_s=60.0, system__speed_sigma=0.3,
               system__overcommit=1.5, system__selection="oort", data__num_clients=8, federation__rounds=3,
               federation__clients_per_round=3, federation__local_steps=2, tracking__enabled=False)
     local = run_experiment(tiny_config(**kw), tmp_path / "local", progress=False)
