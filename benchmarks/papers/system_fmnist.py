@@ -5,7 +5,8 @@ Setting: Fashion-MNIST, Dirichlet alpha=0.1 over 40 clients, LeNet-5, 8 clients 
 the ``heterogeneous`` device profile (FLASH's phones and networks, docs/system.md), Markov availability with
 phones online half the time (mean 1 h online, 1 h offline: FLASH's own means would leave ~4 of 40 online), a
 server of 5,000 samples/s for its own work. Methods: FedAvg, FedAvg selecting ceil(8 x 1.3) = 11 and aggregating
-the first 8 (FedScale's over-commitment), FedBuff (async, 11 training at once, a step every 8 uploads,
+the first 8 (FedScale's over-commitment), both again with Oort's selection instead of the uniform draw (its
+defaults: FedScale's values, the paper's cut-off and pacer), FedBuff (async, 11 training at once, a step every 8 uploads,
 1/sqrt(1+tau)), FedKF (OCA, its cached aggregate reported), FedCD (personal LeNet-5s distilled on a 500-image
 labelled holdout: its accuracy is its personal models', as its paper reports) and FedGen (data-free: a server
 generator learned from the uploaded heads; its preset's settings and its paper's Adam at lr 1e-3 locally).
@@ -35,6 +36,9 @@ PHONES = {"system.devices": "heterogeneous", "system.availability": "markov", "s
 METHODS: dict[str, dict[str, Any]] = {
     "fedavg": {"algorithm": {"name": "fedavg"}},
     "fedavg_overcommit1.3": {"algorithm": {"name": "fedavg"}, "system.overcommit": 1.3},
+    # Oort's selection (Lai et al., OSDI 2021; docs/system.md#oort) against the uniform draw of the two rows above
+    "fedavg_oort": {"algorithm": {"name": "fedavg"}, "system.selection": "oort"},
+    "fedavg_oort_overcommit1.3": {"algorithm": {"name": "fedavg"}, "system.selection": "oort", "system.overcommit": 1.3},
     "fedbuff": {"algorithm": {"name": "fedavg"}, "federation.mode": "async", "federation.concurrency": 11,
                 "federation.buffer_size": 8, "federation.staleness": "polynomial"},
     "fedkf": {"algorithm": {"name": "fedkf", "report_model": "oca"}},

@@ -8,7 +8,9 @@ simulated week, each 90 % of its period), then measures (a) the memory the syste
 the process's resident set growth while the traces are read and the clock is built; (b) the clock's own time per
 round (sampling 1,000 of the online clients, their finish times and arrivals, the round's end); (c) a training
 round of 1,000 clients in process (synthetic 1x16x16 images, LeNet-5, 10 SGD steps of 32, one thread), with the
-system on and off: the mean of rounds 2..R (round 1 pays one-off start-up). Targets (issue 50): under 200 MB and
+system on and off: the mean of rounds 2..R (round 1 pays one-off start-up); (d) the size of the timed run's
+per-client event record (events.parquet: a row per selected client and round); (e) the clock's time per round
+with Oort's selection (``system.selection=oort``) instead of the uniform draw. Targets (issue 50): under 200 MB and
 under 5 % of a round.
 """
 
@@ -62,13 +64,15 @@ def system_overrides(devices: Path, online: Path) -> list[str]:
             f"system.availability_trace={online}"]
 
 
-def clock_cost(cfg, clients: int, rounds: int = 20) -> tuple[dict, float]:
-    """(memory figures of building the clock, mean seconds of its work per round)."""
+def clock_cost(cfg, clients: int, rounds: int = 20, oort: bool = False) -> tuple[dict, float]:
+    """(memory figures of building the clock, mean seconds of its work per round). ``oort``: the clients report
+    statistical utilities (drawn here) for Oort's selection."""
     gc.collect()
     rss0 = psutil.Process().memory_info().rss
     tracemalloc.start()
     t0 = time.perf_counter()
     clock = SystemClock(cfg.system, clients, cfg.federation.clients_per_round, cfg.seed)
+    clock.register(np.full(clients, 60))
     build_s = time.perf_counter() - t0
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -77,7 +81,8 @@ def clock_cost(cfg, clients: int, rounds: int = 20) -> tuple[dict, float]:
     for r in range(1, rounds + 1):
         t0 = time.perf_counter()
         ids = clock.select(r)
-        clock.admit(ids, [320] * len(ids), [250_000] * len(ids), 250_000)
+        utility = 60 * (1 + np.random.default_rng(r).random(len(ids))) if oort else None
+        clock.admit(ids, [320] * len(ids), [250_000] * len(ids), 250_000, utility)
         clock.end_round(0)
         per_round.append(time.perf_counter() - t0)
     memory = {"traced_mb_kept": current / 1e6, "traced_mb_peak": peak / 1e6, "rss_growth_mb": rss / 1e6,
@@ -85,9 +90,18 @@ def clock_cost(cfg, clients: int, rounds: int = 20) -> tuple[dict, float]:
     return memory, float(np.mean(per_round))
 
 
-def round_times(cfg, data) -> list[float]:
-    result = run_experiment(cfg, progress=False, data=data)
+def round_times(cfg, data, output_dir: Path | None = None) -> list[float]:
+    result = run_experiment(cfg, output_dir, progress=False, data=data)
     return [row["time/round_s"] for row in result.history]
+
+
+def event_record(run_dir: Path) -> dict:
+    """events.parquet's size on disk, its rows and bytes a row."""
+    from fedray.record.run_dir import EVENTS_FILE
+
+    path = run_dir / EVENTS_FILE
+    rows = pq.read_metadata(path).num_rows
+    return {"bytes": path.stat().st_size, "rows": rows, "bytes_per_row": path.stat().st_size / rows}
 
 
 def main() -> None:
@@ -106,15 +120,19 @@ def main() -> None:
         devices, online = write_traces(Path(tmp), args.clients, args.intervals)
         timed_cfg = load_config("synthetic", base + system_overrides(devices, online))
         memory, clock_s = clock_cost(timed_cfg, args.clients)
+        oort_cfg = load_config("synthetic", base + system_overrides(devices, online) + ["system.selection=oort"])
+        _, oort_clock_s = clock_cost(oort_cfg, args.clients, oort=True)
         data = build_federated_data(timed_cfg.data, timed_cfg.seed)
-        plain = round_times(load_config("synthetic", base), data)
-        timed = round_times(timed_cfg, data)
+        plain = round_times(load_config("synthetic", base), data, Path(tmp) / "plain")  # both write a run folder
+        timed = round_times(timed_cfg, data, Path(tmp) / "run")
+        events = event_record(Path(tmp) / "run")
     # the last round also evaluates (eval_every > rounds evaluates only the last): rounds 2..R-1 when R > 2
     window = slice(1, -1) if args.rounds > 2 else slice(1, None)
     plain_s, timed_s = float(np.mean(plain[window])), float(np.mean(timed[window]))
     record = {"benchmark": "system_scale", "date": time.strftime("%Y-%m-%d %H:%M"), "clients": args.clients,
               "per_round": args.per_round, "intervals_per_client": args.intervals, "memory": memory,
-              "clock_s_per_round": clock_s, "round_s_plain": plain, "round_s_system": timed,
+              "clock_s_per_round": clock_s, "clock_s_per_round_oort": oort_clock_s, "events": events,
+              "round_s_plain": plain, "round_s_system": timed,
               "round_s_plain_mean": plain_s, "round_s_system_mean": timed_s,
               "clock_share_of_round": clock_s / plain_s, "round_ratio": timed_s / plain_s,
               "machine": {"cpus": os.cpu_count(), "threads": 1}}
