@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -175,14 +176,19 @@ def test_what_cannot_run_async_is_refused_naming_why(overrides, key, fragment):
 @pytest.mark.ray
 def test_on_ray_results_arriving_in_reverse_order_give_the_in_process_figures(ray_local, tmp_path):
     """The client fastest on the simulated clock is the slowest in wall time (tests/runtime/faulty.py): Ray returns
-    its results in the reverse of the simulated order, and every figure is still the in-process run's."""
+    its results in the reverse of the simulated order, and every figure and every row of events.parquet is still
+    the in-process run's (speeds varying by step too)."""
     import tests.runtime.faulty  # noqa: F401  (registers the method)
+
+    from fedray.record.run_dir import EVENTS_FILE
 
     kw = dict(algorithm__name="test_wall_order_reversed", federation__rounds=3, federation__mode="async",
               federation__concurrency=4, federation__buffer_size=2, system__devices="heterogeneous",
-              federation__staleness="polynomial", tracking__enabled=False)
-    local = run_experiment(tiny_config(**kw), progress=False)
-    ray = run_experiment(tiny_config(**kw, runtime__backend="ray", runtime__num_workers=2), progress=False)
+              federation__staleness="polynomial", system__speed_sigma=0.3, tracking__enabled=False)
+    local = run_experiment(tiny_config(**kw), tmp_path / "local", progress=False)
+    ray = run_experiment(tiny_config(**kw, runtime__backend="ray", runtime__num_workers=2), tmp_path / "ray",
+                         progress=False)
+    assert pq.read_table(tmp_path / "ray" / EVENTS_FILE).equals(pq.read_table(tmp_path / "local" / EVENTS_FILE))
 
     def figures(history):  # Ray counts the clients it lost (health/dropped_clients, 0 here); in process none are
         return [{k: v for k, v in row.items() if not k.startswith("time/") and k != "health/dropped_clients"}
