@@ -50,9 +50,9 @@ def test_utility_by_hand_a_higher_loss_slower_than_t_loses_to_a_lower_loss_withi
 
 
 def test_the_exploration_share_holds_and_exploitation_takes_the_rest():
-    """eps = 0.25 held fixed: of K = 20, int(20 x 0.25) = 5 are clients not heard from and 15 explored ones; with
-    only 3 unexplored online, 3 and 17."""
-    oort = _oort(100, exploration=0.25, exploration_decay=1.0, exploration_min=0.25)
+    """eps = 0.27 held fixed: of K = 20, int(20 x 0.27) = 5 (not 5.4 rounded up) are clients not heard from and 15
+    explored ones; with only 3 unexplored online, 3 and 17."""
+    oort = _oort(100, exploration=0.27, exploration_decay=1.0, exploration_min=0.27)
     oort.register(np.full(100, 10))
     heard = np.arange(0, 100, 5)  # 20 explored clients
     oort.feedback(1, heard, heard, np.linspace(1, 20, 20), np.full(20, 3.0), waited=3.0)
