@@ -132,7 +132,9 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
         module.train()
     opt = local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
                                  {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
-    gen_params = list(m.generator.parameters())
+    gen_params, disc_params = list(m.generator.parameters()), list(m.disc.parameters())
+    # disc_negatives_grad=detached: the negatives (and the gradient penalty's mixes with them) train the head only
+    detached, head_grads = p.sharing and p.disc_negatives_grad == "detached", None
     opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
     noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
     negatives = pooled_negatives(algo, ctx)
@@ -157,13 +159,22 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
             adv, d_real, d_fake = disc_loss(p, m, x, feats, fake)
             if p.gp_weight > 0:
                 with frozen_bn_stats(m.model):
-                    adv = adv + p.gp_weight * gradient_penalty(p, m, x, fake, gp_rng)
+                    penalty = p.gp_weight * gradient_penalty(p, m, x, fake, gp_rng)
+                if detached:  # the penalty reads mixes with the negatives through the extractor: the head's alone
+                    head_grads = torch.autograd.grad(penalty, disc_params)
+                    tot["adv"] += float(penalty.detach())
+                else:
+                    adv = adv + penalty
             loss = ce + adv
             tot["adv"] += float(adv.detach())
             tot["real_ok"] += float((d_real.detach() > 0).sum())
             tot["fake_ok"] += float((d_fake.detach() < 0).sum())
             tot["n"] += b
         loss.backward()
+        if head_grads is not None:
+            for prm, g in zip(disc_params, head_grads):
+                prm.grad = g if prm.grad is None else prm.grad + g
+            head_grads = None
         opt.step()
         if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
             nf = fake_count(b)

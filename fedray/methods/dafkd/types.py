@@ -66,6 +66,12 @@ class DaFKDParams(BaseModel):
         default="generated", description="Eq. 2's negatives: the generator's samples (the method), or real images "
         "drawn from the mixture p of every client's data (pooled: a diagnostic that breaks privacy, not a method; "
         "the discriminators as if the generator had reached p, as Theorem 1 assumes)")
+    disc_negatives_grad: Literal["shared", "detached"] = Field(
+        default="shared", description="with sharing: Eq. 2's negatives (pooled or generated) reach the discriminator "
+        "head through the classifier's feature extractor with gradients into it (shared, as Eq. 9 trains both "
+        "jointly), or their features are computed without gradient (detached: the head still trains on them, the "
+        "extractor learns only from the client's own images; what makes disc_negatives=pooled leave the "
+        "classifiers untouched by other clients' data)")
     diag_reader: bool = Field(default=False, description="diag/reader_*: the fixed reader (fedray.reader, trained "
                               "once per dataset, then cached) scores each diagnosed round's generated samples")
 
