@@ -44,6 +44,12 @@ def local_optimizer(groups: list[dict], fed) -> optim.SGD | optim.Adam:
     return optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
 
 
+def generator_weight_decay(algo: DaFKDMethod, fed) -> float:
+    """The generator's weight decay: ``gen_weight_decay``, else ``federation.weight_decay`` (the classifier's)."""
+    wd = algo.params.gen_weight_decay
+    return fed.weight_decay if wd is None else wd
+
+
 def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayload",
                        state: "DaFKDClientState") -> StepwiseTraining | None:
     """This client's local training as a :class:`StepwiseTraining`; None with the gradient penalty (a gradient
@@ -109,7 +115,7 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
     if not p.private_discriminator:  # then client_result only clones the weights; else it runs the trained modules
         weights_only(finish)
 
-    gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
+    gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=generator_weight_decay(algo, fed), betas=(0.5, 0.999))
     return StepwiseTraining(
         modules=module_dict(algo, model=m.model, generator=m.generator, disc=m.disc),
         start={"model": payload.weights, "generator": payload.generator, "disc": _disc_start(payload, state)},
@@ -135,7 +141,7 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
     gen_params, disc_params = list(m.generator.parameters()), list(m.disc.parameters())
     # disc_negatives_grad=detached: the negatives (and the gradient penalty's mixes with them) train the head only
     detached, head_grads = p.sharing and p.disc_negatives_grad == "detached", None
-    opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
+    opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=generator_weight_decay(algo, fed))
     noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
     negatives = pooled_negatives(algo, ctx)
     tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}

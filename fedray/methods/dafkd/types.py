@@ -28,6 +28,9 @@ class DaFKDParams(BaseModel):
     gen_width: int = Field(default=64, ge=1, description="DCGAN width w: 4w-2w-w channels (authors' code: 64)")
     gen_lr: float = Field(default=0.001, gt=0, description="generator Adam lr (betas 0.5, 0.999)")
     disc_lr: float = Field(default=0.001, gt=0, description="discriminator head / network lr")
+    gen_weight_decay: float | None = Field(default=None, ge=0, description="the generator's Adam weight decay; None: "
+                                           "federation.weight_decay, as the classifier's (the authors' code: their "
+                                           "--wd, 1e-4, on the generator only, none on classifier and discriminator)")
     gen_loss: Literal["nonsaturating", "minimax"] = "nonsaturating"
     gen_class_weight: float = Field(default=0.0, ge=0, description="an extension, not the paper's: Eq. 3 plus this "
                                     "weight times the cross-entropy of the client's classifier on G(z, y) against y, "
