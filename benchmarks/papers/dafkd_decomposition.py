@@ -46,7 +46,7 @@ domain AUC and the reader's agreement rise with the paper's local work?). Every 
 average before distillation (``eval/accuracy_avg``), which separates what the distillation does from what the
 clients did.
 
-Cost on a 2-core CPU, one thread a run: ~15 s a round for DaFKD at 20 steps (~15 min a run), ~28-50 s at 200 steps
+Cost on a 2-core CPU, one thread a run: ~5 s a round for DaFKD at 20 steps (~5 min a run), ~28-50 s at 200 steps
 (30-50 min a run), FedAvg ~4 s at 20 steps and ~8 s at 200; more seeds at 200 steps add as much each (GRID).
 
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 --jobs 2   # the 3-seed grid
