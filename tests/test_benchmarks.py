@@ -255,6 +255,14 @@ def test_every_decomposition_cell_is_a_valid_config_that_changes_what_its_name_s
     ceiling, proxy = cfgs["ceiling_proxy"], cfgs["disc_proxy"]
     assert {k: v for k, v in ceiling.items() if proxy.get(k) != v} == {"disc_negatives": "pooled"}
     assert (ceiling["distill_data"], ceiling["alpha_source"]) == ("proxy", "discriminator")
+    # the leak-free ceiling and its controls: each differs from its partner in the one thing its name says
+    detached = cfgs["ceiling_proxy_detached"]
+    assert {k: v for k, v in detached.items() if ceiling.get(k) != v} == {"disc_negatives_grad": "detached"}
+    assert {k: v for k, v in detached.items() if cfgs["disc_proxy_detached"].get(k) != v} == \
+        {"disc_negatives": "pooled"}
+    assert {k: v for k, v in detached.items() if cfgs["uniform_ceiling_proxy_detached"].get(k) != v} == \
+        {"alpha_source": "discriminator"}
+    assert {c: dec.GRID["steps200"][c] for c in dec.DETACHED} == {c: (0, 1, 2) for c in dec.DETACHED}
     reader = {c for c, a in cfgs.items() if a.get("diag_reader")}
     assert {c for c in dec.CELLS if c.endswith("_generated")} <= reader  # every cell distilling on generated samples
     assert not {c for c in reader if cfgs[c].get("distill_data") == "proxy"}
@@ -280,6 +288,30 @@ def test_the_decomposition_shows_the_epochs_runs_round_by_round_and_the_mechanis
     assert figs[("disc_generated", "epochs20")]["diag/ens_acc_label_share"] == {0: pytest.approx(90.0)}
     assert figs[("disc_generated", "epochs20")]["round_s"] == {0: 402.0}  # the median: the paused round left out
     assert "the median round: fedavg 402 s, disc_generated 402 s." in md
+
+
+def test_the_decomposition_pairs_only_runs_one_machine_made(tmp_path):
+    """dafkd_decomposition: a seed pairs with FedAvg only when both runs name the same machine (machine.json, which
+    the harness writes); another machine's seed is left out and said, a pair with no machine named is refused, and
+    FedAvg's 20-step runs are the script's own."""
+    dec = importlib.import_module("dafkd_decomposition")
+    runs = dec.planned(tmp_path, ["fedavg", "disc_proxy"], ["steps20"], [0, 1, 2])
+    assert {r.out.parent for r in runs} == {tmp_path}
+    cpus = {("fedavg", 0): "CPU (A)", ("fedavg", 1): "CPU (A)", ("disc_proxy", 0): "CPU (A)",
+            ("disc_proxy", 1): "CPU (B)", ("fedavg", 2): "CPU (A)"}
+    for r in runs:
+        _finished(r.out, r.seed, (0.5, 0.6) if r.method == "fedavg" else (0.5, 0.7))
+        if (r.method, r.seed) in cpus:
+            harness.record_machine(r.out, "cpu")  # the file as the harness writes it, then its machine set
+            (r.out / harness.MACHINE_FILE).write_text(json.dumps({"cpu": cpus[(r.method, r.seed)]}))
+    figs = dec.figures(harness.collect(runs))
+    pair = dec._paired(figs[("disc_proxy", "steps20")], figs[("fedavg", "steps20")])
+    assert pair[2:] == (1, 2) and pair[0] == pytest.approx(5.0)  # last-5 means 60 - 55; seed 0 only: seed 1 other CPU, seed 2 unnamed
+    assert dec._fmt(pair) == "+5.00 (n=1) (2 seeds of another CPU left out)"
+    only_b = {"acc": {1: 1.0}, "cpu": {1: "CPU (B)"}}
+    assert dec._paired(only_b, figs[("fedavg", "steps20")]) == dec.OTHER_CPU
+    assert dec._paired({"acc": {2: 1.0}, "cpu": {2: "CPU (A)"}}, figs[("disc_proxy", "steps20")]) == dec.NO_CPU
+    assert harness.machine_key(harness.device_name("cpu")).startswith("CPU (")
 
 
 def test_compression_configs_validate_and_the_table_reads_budgets_and_ratios(tmp_path):

@@ -21,22 +21,37 @@ the paper's conditional generator (the oracle needs each generated sample's clas
   privacy: a diagnostic, not a method) and the distillation on real images, the samples p would give;
 - ``ceiling_generated``: the same discriminators on the generator's samples; the generator then trains against
   discriminators that never see its samples, so this cell changes the samples too, not only the weights;
+- ``ceiling_proxy_detached`` / ``disc_proxy_detached`` / ``uniform_ceiling_proxy_detached``: ``ceiling_proxy``,
+  ``disc_proxy`` and ``ceiling_proxy`` with uniform weights, each with the negatives detached from the shared
+  extractor (``disc_negatives_grad=detached``): in ``ceiling_proxy`` the pooled images reach each client's feature
+  extractor through Eq. 9, so its classifiers learn from other clients' images (a leak, not only other weights);
+  detached, the head still learns from them and the classifiers from their own images only. Pooled against
+  generated, both detached, changes the negatives only; against uniform weights, the weights only;
 - ``classterm_generated``: the generator also trained to make the client's classifier read G(z, y) as y
   (``gen_class_weight=1``, an extension): do samples that show their class rescue the method?
-- ``fedavg``: ``dafkd_fmnist.py``'s FedAvg runs (the same config), read from its run folders.
+- ``fedavg``: FedAvg with ``dafkd_fmnist.py``'s config, run by this script into its own folders (its 20-step runs
+  were read from ``dafkd_fmnist.py``'s folders before, made on another machine).
+
+Paired differences need both runs from one machine: each run folder names the machine that finished it
+(``machine.json``, written by the harness; backfilled from this record for the runs made before), and a pair across
+machines, or with a run that names none, is left out of the tables with the reason (a CPU's kernels round
+differently, and over 60 rounds that moves accuracy as much as the contrasts do).
 
 Every generated cell scores its samples with the fixed reader (``diag_reader``: ``diag/reader_*``).
 
-Settings: ``steps20`` (3 seeds), ``steps200`` (10x the local steps, seed 0: every cell but ``authors_head``) and
+Settings: ``steps20`` (3 seeds), ``steps200`` (10x the local steps, seed 0: every cell but ``authors_head``; seeds
+0-2 for the detached cells and FedAvg) and
 ``epochs20`` (the paper's E = 20 local epochs, 12 rounds, seed 0: the method and FedAvg, diagnostics on: do the
 domain AUC and the reader's agreement rise with the paper's local work?). Every DaFKD run also evaluates its plain
 average before distillation (``eval/accuracy_avg``), which separates what the distillation does from what the
 clients did.
 
-Cost on a 2-core CPU, one thread a run: ~28-50 s a round for DaFKD at 200 steps (30-50 min a run), ~8 s for
-FedAvg; more seeds at 200 steps add as much each (extend GRID["steps200"]).
+Cost on a 2-core CPU, one thread a run: ~5 s a round for DaFKD at 20 steps (~5 min a run), ~28-50 s at 200 steps
+(30-50 min a run), FedAvg ~4 s at 20 steps and ~8 s at 200; more seeds at 200 steps add as much each (GRID).
 
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 --jobs 2   # the 3-seed grid
+    .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps20 steps200 --jobs 2 --methods fedavg \
+        ceiling_proxy_detached disc_proxy_detached uniform_ceiling_proxy_detached      # the leak-free ceiling
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings steps200 --jobs 2  # 10x local steps
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --settings epochs20 --jobs 2  # E = 20, hours
     .venv/bin/python benchmarks/papers/dafkd_decomposition.py --report-only
@@ -74,7 +89,16 @@ CELLS: dict[str, dict[str, Any]] = {
     "ceiling_generated": {"alpha_source": "discriminator", "distill_data": "generated", "disc_negatives": "pooled"},
     "ceiling_proxy": {"alpha_source": "discriminator", "distill_data": "proxy", "disc_negatives": "pooled"},
     "classterm_generated": {"alpha_source": "discriminator", "distill_data": "generated", "gen_class_weight": 1.0},
+    # the ceiling without the leak: the negatives (pooled or generated) train the heads, never the extractors; the
+    # control for the negatives (generated, detached) and the one for the weights (uniform, pooled detached)
+    "ceiling_proxy_detached": {"alpha_source": "discriminator", "distill_data": "proxy", "disc_negatives": "pooled",
+                               "disc_negatives_grad": "detached"},
+    "disc_proxy_detached": {"alpha_source": "discriminator", "distill_data": "proxy",
+                            "disc_negatives_grad": "detached"},
+    "uniform_ceiling_proxy_detached": {"alpha_source": "uniform", "distill_data": "proxy", "disc_negatives": "pooled",
+                                       "disc_negatives_grad": "detached"},
 }
+DETACHED = ("ceiling_proxy_detached", "disc_proxy_detached", "uniform_ceiling_proxy_detached")
 # each setting's local work (alpha 0.1 throughout): 20 steps (dafkd_fmnist's budget), 10x that, or the paper's E = 20
 # local epochs (Sec. 4.1; ~1,250 steps of batch 32 a round for a client of 2,000 images), for which ROUNDS says how
 # many rounds fit on a CPU (every round checkpointed: a stopped run goes on from its last round)
@@ -86,7 +110,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
 ROUNDS = {"epochs20": 12}
 # which cells each setting runs, with which seeds (the 10x budget: one seed of the cells that answer the question)
 GRID = {"steps20": ({c: (0, 1, 2) for c in CELLS if c != "authors_head"} | {"authors_head": (0,)}),
-        "steps200": {c: (0,) for c in CELLS if c != "authors_head"},
+        "steps200": {c: ((0, 1, 2) if c in DETACHED or c == "fedavg" else (0,)) for c in CELLS if c != "authors_head"},
         "epochs20": {"fedavg": (0,), "disc_generated": (0,)}}
 # the contrasts: (cell, minus cell, what the difference isolates); each changes one part and keeps the rest
 CONTRASTS = [
@@ -97,6 +121,13 @@ CONTRASTS = [
     ("ceiling_proxy", "disc_proxy", "discriminators trained against images of p, on real images: Eq. 7 if the "
                                     "generator had reached p"),
     ("ceiling_proxy", "theorem1_proxy", "the discriminators at p against Theorem 1's optimum, on real images"),
+    ("ceiling_proxy", "ceiling_proxy_detached", "the leak: pooled images training each client's extractor too"),
+    ("disc_proxy", "disc_proxy_detached", "the generated negatives training the extractors too"),
+    ("ceiling_proxy_detached", "disc_proxy_detached", "negatives of p instead of generated ones, both detached: the "
+                                                      "discriminators at p, the classifiers from their own images"),
+    ("ceiling_proxy_detached", "uniform_ceiling_proxy_detached", "Eq. 7's weights from the discriminators at p "
+                                                                 "(detached) instead of uniform ones"),
+    ("ceiling_proxy_detached", "fedavg", "Eq. 7 from discriminators at p (detached), on real images, against FedAvg"),
     ("classterm_generated", "disc_generated", "samples that carry their class (the class term, an extension)"),
     ("uniform_generated", "disc_generated", "uniform weights instead of the discriminators'"),
     ("uniform_proxy", "disc_proxy", "uniform weights instead of the discriminators', on real images"),
@@ -108,20 +139,11 @@ CONTRASTS = [
     ("oracle_proxy", "fedavg", "label-share weights on real images against FedAvg"),
     ("disc_generated", "fedavg", "the method against FedAvg"),
     ("authors_head", "disc_generated", "one head for all and early-only adversarial training (authors' code)")]
-FEDAVG_RUNS = harness.RESULTS / "dafkd_fmnist_runs"  # steps20's FedAvg: dafkd_fmnist.py's runs
-
-
 def planned(runs_dir: Path, cells, settings, seeds) -> list[Run]:
-    """The grid's runs (of the asked cells, settings and seeds); FedAvg at 20 steps in dafkd_fmnist.py's folders."""
-    runs = []
-    for setting in settings:
-        for cell, cell_seeds in GRID[setting].items():
-            for seed in cell_seeds:
-                if cell in cells and seed in seeds:
-                    out = (FEDAVG_RUNS / f"fedavg_alpha0.1_seed{seed}" if (cell, setting) == ("fedavg", "steps20")
-                           else runs_dir / harness.run_name(cell, setting, seed))
-                    runs.append(Run(cell, setting, seed, out))
-    return runs
+    """The grid's runs (of the asked cells, settings and seeds), FedAvg's among them, each in its folder."""
+    return [Run(cell, setting, seed, runs_dir / harness.run_name(cell, setting, seed))
+            for setting in settings for cell, cell_seeds in GRID[setting].items() for seed in cell_seeds
+            if cell in cells and seed in seeds]
 
 
 def make_config(cell: str, setting: str, seed: int, rounds: int, data_dir: str | None, device: str):
@@ -151,20 +173,36 @@ def build(run: Run, opts: dict):
 # --- the tables -------------------------------------------------------------------------------------------------
 
 
-def _paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float | None, int] | None:
-    """mean(a - b) over the seeds both have, its standard error (None for one seed), and how many."""
+Paired = tuple[float, float | None, int, int]
+OTHER_CPU, NO_CPU = "— (other CPU)", "— (CPU not recorded)"  # a pair refused, and why
+
+
+def _paired(fa: dict, fb: dict, key_a: str = "acc", key_b: str = "acc") -> Paired | str | None:
+    """mean(a - b) of two cells' figures over the seeds both have, its standard error (None for one seed), how many,
+    and how many seeds were refused; None when no seed is shared. A seed pairs only when one machine made both runs
+    (their ``cpu``): a seed across machines, or whose run names none, is left out, and when every seed is, the
+    reason (:data:`OTHER_CPU`, :data:`NO_CPU`) stands for the difference."""
+    a, b = fa[key_a], fb[key_b]
     seeds = sorted(set(a) & set(b))
     if not seeds:
         return None
-    d = [a[s] - b[s] for s in seeds]
-    return float(np.mean(d)), (float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None), len(d)
+    machines = {s: (fa["cpu"].get(s), fb["cpu"].get(s)) for s in seeds}
+    kept = [s for s, (ca, cb) in machines.items() if ca is not None and ca == cb]
+    if not kept:
+        return NO_CPU if any(None in m for m in machines.values()) else OTHER_CPU
+    d = [a[s] - b[s] for s in kept]
+    return (float(np.mean(d)), (float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None), len(d),
+            len(seeds) - len(kept))
 
 
-def _fmt(p: tuple[float, float | None, int] | None) -> str:
+def _fmt(p: Paired | str | None) -> str:
     if p is None:
         return "—"
-    mean, se, n = p
-    return f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + (f" (n={n})" if n != 3 else "")
+    if isinstance(p, str):
+        return p
+    mean, se, n, refused = p
+    return (f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + (f" (n={n})" if n != 3 else "")
+            + (f" ({refused} seed{'s' if refused > 1 else ''} of another CPU left out)" if refused else ""))
 
 
 # the mechanism figures beside the accuracy: key in the history -> column (mean of the last 5 evaluated rounds)
@@ -180,12 +218,13 @@ PERCENT = {"diag/reader_agreement", "diag/ens_acc_eq7", "diag/ens_acc_theorem1",
 
 def figures(grid) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
     """Per (cell, setting): seed -> last-5 test accuracy (%), of the average before distillation, Eq. 7's entropy,
-    each mechanism figure of :data:`DIAG`, and the mean seconds a round."""
+    each mechanism figure of :data:`DIAG`, the mean seconds a round, and the machine that made the run (``cpu``)."""
     out = {}
     for (cell, setting), recs in grid.items():
-        fig: dict[str, dict[int, float]] = {"acc": {}, "avg": {}, "entropy": {}, "round_s": {}}
+        fig: dict[str, dict[int, Any]] = {"acc": {}, "avg": {}, "entropy": {}, "round_s": {}, "cpu": {}}
         for f in recs:
             fig["acc"][f.seed] = 100 * harness.last_n(f.history, "eval/accuracy")
+            fig["cpu"][f.seed] = harness.run_machine(f.run.out)  # None: the folder names no machine
             for name, key, scale in (("avg", "eval/accuracy_avg", 100), ("entropy", "server/alpha_entropy", 1),
                                      *((k, k, 100 if k in PERCENT else 1) for k in DIAG)):
                 value = harness.last_n(f.history, key)
@@ -220,24 +259,27 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
                            "alpha = 0.1)", meta, NAME, runs_dir, planned_runs)
     lines += ["LeNet-5, K=20, 8 clients a round, Adam lr 1e-3, batch 32, the conditional generator; `steps20`: 20 "
               f"local steps (dafkd_fmnist's budget), `steps200`: 10x, {rounds} rounds each; `epochs20`: the paper's "
-              f"E = 20 local epochs, {ROUNDS['epochs20']} rounds; FedAvg at 20 steps is dafkd_fmnist.py's (its "
-              "commit and device in dafkd_fmnist.md). Figures: test accuracy (%), mean of the last 5 rounds, ± the "
-              "standard deviation over seeds; differences paired by seed (± standard error); n = 3 "
-              "seeds unless said. Seconds a round: the median wall time of a round, each run on one CPU thread beside "
+              f"E = 20 local epochs, {ROUNDS['epochs20']} rounds; FedAvg with dafkd_fmnist's config, run here. "
+              "`_detached` cells: the discriminators' negatives reach the heads only, never the shared extractors "
+              "(`disc_negatives_grad=detached`). Figures: test accuracy (%), mean of the last 5 rounds, ± the "
+              "standard deviation over seeds; differences paired by seed (± standard error), only between runs "
+              f"that one machine made (each run folder's `machine.json`; a seed of another or an unnamed machine is left out, and "
+              f"\"{OTHER_CPU}\" or \"{NO_CPU}\" stands where every seed is); n = 3 seeds unless said. Seconds a round: the median wall time of a "
+              "round, each run on one CPU thread beside "
               "other runs (a cost, not a benchmark of speed; the median leaves out rounds stretched by pauses).", "",
               "| setting | cell | weights | data | accuracy | minus FedAvg | average before distillation | "
               "distillation's own effect | Eq. 7 entropy | s a round |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     present = [(setting, cell) for setting in SETTINGS for cell in CELLS if figs.get((cell, setting), {}).get("acc")]
     for setting, cell in present:
         f = figs[(cell, setting)]
-        fedavg = figs.get(("fedavg", setting), {}).get("acc", {})
+        fedavg = figs.get(("fedavg", setting), {})
         spec = CELLS[cell]
         weights = spec.get("alpha_source", "—" if cell == "fedavg" else "discriminator")
         data = spec.get("distill_data", "—" if cell == "fedavg" else "generated")
         lines.append(f"| {setting} | {cell} | {weights} | {data} | {_mean(f['acc'])} | "
-                     f"{'' if cell == 'fedavg' else _fmt(_paired(f['acc'], fedavg))} | "
+                     f"{'' if cell == 'fedavg' else _fmt(_paired(f, fedavg) if fedavg else None)} | "
                      f"{_mean(f['avg']) if f['avg'] else '—'} | "
-                     f"{_fmt(_paired(f['acc'], f['avg'])) if f['avg'] else '—'} | {_mean(f['entropy'], 3)} | "
+                     f"{_fmt(_paired(f, f, 'acc', 'avg')) if f['avg'] else '—'} | {_mean(f['entropy'], 3)} | "
                      f"{_mean(f['round_s'], 0)} |")
     lines += ["", "## The mechanism, cell by cell", "",
               "Last-5 means ± standard deviation over seeds. Domain AUC: each client's discriminator ranking its own "
@@ -261,7 +303,7 @@ def markdown(figs, grid, meta: dict, runs_dir: Path, planned_runs: list[Run], ro
         for a, b, what in CONTRASTS:
             fa, fb = figs.get((a, setting)), figs.get((b, setting))
             if fa and fb and fa["acc"] and fb["acc"]:
-                lines.append(f"| {setting} | {a} − {b} | {what} | {_fmt(_paired(fa['acc'], fb['acc']))} |")
+                lines.append(f"| {setting} | {a} − {b} | {what} | {_fmt(_paired(fa, fb))} |")
     keys = ("eval/accuracy", "eval/accuracy_avg", "diag/domain_auc", "diag/reader_agreement")
     rows = {cell: by_round(grid, cell, "epochs20", keys) for cell in GRID["epochs20"]}
     if any(rows.values()):

@@ -149,6 +149,7 @@ def run_one(build: Build, run: Run, options: dict) -> str:
     cfg, data = built if isinstance(built, tuple) else (built, None)
     t0 = time.perf_counter()
     result = run_experiment(cfg, run.out, progress=False, data=data, resume_from=resume_point(run.out))
+    record_machine(run.out, options.get("device", "cpu"))
     if not options.get("keep_models"):
         (run.out / MODEL_FILE).unlink(missing_ok=True)
     s = result.summary
@@ -275,6 +276,28 @@ def device_name(device: str) -> str:
     except OSError:
         pass
     return f"CPU ({model}), {os.cpu_count()} cores"
+
+
+MACHINE_FILE = "machine.json"  # in a run folder: the machine that finished the run (paired runs must share one)
+
+
+def record_machine(out: Path, device: str) -> None:
+    """Write ``out/machine.json``: the machine (:func:`device_name`) that finished the run. Runs paired by seed must
+    come from one machine: a CPU's kernels round differently (another model, another vector width), so a difference
+    across machines mixes that in with the method's."""
+    name = device_name(device)
+    (Path(out) / MACHINE_FILE).write_text(json.dumps({"device": name, "cpu": machine_key(name)}, indent=1) + "\n")
+
+
+def machine_key(device: str) -> str:
+    """What must match for two runs to pair: the device's name without its core count (one torch thread a run)."""
+    return device.split("), ")[0] + ")" if "), " in device else device
+
+
+def run_machine(out: Path) -> str | None:
+    """The machine that finished the run in ``out`` (:func:`machine_key`), None when its folder does not say."""
+    path = Path(out) / MACHINE_FILE
+    return json.loads(path.read_text())["cpu"] if path.is_file() else None
 
 
 def invocation(script: str, argv: Sequence[str], device: str) -> dict:

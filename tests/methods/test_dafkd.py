@@ -286,6 +286,8 @@ def test_presets_and_sweep_spec_validate():
         == (40, 40)  # 40 passes over 40 generated batches of 32
     assert (ap.disc_train_rounds, ap.gen_train_rounds, ap.gan_local_epochs, ap.gp_weight) == (3, 5, 5, 0.3)
     assert (ap.kd_reduction, ap.aggregation, au.federation.local_epochs) == ("mean", "samples", 20)
+    # the authors' trainer: no weight decay on the classifier (nor the discriminator), their --wd on the generator
+    assert (au.federation.weight_decay, ap.gen_weight_decay) == (0.0, 1e-4)
     spec_path = ROOT / "tune_configs" / "dafkd_distill.yaml"
     assert spec_path.read_text().startswith("#")
     spec = load_spec(spec_path)
@@ -730,3 +732,15 @@ def test_eq8_with_adam_takes_the_asked_learning_rate():
     average = {k: (uploads[0].weights[k] + uploads[1].weights[k]) / 2 for k in uploads[0].weights}
     moved = max(float((new.weights[k] - average[k]).abs().max()) for k in average if average[k].is_floating_point())
     assert moved == pytest.approx(0.05, rel=1e-3)
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_the_generators_weight_decay_is_its_own_when_set(vectorize):
+    """gen_weight_decay: None is federation.weight_decay (the same run as naming it); another value gives another
+    generator, per client and batched."""
+    kw = {"federation__weight_decay": 1e-3, "runtime__vectorize": vectorize}
+    runs = [_run_rounds(dafkd_config(**kw, algorithm__distill_steps=0, **over), 1)
+            for over in ({}, {"algorithm__gen_weight_decay": 1e-3}, {"algorithm__gen_weight_decay": 0.5})]
+    (_, _, s0, _), (_, _, s1, _), (_, _, s2, _) = runs
+    assert all(torch.equal(s0.generator[k], s1.generator[k]) for k in s0.generator)
+    assert not all(torch.equal(s0.generator[k], s2.generator[k]) for k in s0.generator)

@@ -5,6 +5,7 @@ and one discriminator head for all clients (disc_head)."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedray.errors import ConfigError
 from fedray.methods import resolve_experiment
@@ -237,3 +238,94 @@ def test_pooled_negatives_train_the_discriminators_on_real_images_of_p_batched_a
         assert _max_relative_difference(seq_w[c], vec_w[c]) < 1e-9, c
     for s, v in zip(seq_info, vec_info, strict=True):
         assert v["train/disc_loss"] == pytest.approx(s["train/disc_loss"], rel=1e-9)
+
+
+# --- disc_negatives_grad=detached: the negatives train the discriminator head, never the classifier ------------------
+
+
+def _modules(**over):
+    """A tiny DaFKD (tiny_config's synthetic data and model) and its built modules."""
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import data_spec
+
+    cfg = dafkd_config(**over)
+    algo = resolve_experiment(cfg).build(data_spec(build_federated_data(cfg.data, cfg.seed)))
+    return algo, algo.build_modules()
+
+
+@pytest.mark.parametrize("grad", ["detached", "shared"])
+def test_detached_negatives_leave_the_extractors_gradient_untouched(grad):
+    """Eq. 9's gradient (CE + Eq. 2) w.r.t. the classifier, the same real batch against two sets of negatives (random
+    images, then zeros): with ``detached`` the classifier's gradient is the same (it learns from its own images only),
+    with ``shared`` the negatives move the extractor; the discriminator head learns from them either way."""
+    from fedray.methods.dafkd.losses import disc_loss
+
+    algo, m = _modules(algorithm__disc_negatives_grad=grad)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, *algo.spec.input_shape, generator=gen)
+    y = torch.randint(algo.spec.num_classes, (8,), generator=gen)
+
+    def grads(fake: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        m.model.zero_grad(set_to_none=True)
+        m.disc.zero_grad(set_to_none=True)
+        feats = m.model.features(x)
+        (F.cross_entropy(m.model.head(feats), y) + disc_loss(algo.params, m, x, feats, fake)[0]).backward()
+        return [p.grad.clone() for p in m.model.parameters()], [p.grad.clone() for p in m.disc.parameters()]
+
+    (model_a, head_a), (model_b, head_b) = grads(torch.randn(8, *algo.spec.input_shape, generator=gen)), \
+        grads(torch.zeros(8, *algo.spec.input_shape))
+    same = all(torch.equal(a, b) for a, b in zip(model_a, model_b, strict=True))
+    assert same is (grad == "detached")
+    assert not all(torch.equal(a, b) for a, b in zip(head_a, head_b, strict=True))
+
+
+@pytest.mark.parametrize("vectorize, gp", [(False, 0.0), (True, 0.0), (False, 0.3)])
+def test_a_detached_round_trains_the_same_classifiers_whatever_the_pooled_images(monkeypatch, vectorize, gp):
+    """One round of one SGD step a client, per client and batched (and with the gradient penalty, whose mixes of real
+    and pooled images train the head only): the pooled images replaced by zeros leave every classifier the same with
+    ``detached`` (the server's plain average, no distillation, shows them) and change them with ``shared``."""
+    from fedray.learning.boundary import PooledImages
+    from tests.vectorized.test_vectorized import _one_round
+
+    original = PooledImages.draw
+    zeros = {"on": False}
+    monkeypatch.setattr(PooledImages, "draw", lambda self, n, rng: (lambda d: torch.zeros_like(d) if zeros["on"]
+                                                                    else d)(original(self, n, rng)))
+    kw = {**method_overrides("dafkd"), "algorithm__disc_negatives": "pooled", "algorithm__diag_samples": 0,
+          "algorithm__alpha_source": "uniform", "algorithm__distill_steps": 0, "algorithm__gp_weight": gp,
+          "federation__local_steps": 1, "federation__momentum": 0.0, "federation__weight_decay": 0.0}
+
+    def classifiers(grad: str, zero: bool) -> dict[str, torch.Tensor]:
+        zeros["on"] = zero
+        return _one_round(vectorize, **{**kw, "algorithm__disc_negatives_grad": grad})[0][0]
+
+    for grad in ("detached", "shared"):
+        a, b = classifiers(grad, False), classifiers(grad, True)
+        assert all(torch.equal(a[k], b[k]) for k in a) is (grad == "detached"), grad
+
+
+@pytest.mark.parametrize("negatives", ["pooled", "generated"])
+def test_detached_negatives_batched_give_the_sequential_round(monkeypatch, negatives):
+    """disc_negatives_grad=detached, pooled or generated negatives: the batched plan gives the sequential client's
+    weights and figures (float64, two rounds of every client), and detaching changes the run."""
+    from tests.test_every_method import VECTORISED
+    from tests.vectorized.test_vectorized import _max_relative_difference, _one_round, float64_runs
+
+    kw = {**method_overrides("dafkd"), **VECTORISED, "algorithm__disc_negatives": negatives,
+          "algorithm__disc_negatives_grad": "detached", "algorithm__diag_samples": 0}
+    with float64_runs(monkeypatch):
+        seq_w, seq_info = _one_round(False, rounds=2, **kw)
+        vec_w, vec_info = _one_round(True, rounds=2, **kw)
+        shared_w = _one_round(False, rounds=2, **{**kw, "algorithm__disc_negatives_grad": "shared"})[0]
+    assert all("vec/groups_per_step" in info for info in vec_info)
+    assert max(_max_relative_difference(seq_w[c], shared_w[c]) for c in seq_w) > 1e-6
+    for c in seq_w:
+        assert _max_relative_difference(seq_w[c], vec_w[c]) < 1e-9, c
+    for s, v in zip(seq_info, vec_info, strict=True):
+        assert v["train/disc_loss"] == pytest.approx(s["train/disc_loss"], rel=1e-9)
+
+
+def test_detached_negatives_need_the_shared_extractor():
+    with pytest.raises(ConfigError) as e:
+        resolve_experiment(dafkd_config(algorithm__disc_negatives_grad="detached", algorithm__sharing=False))
+    assert e.value.key == "algorithm.disc_negatives_grad"

@@ -44,6 +44,12 @@ def local_optimizer(groups: list[dict], fed) -> optim.SGD | optim.Adam:
     return optim.SGD(groups, momentum=fed.momentum, weight_decay=fed.weight_decay)
 
 
+def generator_weight_decay(algo: DaFKDMethod, fed) -> float:
+    """The generator's weight decay: ``gen_weight_decay``, else ``federation.weight_decay`` (the classifier's)."""
+    wd = algo.params.gen_weight_decay
+    return fed.weight_decay if wd is None else wd
+
+
 def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayload",
                        state: "DaFKDClientState") -> StepwiseTraining | None:
     """This client's local training as a :class:`StepwiseTraining`; None with the gradient penalty (a gradient
@@ -109,7 +115,7 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
     if not p.private_discriminator:  # then client_result only clones the weights; else it runs the trained modules
         weights_only(finish)
 
-    gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=fed.weight_decay, betas=(0.5, 0.999))
+    gen_spec = OptimSpec("adam", p.gen_lr, weight_decay=generator_weight_decay(algo, fed), betas=(0.5, 0.999))
     return StepwiseTraining(
         modules=module_dict(algo, model=m.model, generator=m.generator, disc=m.disc),
         start={"model": payload.weights, "generator": payload.generator, "disc": _disc_start(payload, state)},
@@ -132,8 +138,10 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
         module.train()
     opt = local_optimizer([{"params": list(m.model.parameters()), "lr": fed.lr},
                                  {"params": list(m.disc.parameters()), "lr": p.disc_lr}], fed)
-    gen_params = list(m.generator.parameters())
-    opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=fed.weight_decay)
+    gen_params, disc_params = list(m.generator.parameters()), list(m.disc.parameters())
+    # disc_negatives_grad=detached: the negatives (and the gradient penalty's mixes with them) train the head only
+    detached, head_grads = p.sharing and p.disc_negatives_grad == "detached", None
+    opt_g = optim.Adam(gen_params, lr=p.gen_lr, betas=(0.5, 0.999), weight_decay=generator_weight_decay(algo, fed))
     noise, gp_rng = ctx.generator("dafkd/noise"), ctx.generator("dafkd/gp")
     negatives = pooled_negatives(algo, ctx)
     tot = {"ce": 0.0, "adv": 0.0, "gen": 0.0, "real_ok": 0.0, "fake_ok": 0.0, "n": 0, "steps": 0}
@@ -157,13 +165,22 @@ def sequential_update(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPayl
             adv, d_real, d_fake = disc_loss(p, m, x, feats, fake)
             if p.gp_weight > 0:
                 with frozen_bn_stats(m.model):
-                    adv = adv + p.gp_weight * gradient_penalty(p, m, x, fake, gp_rng)
+                    penalty = p.gp_weight * gradient_penalty(p, m, x, fake, gp_rng)
+                if detached:  # the penalty reads mixes with the negatives through the extractor: the head's alone
+                    head_grads = torch.autograd.grad(penalty, disc_params)
+                    tot["adv"] += float(penalty.detach())
+                else:
+                    adv = adv + penalty
             loss = ce + adv
             tot["adv"] += float(adv.detach())
             tot["real_ok"] += float((d_real.detach() > 0).sum())
             tot["fake_ok"] += float((d_fake.detach() < 0).sum())
             tot["n"] += b
         loss.backward()
+        if head_grads is not None:
+            for prm, g in zip(disc_params, head_grads):
+                prm.grad = g if prm.grad is None else prm.grad + g
+            head_grads = None
         opt.step()
         if train_g:  # Eq. 3 against the just-updated discriminator; only theta^g_k moves
             nf = fake_count(b)

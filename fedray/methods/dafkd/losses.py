@@ -23,6 +23,18 @@ def disc_logits(p: DaFKDParams, m: DaFKDModules, x: torch.Tensor, feats: torch.T
     return m.disc(x).squeeze(1)
 
 
+def negative_logits(p: DaFKDParams, m: DaFKDModules, fake: torch.Tensor) -> torch.Tensor:
+    """(B,) logit of f(theta^d; x) on Eq. 2's negatives ``fake`` (generated, or pooled images of p). With ``sharing``
+    and ``disc_negatives_grad=detached`` the extractor reads them without gradient: the head still learns from them,
+    but the classifier's extractor, which Eq. 9 trains with the discriminator, learns from the client's own images
+    only (pooled negatives are other clients' images; without the cut they would train this client's classifier)."""
+    if p.sharing and p.disc_negatives_grad == "detached":
+        with torch.no_grad():  # no graph into the extractor at all (also under vmap, as the generator's no_grad)
+            feats = m.model.features(fake)
+        return disc_logits(p, m, fake, feats)
+    return disc_logits(p, m, fake)
+
+
 def fake_count(b: int | torch.Tensor) -> int | torch.Tensor:
     """Generated samples n_hat drawn against a real batch of ``b`` (Eq. 2): as many, but at least 2. The generator's
     BatchNorm runs on batch statistics, which one sample cannot give (a pass over a client's data may end on a
@@ -51,13 +63,14 @@ def disc_loss(p: DaFKDParams, m: DaFKDModules, x: torch.Tensor, feats: torch.Ten
               real_rows: torch.Tensor | None = None, fake_rows: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 9's adversarial part (Eq. 1 + Eq. 2): the discriminator's BCE on real ``x`` (features ``feats``), labelled
-    1, against generated ``fake``, labelled 0; (loss, real logits, fake logits). ``real_rows``/``fake_rows`` (bool):
-    the rows of padded batches that count; None: all of them."""
+    1, against generated ``fake``, labelled 0 (through :func:`negative_logits`: detached from the extractor with
+    ``disc_negatives_grad=detached``); (loss, real logits, fake logits). ``real_rows``/``fake_rows`` (bool): the rows
+    of padded batches that count; None: all of them."""
     b = x.shape[0]
     with batch_rows(real_rows):
         d_real = disc_logits(p, m, x, feats)
     with frozen_bn_stats(m.model), batch_rows(fake_rows):  # generated images never enter the running statistics
-        d_fake = disc_logits(p, m, fake)
+        d_fake = negative_logits(p, m, fake)
     target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
     rows = None if real_rows is None else torch.cat([real_rows, fake_rows])
     return bce(torch.cat([d_real, d_fake]), target, rows), d_real, d_fake

@@ -31,6 +31,13 @@ steps) with its BatchNorm layers on batch statistics and their running statistic
 (:func:`fedray.models.base.frozen_bn_stats`): those describe real data only, as evaluation, the clients'
 outputs and the server's distillation (eval mode) assume.
 
+With ``sharing`` Eq. 9 trains the extractor on the discriminator's loss too, so Eq. 2's negatives reach the
+classifier: with ``disc_negatives=pooled`` (other clients' real images, a diagnostic) each client's classifier
+would learn from classes it does not hold. ``disc_negatives_grad=detached`` computes the negatives' features
+without gradient (:func:`~fedray.methods.dafkd.losses.negative_logits`; the gradient penalty's mixes train the head
+only): the head still learns to reject them, the extractor learns from the client's own images alone, for pooled and
+generated negatives alike, so that "pooled against generated, both detached" changes the negatives only.
+
 Generated images live in the classifier's normalised input space: the generator's tanh output is read
 as pixels in [0, 1] and normalised with the dataset's mean/std (:mod:`fedray.models.dcgan`), so real and
 fake inputs of the discriminator are on the same scale.
@@ -96,6 +103,9 @@ class DaFKD(Algorithm):
         if params.gen_class_weight > 0 and params.generator != "conditional":
             raise ConfigError("algorithm.gen_class_weight", "the class term reads G(z, y) against the asked class y, "
                               "which a dcgan sample does not have; set algorithm.generator=conditional")
+        if params.disc_negatives_grad == "detached" and not params.sharing:
+            raise ConfigError("algorithm.disc_negatives_grad", "without sharing the discriminator is a separate "
+                              "network and the negatives never reach the classifier; set sharing=true or drop it")
         if params.disc_head == "averaged" and not params.sharing:
             raise ConfigError("algorithm.disc_head", "an averaged head needs sharing=true (the head on the "
                               "classifier's extractor); without sharing the discriminator is a whole network")

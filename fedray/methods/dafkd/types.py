@@ -28,6 +28,9 @@ class DaFKDParams(BaseModel):
     gen_width: int = Field(default=64, ge=1, description="DCGAN width w: 4w-2w-w channels (authors' code: 64)")
     gen_lr: float = Field(default=0.001, gt=0, description="generator Adam lr (betas 0.5, 0.999)")
     disc_lr: float = Field(default=0.001, gt=0, description="discriminator head / network lr")
+    gen_weight_decay: float | None = Field(default=None, ge=0, description="the generator's Adam weight decay; None: "
+                                           "federation.weight_decay, as the classifier's (the authors' code: their "
+                                           "--wd, 1e-4, on the generator only, none on classifier and discriminator)")
     gen_loss: Literal["nonsaturating", "minimax"] = "nonsaturating"
     gen_class_weight: float = Field(default=0.0, ge=0, description="an extension, not the paper's: Eq. 3 plus this "
                                     "weight times the cross-entropy of the client's classifier on G(z, y) against y, "
@@ -66,6 +69,12 @@ class DaFKDParams(BaseModel):
         default="generated", description="Eq. 2's negatives: the generator's samples (the method), or real images "
         "drawn from the mixture p of every client's data (pooled: a diagnostic that breaks privacy, not a method; "
         "the discriminators as if the generator had reached p, as Theorem 1 assumes)")
+    disc_negatives_grad: Literal["shared", "detached"] = Field(
+        default="shared", description="with sharing: Eq. 2's negatives (pooled or generated) reach the discriminator "
+        "head through the classifier's feature extractor with gradients into it (shared, as Eq. 9 trains both "
+        "jointly), or their features are computed without gradient (detached: the head still trains on them, the "
+        "extractor learns only from the client's own images; what makes disc_negatives=pooled leave the "
+        "classifiers untouched by other clients' data)")
     diag_reader: bool = Field(default=False, description="diag/reader_*: the fixed reader (fedray.reader, trained "
                               "once per dataset, then cached) scores each diagnosed round's generated samples")
 
