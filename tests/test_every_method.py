@@ -17,8 +17,12 @@ but not change the experiment.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
+import fcntl
 import math
+import os
+import pickle
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -83,8 +87,32 @@ def _config(case: str, **overrides):
 
 _DATA: dict[str, object] = {}
 _REFERENCE: dict[str, "_Run"] = {}
-_REFERENCE_DIRS = Path(tempfile.mkdtemp(prefix="fedray-test-reference-"))  # the reference runs' clients.parquet
+# The reference runs' folders (their clients.parquet and figures): one place for the whole test session, shared by
+# the xdist workers (the _shared_references fixture), so that a case's reference is run once, not once per worker
+# that runs one of its tests. Outside xdist (or before the fixture), a folder of this process's own.
+_REFERENCE_DIRS = Path(tempfile.mkdtemp(prefix="fedray-test-reference-"))
 atexit.register(shutil.rmtree, _REFERENCE_DIRS, True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_references(tmp_path_factory):
+    """Under xdist, the reference runs go to the session's shared temporary folder (the parent of each worker's
+    own), where pytest cleans them up with the session's other folders."""
+    global _REFERENCE_DIRS
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _REFERENCE_DIRS = tmp_path_factory.getbasetemp().parent / "every-method-references"
+        _REFERENCE_DIRS.mkdir(exist_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Held by one process at a time (the xdist workers' reference runs)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _data(case: str):
@@ -122,12 +150,20 @@ def _clients(folder: Path) -> pa.Table:
 
 
 def _reference(case: str) -> _Run:
-    """The uninterrupted in-process run's figures, computed once per case."""
+    """The uninterrupted in-process run's figures, computed once per case in the session (the first xdist worker to
+    need them runs it and saves its figures beside its run folder; the others read them)."""
     if case not in _REFERENCE:
-        result = run_experiment(_config(case), _REFERENCE_DIRS / case, progress=False, data=_data(case))
-        assert [row["round"] for row in result.history] == list(range(1, ROUNDS + 1))
-        assert "val/accuracy" in result.history[-1] and "eval/accuracy" in result.history[-1]
-        _REFERENCE[case] = _Run(_figures(result.history), _summary(result), _clients(_REFERENCE_DIRS / case))
+        folder, figures = _REFERENCE_DIRS / case, _REFERENCE_DIRS / f"{case}.figures.pkl"
+        with _locked(_REFERENCE_DIRS / f"{case}.lock"):
+            if not figures.exists():
+                result = run_experiment(_config(case), folder, progress=False, data=_data(case))
+                assert [row["round"] for row in result.history] == list(range(1, ROUNDS + 1))
+                assert "val/accuracy" in result.history[-1] and "eval/accuracy" in result.history[-1]
+                partial = figures.with_suffix(".partial")
+                partial.write_bytes(pickle.dumps((_figures(result.history), _summary(result))))
+                partial.rename(figures)
+            history, summary = pickle.loads(figures.read_bytes())
+        _REFERENCE[case] = _Run(history, summary, _clients(folder))
     return _REFERENCE[case]
 
 
