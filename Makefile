@@ -10,10 +10,15 @@ export RAY_AUTH_MODE ?= disabled
 install: $(STAMP)
 
 # torch is capped at 2.14.1 by this machine's pip constraint; elsewhere pip takes the newest torch>=2.4.
+# The packages go in with uv (parallel downloads and unpacking: 24 s here against pip's 63 s), told pip's own
+# indexes, find-links and constraints (tools/uv_flags.py) and pip's choice among them (unsafe-best-match: the best
+# version on any index, as pip); pip installs them wherever uv cannot.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[test]'
+	$(BIN)/python -m pip install --quiet uv || true
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --index-strategy unsafe-best-match \
+	  $$($(BIN)/python tools/uv_flags.py) -e '.[test]' \
+	  || $(BIN)/python -m pip install --quiet --no-compile -e '.[test]'
 	$(MAKE) --no-print-directory site-bytecode
 	touch $(STAMP)
 
