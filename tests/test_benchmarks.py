@@ -314,6 +314,34 @@ def test_the_decomposition_pairs_only_runs_one_machine_made(tmp_path):
     assert harness.machine_key(harness.device_name("cpu")).startswith("CPU (")
 
 
+def test_dafkd_fmnist_pairs_only_runs_one_machine_made():
+    """dafkd_fmnist: each method minus FedAvg and DaFKD minus its ablations pair only the seeds one machine made (the
+    decomposition's rule, harness.paired_by_seed); a run naming no machine refuses its pairs; a difference within one
+    run (FedFTG's fine-tuning against its average) pairs whatever made it."""
+    fm = importlib.import_module("dafkd_fmnist")
+    assert importlib.import_module("dafkd_decomposition")._fmt is harness.fmt_paired  # one copy of the pairing
+
+    def recs(method, accs, cpus, avg=None):
+        return [{"method": method, "alpha": 0.1, "seed": s, "accuracy": a, "accuracy_last5": a, "cpu": c,
+                 **({"accuracy_avg_last5": avg[s]} if avg else {})} for s, (a, c) in enumerate(zip(accs, cpus))]
+
+    by = {("fedavg", 0.1): recs("fedavg", (0.5, 0.5, 0.5), ("CPU (A)", "CPU (A)", None)),
+          ("dafkd", 0.1): recs("dafkd", (0.6, 0.7, 0.6), ("CPU (A)", "CPU (B)", "CPU (A)")),
+          ("dafkd_no_correlation", 0.1): recs("dafkd_no_correlation", (0.4, 0.4, 0.4), (None, None, None)),
+          ("dafkd_no_sharing", 0.1): recs("dafkd_no_sharing", (0.4, 0.4, 0.4), ("CPU (B)", "CPU (A)", "CPU (B)")),
+          ("fedftg", 0.1): recs("fedftg", (0.6, 0.6, 0.6), (None, None, None), avg=(0.5, 0.5, 0.5))}
+    pair = fm._vs(by, "dafkd", "fedavg", 0.1)
+    assert pair[0] == pytest.approx(10.0) and pair[2:] == (1, 2)  # seed 0 only: seed 1 another CPU, seed 2 unnamed
+    assert harness.fmt_paired(pair) == "+10.00 (n=1) (2 seeds of another CPU left out)"
+    assert fm._vs(by, "dafkd", "dafkd_no_correlation", 0.1) == harness.NO_CPU
+    assert fm._vs(by, "dafkd", "dafkd_no_sharing", 0.1) == harness.OTHER_CPU
+    md = "\n".join(fm.orderings(by, [0.1]) + fm.baseline_mechanisms(by, [0.1]))
+    assert "| 0.1 | dafkd | +10.00 (n=1) (2 seeds of another CPU left out) | +2.84 | 1 seed: no reading |" in md
+    assert "| 0.1 | dafkd_no_correlation | — (CPU not recorded) | +6.46 | no reading |" in md
+    assert "| 0.1 | dafkd_no_sharing | — (other CPU) | +0.30 | no reading |" in md
+    assert "fine-tuning minus the average it starts from, last 5 rounds: +10.00 ± 0.00 points" in md
+
+
 def test_compression_configs_validate_and_the_table_reads_budgets_and_ratios(tmp_path):
     """compression_fmnist: every method is a valid config, FedAvg, FedKF and FedCD system_fmnist's own, each other one
     its base with the channel its name says; the accuracy at a budget is the last evaluated round within it, and the

@@ -173,36 +173,14 @@ def build(run: Run, opts: dict):
 # --- the tables -------------------------------------------------------------------------------------------------
 
 
-Paired = tuple[float, float | None, int, int]
-OTHER_CPU, NO_CPU = "— (other CPU)", "— (CPU not recorded)"  # a pair refused, and why
+OTHER_CPU, NO_CPU = harness.OTHER_CPU, harness.NO_CPU  # a pair refused, and why
+_fmt = harness.fmt_paired
 
 
-def _paired(fa: dict, fb: dict, key_a: str = "acc", key_b: str = "acc") -> Paired | str | None:
-    """mean(a - b) of two cells' figures over the seeds both have, its standard error (None for one seed), how many,
-    and how many seeds were refused; None when no seed is shared. A seed pairs only when one machine made both runs
-    (their ``cpu``): a seed across machines, or whose run names none, is left out, and when every seed is, the
-    reason (:data:`OTHER_CPU`, :data:`NO_CPU`) stands for the difference."""
-    a, b = fa[key_a], fb[key_b]
-    seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return None
-    machines = {s: (fa["cpu"].get(s), fb["cpu"].get(s)) for s in seeds}
-    kept = [s for s, (ca, cb) in machines.items() if ca is not None and ca == cb]
-    if not kept:
-        return NO_CPU if any(None in m for m in machines.values()) else OTHER_CPU
-    d = [a[s] - b[s] for s in kept]
-    return (float(np.mean(d)), (float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None), len(d),
-            len(seeds) - len(kept))
-
-
-def _fmt(p: Paired | str | None) -> str:
-    if p is None:
-        return "—"
-    if isinstance(p, str):
-        return p
-    mean, se, n, refused = p
-    return (f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + (f" (n={n})" if n != 3 else "")
-            + (f" ({refused} seed{'s' if refused > 1 else ''} of another CPU left out)" if refused else ""))
+def _paired(fa: dict, fb: dict, key_a: str = "acc", key_b: str = "acc") -> harness.Paired | str | None:
+    """Two cells' figures paired by seed (:func:`harness.paired_by_seed`): only seeds whose two runs one machine made
+    (their ``cpu``); a figure against another of the same runs (``fa is fb``) pairs every seed."""
+    return harness.paired_by_seed(fa[key_a], fb[key_b], None if fa is fb else (fa["cpu"], fb["cpu"]))
 
 
 # the mechanism figures beside the accuracy: key in the history -> column (mean of the last 5 evaluated rounds)

@@ -21,6 +21,13 @@ each discriminator's domain AUC, Eq. 7's entropy on real images, the Eq. 7 / uni
 over rounds in ``OUT/dafkd_fmnist_mechanism.png``) and ``OUT/dafkd_fmnist.json`` (the record and every run's
 figures).
 
+Differences paired by seed (each method minus FedAvg, DaFKD minus its ablations, FedGen with minus without a client
+term, DaFKD minus FedAvg) need both runs from one machine: each run folder names the machine that finished it
+(``machine.json``, written by the harness; backfilled for the 2026-11-28 runs from this record, whose invocations
+name the AMD EPYC; the 2026-11-26 runs' record says only "CPU, 2 cores", so they name none), and a seed across
+machines, or with a run that names none, is left out and said (``harness.paired_by_seed``, the decomposition's rule).
+A difference within one run (the distillation or fine-tuning against the average it starts from) pairs always.
+
     .venv/bin/python benchmarks/papers/dafkd_fmnist.py --jobs 2                    # the recorded grid
     .venv/bin/python benchmarks/papers/dafkd_fmnist.py --report-only               # tables from the runs
     .venv/bin/python benchmarks/papers/dafkd_fmnist.py --rounds 3 --seeds 0 --settings alpha0.1 \
@@ -106,6 +113,8 @@ BASELINE_DIAGNOSTICS: dict[str, list[tuple[str, str]]] = {
 }
 # DaFKD Table 1, Fashion-MNIST, alpha = 0.1: the paper's ordering of the six methods.
 TABLE1_METHODS = ("fedavg", "fedprox", "feddf", "fedgen", "fedftg", "dafkd")
+# DaFKD Table 3: the ablations DaFKD is read against
+ABLATIONS = ("dafkd_no_sharing", "dafkd_no_correlation")
 
 
 def make_config(method: str, alpha: float, seed: int, rounds: int, data_dir: str | None, eval_average: bool,
@@ -153,6 +162,7 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
         for f in recs:
             summary, hist = f.summary, f.history
             rec = {"method": m, "alpha": SETTINGS[setting], "seed": f.seed, "dir": harness.shown(f.run.out),
+                   "cpu": harness.run_machine(f.run.out),  # None: the folder names no machine (pairs refused)
                    "accuracy": summary["eval/accuracy"], "best_accuracy": summary["eval/best_accuracy"],
                    "accuracy_last5": harness.last_n(hist, "eval/accuracy"),
                    "rounds": summary["rounds"], "time_round_s": summary["time/round_s"],
@@ -173,11 +183,58 @@ def collect(grid: dict[tuple[str, str], list[Finished]]) -> list[dict]:
     return runs
 
 
-def _vs_fedavg_and_average(dk: list[dict], fa: list[dict], key: str, avg_key: str) -> tuple[float, float | None]:
-    """DaFKD minus FedAvg, and DaFKD minus its own pre-distillation average, in points (means over seeds)."""
-    dafkd = np.mean([r[key] for r in dk])
-    avg = [r[avg_key] for r in dk if r.get(avg_key) is not None]
-    return 100 * (dafkd - np.mean([r[key] for r in fa])), (100 * (dafkd - np.mean(avg)) if avg else None)
+def _by_seed(recs: list[dict], key: str) -> dict[int, float]:
+    """seed -> the run's ``key`` in points."""
+    return {r["seed"]: 100 * r[key] for r in recs if r.get(key) is not None}
+
+
+def _vs(by: dict, m: str, base: str, a: float, key: str = "accuracy_last5") -> harness.Paired | str | None:
+    """``m`` minus ``base`` at alpha ``a`` in points of ``key``, paired by seed over the seeds whose two runs one
+    machine made (:func:`harness.paired_by_seed`)."""
+    ra, rb = by.get((m, a), []), by.get((base, a), [])
+    return harness.paired_by_seed(_by_seed(ra, key), _by_seed(rb, key),
+                                  ({r["seed"]: r.get("cpu") for r in ra}, {r["seed"]: r.get("cpu") for r in rb}))
+
+
+def _reading(p: harness.Paired | str, paper: float | None) -> str:
+    """holds / reversed / within noise against the paper's sign (above / below without one); no reading under 3
+    seeds or without a difference."""
+    if not isinstance(p, tuple):
+        return "no reading"
+    diff, se, n, _ = p
+    if n < 3:
+        return f"{n} seed{'s' if n > 1 else ''}: no reading"
+    if abs(diff) <= 2 * se:
+        return "within noise"
+    if paper is None:
+        return "above" if diff > 0 else "below"
+    return "holds" if (diff > 0) == (paper > 0) else "reversed"
+
+
+SAME_MACHINE = ("only between runs that one machine made (each run folder's `machine.json`; a seed of another or an "
+                f"unnamed machine is left out, and \"{harness.OTHER_CPU}\" or \"{harness.NO_CPU}\" stands where every "
+                "seed is: a CPU's kernels round differently, which a difference across machines mixes in)")
+
+
+def machines(runs: list[dict]) -> list[str]:
+    """Which machine made the runs (each folder's ``machine.json``), and the runs that name none, by method."""
+    counts: dict[str, int] = {}
+    unnamed: dict[str, dict[float, list[int]]] = {}
+    for r in runs:
+        counts[r.get("cpu") or "not recorded"] = counts.get(r.get("cpu") or "not recorded", 0) + 1
+        if r.get("cpu") is None:
+            unnamed.setdefault(r["method"], {}).setdefault(r["alpha"], []).append(r["seed"])
+    lines = ["Machines (each run folder's `machine.json`): " + ", ".join(f"{c} {n} runs" for c, n in counts.items())
+             + "."]
+    if unnamed:
+        by_cells: dict[str, list[str]] = {}
+        for m, cells in unnamed.items():
+            where = "; ".join(f"α={a:g} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, sorted(s)))})"
+                              for a, s in cells.items())
+            by_cells.setdefault(where, []).append(m)
+        lines += ["Runs that name no machine (their pairs with any run are refused):",
+                  *[f"- {', '.join(ms)}: {where}" for where, ms in by_cells.items()]]
+    return lines + [""]
 
 
 def _ms(values: list[float], scale: float = 100.0) -> str:
@@ -242,34 +299,24 @@ def _paper_value(m: str, a: float) -> float | None:
 
 def orderings(by: dict, alphas) -> list[str]:
     """Table 1's comparisons read as a researcher would: each method against FedAvg, ours (mean of the last 5 rounds
-    over seeds, with the standard error of the difference) beside the paper's sign, and the ranking."""
+    over seeds, with the standard error of the difference) beside the paper's sign, and the ranking; then Table 3's:
+    DaFKD against each of its ablations."""
     lines = ["", "## Table 1's orderings: which hold here", "",
              "Each method minus FedAvg, in points of the mean of the last 5 rounds, paired by seed (a seed fixes the "
-             "partition and the initial model) and averaged over the seeds both have; ±: the standard error of that "
-             "mean difference. Reading: *holds* when our difference has the paper's sign and "
-             "exceeds twice its standard error, *reversed* when it has the other sign and does, *within noise* "
-             "otherwise.", "",
+             "partition and the initial model) and averaged over the seeds both have, " + SAME_MACHINE + "; ±: the "
+             "standard error of that mean difference; n = 3 seeds unless said. Reading: *holds* when our difference "
+             "has the paper's sign and exceeds twice its standard error, *reversed* when it has the other sign and "
+             "does, *within noise* otherwise; no reading under 3 seeds.", "",
              "| α | method | ours − FedAvg | paper − FedAvg | reading |", "|---|---|---|---|---|"]
     for a in alphas:
-        base = {r["seed"]: 100 * r["accuracy_last5"] for r in by.get(("fedavg", a), [])}
         for m in TABLE1_METHODS[1:]:
-            # paired by seed: a seed fixes the partition and the initial model for every method
-            diffs = [100 * r["accuracy_last5"] - base[r["seed"]] for r in by.get((m, a), []) if r["seed"] in base]
-            if len(diffs) < 2:
+            p = _vs(by, m, "fedavg", a)
+            if p is None:
                 continue
-            diff, se = float(np.mean(diffs)), float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
             pm, pf = _paper_value(m, a), _paper_value("fedavg", a)
             paper = None if pm is None or pf is None else pm - pf
-            if len(diffs) < 3:
-                reading = f"{len(diffs)} seeds: no reading"
-            elif abs(diff) <= 2 * se:
-                reading = "within noise"
-            elif paper is None:
-                reading = "above" if diff > 0 else "below"
-            else:
-                reading = "holds" if (diff > 0) == (paper > 0) else "reversed"
-            lines.append(f"| {a:g} | {m} | {diff:+.2f} ± {se:.2f} | "
-                         f"{'—' if paper is None else f'{paper:+.2f}'} | {reading} |")
+            lines.append(f"| {a:g} | {m} | {harness.fmt_paired(p)} | "
+                         f"{'—' if paper is None else f'{paper:+.2f}'} | {_reading(p, paper)} |")
     for a in alphas:
         ranked = sorted(((float(np.mean([r["accuracy_last5"] for r in by[(m, a)]])), m) for m in TABLE1_METHODS
                          if by.get((m, a))), reverse=True)
@@ -280,6 +327,22 @@ def orderings(by: dict, alphas) -> list[str]:
             if paper:
                 text += "; the paper's: " + " > ".join(f"{m} {v:.2f}" for v, m in paper)
             lines += ["", text + "."]
+    rows = []
+    for a in alphas:
+        for m in ABLATIONS:
+            p = _vs(by, "dafkd", m, a)
+            if p is None:
+                continue
+            pd, pm = _paper_value("dafkd", a), _paper_value(m, a)
+            paper = None if pd is None or pm is None else pd - pm
+            rows.append(f"| {a:g} | {m} | {harness.fmt_paired(p)} | {'—' if paper is None else f'{paper:+.2f}'} | "
+                        f"{_reading(p, paper)} |")
+    if rows:
+        lines += ["", "## Table 3's ablations: DaFKD minus each", "",
+                  "DaFKD minus the ablation, in points of the mean of the last 5 rounds, paired by seed on one machine "
+                  "as Table 1's orderings above; the paper's difference from its Table 3, read as Table 1's.", "",
+                  "| α | ablation | DaFKD − ablation | paper DaFKD − ablation | reading |", "|---|---|---|---|---|",
+                  *rows]
     return lines
 
 
@@ -300,24 +363,35 @@ def baseline_mechanisms(by: dict, alphas) -> list[str]:
         if rows:
             lines += [f"**{m}** (accuracies in %)", "", "| α | " + " | ".join(d for _, d in keys) + " |",
                       "|---|" + "---|" * len(keys), *rows, ""]
-    def paired(what: str, gains: list[float]) -> None:
+    def paired(what: str, a: dict[int, float], b: dict[int, float], cpus) -> None:
+        """a - b by seed: across runs (``cpus``, each side's seed -> machine) only the seeds one machine made."""
+        seeds = set(a) & set(b)
+        kept, refused = harness.same_machine_seeds(seeds, cpus)
+        if refused:
+            lines.append(f"- {what}, last 5 rounds: {refused}.")
+            return
+        gains = [a[s] - b[s] for s in kept]
+        left = len(seeds) - len(kept)
         if len(gains) >= 2:
             lines.append(f"- {what}, last 5 rounds: {np.mean(gains):+.2f} ± "
                          f"{np.std(gains, ddof=1) / np.sqrt(len(gains)):.2f} points (mean ± standard error over "
-                         f"{len(gains)} seeds; per seed " + ", ".join(f"{g:+.2f}" for g in gains) + ").")
+                         f"{len(gains)} seeds; per seed " + ", ".join(f"{g:+.2f}" for g in gains)
+                         + (f"; {left} seed{'s' if left > 1 else ''} of another CPU left out" if left else "") + ").")
 
     for a in alphas:
         # what FedFTG's fine-tuning adds to the average it starts from, within each run
+        ftg = by.get(("fedftg", a), [])  # within each run: no machine to match
         paired(f"fedftg, α={a:g}: fine-tuning minus the average it starts from",
-               [100 * (r["accuracy_last5"] - r["accuracy_avg_last5"]) for r in by.get(("fedftg", a), [])
-                if r.get("accuracy_avg_last5") is not None])
-        # what each of FedGen's client terms adds, paired by seed with the run without it
-        full = {r["seed"]: r["accuracy_last5"] for r in by.get(("fedgen", a), [])}
+               _by_seed([r for r in ftg if r.get("accuracy_avg_last5") is not None], "accuracy_last5"),
+               _by_seed(ftg, "accuracy_avg_last5"), None)
+        # what each of FedGen's client terms adds, paired by seed with the run without it (one machine)
+        full = by.get(("fedgen", a), [])
         for ablation, term in (("fedgen_no_feature_ce", "the CE on generated features"),
                                ("fedgen_no_latent_kl", "the latent KL")):
-            paired(f"fedgen, α={a:g}: with minus without {term}",
-                   [100 * (full[r["seed"]] - r["accuracy_last5"]) for r in by.get((ablation, a), [])
-                    if r["seed"] in full])
+            without = by.get((ablation, a), [])
+            paired(f"fedgen, α={a:g}: with minus without {term}", _by_seed(full, "accuracy_last5"),
+                   _by_seed(without, "accuracy_last5"),
+                   ({r["seed"]: r.get("cpu") for r in full}, {r["seed"]: r.get("cpu") for r in without}))
     return lines
 
 
@@ -360,7 +434,7 @@ def markdown(runs: list[dict], methods, alphas, rounds: int, meta: dict, setting
     for r in runs:
         by.setdefault((r["method"], r["alpha"]), []).append(r)
     seeds = sorted({r["seed"] for r in runs})
-    lines = harness.header("DaFKD on Fashion-MNIST", meta, NAME, runs_dir, planned) + [
+    lines = harness.header("DaFKD on Fashion-MNIST", meta, NAME, runs_dir, planned) + machines(runs) + [
              f"{setting}, {rounds} rounds, seeds {', '.join(map(str, seeds))}; the same budget for every method. "
              "Paper: ResNet-11 and its own FedAvg/FedProx runs, E=20 epochs, T=60 (Table 1, 2, 3); its numbers are "
              "copied for reference, not reproduced settings.", "",
@@ -400,18 +474,23 @@ def markdown(runs: list[dict], methods, alphas, rounds: int, meta: dict, setting
                          f"{_ms([r['best_accuracy'] for r in recs])} | {secs:.2f} | {up:.2f} | {down:.2f} |")
     # verdict and diagnostics
     lines += ["", "## DaFKD against FedAvg, and what the distillation adds", ""]
+    lines += ["DaFKD minus FedAvg in points, paired by seed (± standard error; n = 3 seeds unless said), "
+              + SAME_MACHINE + "; the distillation against the plain average before it within each DaFKD run (mean "
+              "over seeds).", ""]
     for a in alphas:
         fa, dk = by.get(("fedavg", a), []), by.get(("dafkd", a), [])
         if fa and dk:
-            diff, gain = _vs_fedavg_and_average(dk, fa, "accuracy", "accuracy_avg")
-            verdict = "beats" if diff > 0 else "does NOT beat"
-            lines.append(f"- α={a:g}: DaFKD {verdict} FedAvg: {diff:+.2f} points (last round, mean over seeds)"
-                         + (f"; distillation vs. the plain average before it: {gain:+.2f} points" if gain is not None
-                            else "") + ".")
-            diff5, gain5 = _vs_fedavg_and_average(dk, fa, "accuracy_last5", "accuracy_avg_last5")
-            lines.append(f"  Over the last 5 rounds: {diff5:+.2f} points against FedAvg"
-                         + (f"; distillation vs. the plain average: {gain5:+.2f} points" if gain5 is not None else "")
-                         + ".")
+            for key, avg_key, when in (("accuracy", "accuracy_avg", "last round"),
+                                       ("accuracy_last5", "accuracy_avg_last5", "last 5 rounds")):
+                p = _vs(by, "dafkd", "fedavg", a, key)
+                avg = [r[avg_key] for r in dk if r.get(avg_key) is not None]
+                gain = 100 * (np.mean([r[key] for r in dk]) - np.mean(avg)) if avg else None
+                verdict = ("" if not isinstance(p, tuple) else
+                           "beats FedAvg: " if p[0] > 0 else "does NOT beat FedAvg: ")
+                lines.append(("- " if key == "accuracy" else "  ") + f"α={a:g}, {when}: DaFKD minus FedAvg "
+                             f"{harness.fmt_paired(p)}" + (f" (DaFKD {verdict.rstrip(': ')})" if verdict else "")
+                             + (f"; distillation vs. the plain average before it: {gain:+.2f} points"
+                                if gain is not None else "") + ".")
     lines += ["", "Diagnostics (mean over seeds; `acc_avg` = the plain Eq. 6 average before distillation; "
               "`alpha_max` = mean over samples of max_k alpha (1/8 uniform .. 1 one client); `alpha_H` = mean "
               "normalised entropy of alpha (1 uniform .. 0 one client); `D(x̂)` = mean discriminator score on the "

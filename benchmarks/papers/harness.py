@@ -300,6 +300,59 @@ def run_machine(out: Path) -> str | None:
     return json.loads(path.read_text())["cpu"] if path.is_file() else None
 
 
+# --------------------------------------------------------------------------------------------------
+# differences paired by seed: only between runs one machine made
+
+Paired = tuple[float, float | None, int, int]  # mean difference, its standard error, seeds kept, seeds left out
+OTHER_CPU, NO_CPU = "— (other CPU)", "— (CPU not recorded)"  # a pair refused, and why
+Machines = dict[int, str | None]  # seed -> the machine (run_machine) that made that seed's run
+
+
+def same_machine_seeds(seeds: Iterable[int], cpus: tuple[Machines, Machines] | None) -> tuple[list[int], str | None]:
+    """Of the ``seeds`` two figures share, those whose two runs one machine made (``cpus``: each side's seed ->
+    :func:`run_machine`; None when both figures come from the same runs, which pair whatever made them), and, when
+    none is kept, why (:data:`OTHER_CPU`, or :data:`NO_CPU` when a run names no machine)."""
+    seeds = sorted(seeds)
+    if cpus is None:
+        return seeds, None
+    machines = {s: (cpus[0].get(s), cpus[1].get(s)) for s in seeds}
+    kept = [s for s, (ca, cb) in machines.items() if ca is not None and ca == cb]
+    if kept or not seeds:
+        return kept, None
+    return kept, NO_CPU if any(None in m for m in machines.values()) else OTHER_CPU
+
+
+def paired_by_seed(a: dict[int, float], b: dict[int, float],
+                   cpus: tuple[Machines, Machines] | None) -> Paired | str | None:
+    """mean(a - b) over the seeds both have, its standard error (None for one seed), how many, and how many seeds were
+    refused; None when no seed is shared. A seed pairs only when one machine made both runs
+    (:func:`same_machine_seeds`): a seed across machines, or whose run names none, is left out, and when every seed
+    is, the reason (:data:`OTHER_CPU`, :data:`NO_CPU`) stands for the difference."""
+    import numpy as np
+
+    seeds = set(a) & set(b)
+    if not seeds:
+        return None
+    kept, refused = same_machine_seeds(seeds, cpus)
+    if not kept:
+        return refused
+    d = [a[s] - b[s] for s in kept]
+    return (float(np.mean(d)), (float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None), len(d),
+            len(seeds) - len(kept))
+
+
+def fmt_paired(p: Paired | str | None, seeds: int = 3) -> str:
+    """A :func:`paired_by_seed` difference as the tables print it: "+1.23 ± 0.45", n when not ``seeds``, and how many
+    seeds were left out; a dash when no seed is shared, the reason when every seed was refused."""
+    if p is None:
+        return "—"
+    if isinstance(p, str):
+        return p
+    mean, se, n, refused = p
+    return (f"{mean:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + (f" (n={n})" if n != seeds else "")
+            + (f" ({refused} seed{'s' if refused > 1 else ''} of another CPU left out)" if refused else ""))
+
+
 def invocation(script: str, argv: Sequence[str], device: str) -> dict:
     """This invocation: date, commit, device and the command that reproduces it."""
     return {"date": datetime.date.today().isoformat(), "commit": code_version(), "device": device_name(device),
