@@ -18,6 +18,7 @@ from fedray.errors import ConfigError
 from fedray.overrides import flatten
 from fedray.paths import absolute_path
 from fedray.channel.config import ChannelConfig
+from fedray.learning.aggregation_config import AggregationConfig
 from fedray.system import SystemConfig, check_traces
 from fedray.system.protocol import schedule_class
 
@@ -303,6 +304,7 @@ class ExperimentConfig(_Strict):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     system: SystemConfig = Field(default_factory=SystemConfig)
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
@@ -339,6 +341,7 @@ class ExperimentConfig(_Strict):
             )
         self.system.check()
         self.channel.check()
+        self.aggregation.check(fed.buffer())  # the uploads of one server step
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self

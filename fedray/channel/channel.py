@@ -12,6 +12,7 @@ from fedray.channel.compression import row, wire_bytes
 from fedray.channel.message import Leaf, join, reference, split
 from fedray.channel.stages import Compress, Precision, Stage
 from fedray.learning.aggregation import Aggregation, WeightedMean
+from fedray.learning.robust import build_rule
 from fedray.learning.weights import nbytes
 
 
@@ -139,13 +140,15 @@ def _row(leaf: Leaf, i: int) -> Leaf:
 
 
 def build_channel(cfg: Any) -> Channel:
-    """The channel ``cfg.channel`` configures (``cfg``: the ExperimentConfig)."""
+    """The channel ``cfg.channel`` configures, holding the rule ``cfg.aggregation`` names (``cfg``: the
+    ExperimentConfig)."""
     stages: list[Stage] = []
     if cfg.channel.compresses:
         stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":
         stages.append(Precision(cfg.channel.precision))
-    return Channel(stages)
+    a = cfg.aggregation
+    return Channel(stages, build_rule(a.rule, beta=a.beta, f=a.f, m=a.m, max_norm=a.max_norm))
 
 
 __all__ = ["Channel", "Packet", "build_channel"]

@@ -3,8 +3,13 @@ mean of models, FedDistill's and FedCD's means of logits, label histograms and t
 ``ctx.aggregation.mean``, so that a rule replacing the weighted mean (central noise for differential privacy, a
 robust rule against adversaries) plugs in once, for every method, instead of into each method.
 
-The only rule today is :class:`WeightedMean`: sum_k w_k x_k / sum_k w_k, for models the arithmetic of
-:func:`fedray.learning.weights.weighted_average` (FedAvg's server step, Algorithm 1 of McMahan et al. 2017).
+The default rule is :class:`WeightedMean`: sum_k w_k x_k / sum_k w_k, for models the arithmetic of
+:func:`fedray.learning.weights.weighted_average` (FedAvg's server step, Algorithm 1 of McMahan et al. 2017). The
+robust rules (median, trimmed mean, Krum, norm bounding: ``aggregation.rule``) are :mod:`fedray.learning.robust`'s.
+
+``reference``: the model the clients started from (the broadcast one), passed by the calls over models trained from
+it; a rule that aggregates updates x_k - reference (norm bounding) refuses a call without it. The weighted mean does
+not read it: sum_k p_k x_k = r + sum_k p_k (x_k - r) when the p_k sum to 1.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ class Aggregation:
 
     name = "aggregation"
 
-    def mean(self, items: Sequence[T], weights: Sequence[float]) -> T:
+    def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         raise NotImplementedError
 
 
@@ -38,7 +43,7 @@ class WeightedMean(Aggregation):
 
     name = "mean"
 
-    def mean(self, items: Sequence[T], weights: Sequence[float]) -> T:
+    def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         if not items:
             raise ValueError("aggregation over no uploads")
         if isinstance(items[0], dict):
@@ -48,4 +53,4 @@ class WeightedMean(Aggregation):
         return (terms.sum(0) / total).to(items[0].dtype)
 
 
-__all__ = ["Aggregation", "WeightedMean"]
+__all__ = ["Aggregation", "T", "WeightedMean"]

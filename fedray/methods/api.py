@@ -26,8 +26,8 @@ runtime train the round's clients one at a time or batched (``runtime.vectorize`
 **What a method declares** is one section of :class:`Algorithm`, read before any work by the registry
 (``resolve_experiment``, the one place where the modes a method supports are checked) or the runtime: the class
 flags ``name``, ``Params``, ``shared_architecture``, ``personalised``, ``clients_hold_server_images``,
-``asynchronous`` with ``synchronous_because`` and ``keeps_cache`` (the last two only for the class whose own body
-declares them), and the declaration hooks ``check_config``, ``sends_label_counts``, ``probe_size``,
+``asynchronous`` with ``synchronous_because``, ``keeps_cache`` and ``robust_means`` (the last three only for the class
+whose own body declares them), and the declaration hooks ``check_config``, ``sends_label_counts``, ``probe_size``,
 ``wants_pooled_images``, ``wants_reader``.
 
 **A method may override** (defaults below): ``init_client_state``, ``global_weights`` and ``extra_eval_models``
@@ -35,7 +35,7 @@ declares them), and the declaration hooks ``check_config``, ``sends_label_counts
 work the simulated system times, ``system.*``), ``rebase`` (FedBuff's asynchronous server steps), and the
 simulation-only diagnostics ``server_diagnostics`` / ``probe_diagnostics`` (``diag/*``, never fed back). Every mean
 over the clients' uploads in ``server_update`` goes through ``ctx.aggregation.mean``
-(:mod:`fedray.learning.aggregation`).
+(:mod:`fedray.learning.aggregation`); calls over models trained from the broadcast model pass it as ``reference``.
 
 **Families share a base with explicit hooks**: local-SGD methods subclass :class:`fedray.methods.fedavg.FedAvg`
 (hooks ``make_anchor``, ``local_loss`` with ``local_loss_paddable``, ``make_upload``); methods whose clients each own
@@ -102,8 +102,9 @@ class Algorithm(ABC, Generic[Params, Modules]):
 
     # --- declarations: what a method says about itself, read before any work ----------------------------------
     # Read by the registry (resolve_experiment) or the runtime, never inferred from what a class overrides.
-    # ``asynchronous`` and ``keeps_cache`` hold only for the class whose own body declares them: a subclass's server
-    # step changes what its parent's rebase or cache would mean, so it says again (Algorithm.__init_subclass__).
+    # ``asynchronous``, ``keeps_cache`` and ``robust_means`` hold only for the class whose own body declares them: a
+    # subclass's server step changes what its parent's rebase, cache or hook calls would mean, so it says again
+    # (Algorithm.__init_subclass__).
 
     #: ``algorithm.name``: the registry's key.
     name: ClassVar[str]
@@ -130,12 +131,18 @@ class Algorithm(ABC, Generic[Params, Modules]):
     #: (:class:`~fedray.learning.cached.CacheParams`), checked when the class is defined; ``resolve_experiment``
     #: refuses those keys to a method that keeps no cache and the cache's OCA model with ``federation.mode=async``.
     keeps_cache: ClassVar[bool] = False
+    #: The calls of ``ctx.aggregation.mean`` in the server step (declared in the class's own body), by what they
+    #: average, when a robust rule (``aggregation.rule`` other than mean, :mod:`fedray.learning.robust`) may replace
+    #: every one of them: models trained from the broadcast model, passed as ``reference``. Empty (the default): some
+    #: call averages what a robust rule must not touch (masked means of values, label histograms, a ratio of sums),
+    #: and ``resolve_experiment`` refuses any rule but mean.
+    robust_means: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for flag in ("asynchronous", "keeps_cache"):
+        for flag, unset in (("asynchronous", False), ("keeps_cache", False), ("robust_means", ())):
             if flag not in cls.__dict__:
-                setattr(cls, flag, False)
+                setattr(cls, flag, unset)
         if cls.asynchronous and cls.rebase is Algorithm.rebase:
             raise TypeError(f"{cls.__qualname__} declares asynchronous = True but has no rebase: implement "
                             "rebase(upload, sent, current, weight)")

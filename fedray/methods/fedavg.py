@@ -103,6 +103,7 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
     Params = FedAvgParams
     asynchronous = True  # its uploads are weights trained from the payload's: rebase moves their change (FedBuff)
     keeps_cache = True  # algorithm.report_model=oca: "FedAvg (OCA)" of FedKF Table XII
+    robust_means = ("weights",)  # server_update's one mean, of models trained from state.weights
 
     @property
     def uses_cache(self) -> bool:
@@ -192,7 +193,9 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
     def server_update(
         self, state: ModelState, uploads: list[ModelUpload], ctx: ServerContext
     ) -> tuple[ModelState, dict[str, float]]:
-        weights = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
+        # reference: the model the uploads were trained from (rebased onto it, asynchronously), for update rules
+        weights = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads],
+                                       reference=state.weights)
         if state.cache is None:
             return dataclasses.replace(state, weights=weights), {}
         cache = update_cache(state.cache, [u.client_id for u in uploads], [u.weights for u in uploads],

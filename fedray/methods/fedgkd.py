@@ -63,6 +63,7 @@ class FedGKD(FedAvg):
     # of the last M server steps
     asynchronous = True
     keeps_cache = True
+    robust_means = ("weights",)  # FedAvg's server step; the buffer keeps its results
 
     def build_modules(self) -> GKDModules:
         shape, classes = self.spec.input_shape, self.spec.num_classes

@@ -23,6 +23,7 @@ class FedProx(FedAvg):
     Params = FedProxParams
     asynchronous = True  # FedAvg's rebase: its uploads are weights, its proximal anchor the payload it was sent
     keeps_cache = True
+    robust_means = ("weights",)  # FedAvg's server step
 
     def make_anchor(self, model: torch.nn.Module, modules=None, payload=None) -> list[torch.Tensor]:
         return received_weights(model)

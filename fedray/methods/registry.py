@@ -138,8 +138,8 @@ def resolve_experiment(cfg: "ExperimentConfig | Experiment") -> Experiment:
 
 
 def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "ExperimentConfig") -> None:
-    """The rules of a method's declarations (:class:`Algorithm`'s ``asynchronous``, ``keeps_cache``) against the
-    run's config: the one place where the modes a method supports are checked."""
+    """The rules of a method's declarations (:class:`Algorithm`'s ``asynchronous``, ``keeps_cache``,
+    ``robust_means``) against the run's config: the one place where the modes a method supports are checked."""
     mode = cfg.federation.mode
     stale = schedule_class(mode).stale  # the schedule steps over uploads trained from older models
     if stale and not method.asynchronous:
@@ -147,7 +147,17 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
             "fedray."))
         raise ConfigError("federation.mode", f"'{method.name}' cannot run {mode}: its server step needs one "
                           f"synchronous cohort ({method.synchronous_because}); methods that can: {able}")
+    rule = cfg.aggregation.rule
+    if rule != "mean" and not method.robust_means:
+        able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.robust_means and c.__module__.startswith(
+            "fedray."))
+        raise ConfigError("aggregation.rule", f"'{method.name}' takes only the mean: a robust rule would replace a mean "
+                          f"of its server step that is not one of models (its class declares no robust_means); "
+                          f"methods that can: {able}")
     if method.keeps_cache:
+        if rule != "mean" and params.report_model == "oca":
+            raise ConfigError("algorithm.report_model", f"the cache's OCA model averages models of older rounds, which "
+                              f"aggregation.rule={rule} is not declared for; use report_model=aca or rule=mean")
         if stale and params.report_model == "oca":
             raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
                               f"federation.mode={mode} use report_model=aca")

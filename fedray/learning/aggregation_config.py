@@ -1,0 +1,62 @@
+"""``aggregation.*``: the rule at the one aggregation hook (:mod:`fedray.learning.aggregation`,
+:mod:`fedray.learning.robust`; docs/adversaries.md).
+
+Kept apart from :mod:`fedray.config` (which includes it as ``ExperimentConfig.aggregation``), as ``channel.*`` is, so
+that the rule's keys read in one place. The key names are a public contract: scripts and sweeps use them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedray.errors import ConfigError
+
+#: The keys each rule reads; any other key set away from its default is refused (it would change nothing).
+RULE_KEYS: dict[str, tuple[str, ...]] = {
+    "mean": (), "median": (), "trimmed_mean": ("beta",), "krum": ("f",), "multi_krum": ("f", "m"),
+    "norm_bound": ("max_norm",), "fltrust": (),
+}
+
+
+class AggregationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    rule: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust"] = Field(
+        default="mean", description="mean: the weighted mean; median / trimmed_mean: coordinate-wise (Yin et al. "
+        "2018); krum / multi_krum (Blanchard et al. 2017); norm_bound: updates clipped, then the mean (Sun et al. "
+        "2019); fltrust (Cao et al. 2021): not wired yet")
+    beta: float = Field(default=0.1, ge=0, description="trimmed_mean: the fraction of values dropped at each end of "
+                        "every coordinate, in [0, 0.5)")
+    f: int = Field(default=1, ge=0, description="krum / multi_krum: the adversaries tolerated; 2f + 2 < the uploads "
+                   "of a server step")
+    m: int = Field(default=1, ge=1, description="multi_krum: the uploads of least Krum score averaged")
+    max_norm: float | None = Field(default=None, gt=0, description="norm_bound: the L2 norm each client's update "
+                                   "is clipped to (required)")
+
+    def check(self, uploads: int) -> None:
+        """The keys' agreement with each other and with ``uploads``, the uploads of one server step
+        (``federation.clients_per_round``, or ``federation.buffer_size`` asynchronously); ConfigError naming the key."""
+        default = AggregationConfig()
+        for key in ("beta", "f", "m", "max_norm"):
+            if key not in RULE_KEYS[self.rule] and getattr(self, key) != getattr(default, key):
+                readers = [r for r, keys in RULE_KEYS.items() if key in keys]
+                raise ConfigError(f"aggregation.{key}", f"is only read with aggregation.rule={' or '.join(readers)}")
+        if self.rule == "trimmed_mean" and self.beta >= 0.5:
+            raise ConfigError("aggregation.beta", f"{self.beta:g} would trim every value; allowed: 0 <= beta < 0.5")
+        if self.rule in ("krum", "multi_krum") and 2 * self.f + 2 >= uploads:
+            raise ConfigError("aggregation.f", f"{self.f} adversaries among {uploads} uploads a step: Krum needs 2f + "
+                              f"2 < n; allowed: 0..{max((uploads - 3) // 2, 0)}, or more clients a round")
+        if self.rule == "multi_krum" and self.m > uploads:
+            raise ConfigError("aggregation.m", f"{self.m} exceeds the {uploads} uploads of a step; allowed: "
+                              f"1..{uploads}")
+        if self.rule == "norm_bound" and self.max_norm is None:
+            raise ConfigError("aggregation.max_norm", "norm_bound needs the bound: set aggregation.max_norm > 0")
+        if self.rule == "fltrust":
+            raise ConfigError("aggregation.rule", "fltrust needs the server's own update on labelled root data each "
+                              "round, not wired yet (fedray.learning.robust.fltrust is its arithmetic); use median, "
+                              "trimmed_mean, krum, multi_krum or norm_bound")
+
+
+__all__ = ["AggregationConfig", "RULE_KEYS"]
