@@ -180,6 +180,23 @@ def test_the_methods_that_run_async_declare_it_in_their_own_class():
     assert {name for name in built_in if ALGORITHMS[name].keeps_cache} == {"fedavg", "fedprox", "fedgkd", "fedkf"}
 
 
+def test_robust_rules_hold_only_where_a_class_declares_its_means():
+    """A robust aggregation.rule replaces every hook call of a server step, so a subclass that changes the step (q-FFL's
+    ratio of sums, SCAFFOLD's control variate, FedDF's distillation) takes only the mean until its own body says."""
+    from fedray.methods.registry import check_declarations
+
+    class Nova(FedAvg):
+        name = "nova"
+
+    assert Nova.robust_means == () and FedAvg.robust_means == ("weights",)
+    with pytest.raises(ConfigError) as err:
+        check_declarations(Nova, Nova.parse_params({}), tiny_config(aggregation__rule="median"))
+    assert err.value.key == "aggregation.rule" and "methods that can: fedavg, fedgkd, fedprox" in err.value.message
+    built_in = built_in_methods()
+    able = {name for name in built_in if ALGORITHMS[name].robust_means}
+    assert able == {"fedavg", "fedprox", "fedgkd"} and all("robust_means" in vars(ALGORITHMS[n]) for n in able)
+
+
 def test_the_cache_with_async_is_refused_in_the_one_place_modes_are_checked():
     with pytest.raises(ConfigError) as err:
         resolve_experiment(tiny_config(algorithm__name="fedgkd", algorithm__report_model="oca",
