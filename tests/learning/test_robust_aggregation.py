@@ -169,3 +169,16 @@ def test_a_two_round_run_with_the_median():
     # the rule is what the server ran: three clients' median is not their weighted mean
     mean = run_experiment(tiny_config(federation__rounds=2, tracking__enabled=False), progress=False).history
     assert history[-1]["train/loss"] != mean[-1]["train/loss"]  # round 2 trains from round 1's aggregate
+
+
+def test_fedavg_passes_the_broadcast_model_as_reference():
+    """norm_bound with a bound no update reaches is the mean up to float rounding, and a tiny bound keeps the model
+    where it was: FedAvg's server step hands the rule the model its clients started from."""
+    def run(**kw):
+        cfg = tiny_config(federation__rounds=2, tracking__enabled=False, **kw)
+        return run_experiment(cfg, progress=False).history[-1]["train/loss"]
+
+    mean = run()
+    assert run(aggregation__rule="norm_bound", aggregation__max_norm=1e6) == pytest.approx(mean, rel=1e-5)
+    frozen = run(aggregation__rule="norm_bound", aggregation__max_norm=1e-12)
+    assert frozen != pytest.approx(mean, rel=1e-5)
