@@ -16,17 +16,17 @@ from fedray.errors import ConfigError
 #: The keys each rule reads; any other key set away from its default is refused (it would change nothing).
 RULE_KEYS: dict[str, tuple[str, ...]] = {
     "mean": (), "median": (), "trimmed_mean": ("beta",), "krum": ("f",), "multi_krum": ("f", "m"),
-    "norm_bound": ("max_norm",), "fltrust": (),
+    "norm_bound": ("max_norm",),
 }
 
 
 class AggregationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    rule: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust"] = Field(
+    rule: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound"] = Field(
         default="mean", description="mean: the weighted mean; median / trimmed_mean: coordinate-wise (Yin et al. "
         "2018); krum / multi_krum (Blanchard et al. 2017); norm_bound: updates clipped, then the mean (Sun et al. "
-        "2019); fltrust (Cao et al. 2021): not wired yet")
+        "2019)")
     beta: float = Field(default=0.1, ge=0, description="trimmed_mean: the fraction of values dropped at each end of "
                         "every coordinate, in [0, 0.5)")
     f: int = Field(default=1, ge=0, description="krum / multi_krum: the adversaries tolerated; 2f + 2 < the uploads "
@@ -53,10 +53,6 @@ class AggregationConfig(BaseModel):
                               f"1..{uploads}")
         if self.rule == "norm_bound" and self.max_norm is None:
             raise ConfigError("aggregation.max_norm", "norm_bound needs the bound: set aggregation.max_norm > 0")
-        if self.rule == "fltrust":
-            raise ConfigError("aggregation.rule", "fltrust needs the server's own update on labelled root data each "
-                              "round, not wired yet (fedray.learning.robust.fltrust is its arithmetic); use median, "
-                              "trimmed_mean, krum, multi_krum or norm_bound")
 
 
 __all__ = ["AggregationConfig", "RULE_KEYS"]
