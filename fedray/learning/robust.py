@@ -24,6 +24,7 @@ from typing import Callable, ClassVar, Sequence
 
 import torch
 
+from fedray.errors import RunFailure
 from fedray.learning.aggregation import Aggregation, T, WeightedMean
 
 
@@ -176,6 +177,13 @@ class MultiKrum(RobustRule):
         self.name = "krum" if m == 1 else "multi_krum"
 
     def combine(self, x: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
+        n = x.shape[0]
+        if n - self.f - 2 < 1 or self.m > n:  # the config allows a full step; dropouts and stragglers leave fewer
+            need = max(self.f + 3, self.m)
+            raise RunFailure(f"aggregation.rule={self.name}: only {n} uploads reached this server step and it needs "
+                             f"{need} (aggregation.f={self.f}, aggregation.m={self.m}); lower aggregation.f / .m, or "
+                             "let more uploads arrive (federation.clients_per_round, system.deadline_s)",
+                             resumable=False)
         return multi_krum(x, self.f, self.m)
 
 

@@ -182,3 +182,16 @@ def test_fedavg_passes_the_broadcast_model_as_reference():
     assert run(aggregation__rule="norm_bound", aggregation__max_norm=1e6) == pytest.approx(mean, rel=1e-5)
     frozen = run(aggregation__rule="norm_bound", aggregation__max_norm=1e-12)
     assert frozen != pytest.approx(mean, rel=1e-5)
+
+
+def test_krum_over_fewer_uploads_than_it_needs_stops_the_run_in_one_line():
+    """A step short of uploads (dropouts under a simulated system) cannot run Krum with f = 1: a RunFailure naming
+    the keys, not a traceback; with enough uploads it runs."""
+    from fedray.errors import RunFailure
+
+    rule = MultiKrum(1, 1)
+    few = [torch.tensor([float(i), 0.0]) for i in range(3)]
+    with pytest.raises(RunFailure, match="aggregation.f=1") as e:
+        rule.mean(few, [1.0] * 3)
+    assert not e.value.resumable and "\n" not in str(e.value)
+    assert rule.mean(few + [torch.tensor([1.0, 0.0])], [1.0] * 4).tolist() == [1.0, 0.0]
