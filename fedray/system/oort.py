@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.seeding import derive_rng
+from fedray.system.availability import array
 
 #: The key of a client's info under which it reports its statistical utility U(i) (the worker computes it when
 #: ``system.selection=oort``).
@@ -238,8 +239,6 @@ class Oort:
                 "reported": self.reported.copy(), "preferred_s": self.preferred_s}
 
     def load(self, state: dict[str, Any]) -> None:
-        from fedray.system.availability import array
-
         self.utility, self.duration = array(state["utility"], np.float64), array(state["duration"], np.float64)
         self.timed, self.last = array(state["timed"], bool), array(state["last"], np.int64)
         self.picked = array(state["picked"], np.int64)
