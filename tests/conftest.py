@@ -128,7 +128,7 @@ METHOD_CASES: dict[str, dict] = {
     "qffl": {"algorithm__q": 0.1, "federation__optimizer": "sgd", "federation__lr": 0.1, "federation__momentum": 0.9},
     "fedgkd": {},
     "local": {"model__client_models": ["lenet5", "resnet8_bn"]},  # per-client models of two architectures
-    "fedkf": {},
+    "fedkf": {"algorithm__gen_width": 16},  # DAFL's 128 channels cost most of a FedKF round here
     "dafkd": DAFKD_TINY,
     # its private variant: no shared discriminator, each client's own, logit ensemble without correlation weights
     "dafkd-private": {**DAFKD_TINY, "algorithm__sharing": False, "algorithm__private_discriminator": True,

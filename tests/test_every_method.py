@@ -43,7 +43,8 @@ ROUNDS, CRASH_AFTER = 3, 2
 CASES = sorted(set(built_in_methods()) | set(METHOD_CASES))
 # on Ray: every method, DaFKD's private variant and the simulated system, synchronous and asynchronous (FedAvg's and
 # FedD3A's other variants change nothing Ray sees; FedProx sends FedAvg's messages and keeps its state, only its local
-# loss differs; the isolated baseline's own models on Ray are resumed after a SIGKILL in tests/test_reliability.py)
+# loss differs; the isolated baseline keeps its own models in the workers as FedCD does, whose models of two
+# architectures are also resumed on Ray after a SIGKILL in tests/test_reliability.py)
 RAY_CASES = [case for case in CASES if ("-" not in case and case not in ("fedprox", "local"))
              or case in ("dafkd-private", "fedavg-system", "fedavg-async")]
 # resumed on Ray: the methods that keep state of their own between rounds beyond the global model (client states,

@@ -75,6 +75,8 @@ class FedKFParams(CacheParams):
     lambda2: float = Field(default=0.1, ge=0, description="weight of the activation loss L_A (Eq. 5)")
     generator_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of the local generator (beta)")
     noise_dim: int = Field(default=100, ge=1, description="size of the generator's noise z")
+    gen_width: int = Field(default=128, ge=2, description="the DAFL generator's channels w (w, then w/2; DAFL's and "
+                           "the authors' code: 128)")
     generator_batch_size: int | None = Field(default=None, ge=1, description="generated samples per local step; "
                                              "default federation.batch_size")
     persist_generator_optimizer: bool = Field(default=True, description="keep the generator's Adam state across "
@@ -153,7 +155,8 @@ class FedKF(FedAvg):
         # theta from its own seed, so every worker builds the same initial generator whatever came before.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.cfg.seed, "fedkf-generator-init") % (1 << 63))
-            generator = DAFLGenerator(shape, self.params.noise_dim, self.spec.mean, self.spec.std)
+            generator = DAFLGenerator(shape, self.params.noise_dim, self.spec.mean, self.spec.std,
+                                      self.params.gen_width)
         return FedKFModules(model=model, teacher=teacher, generator=generator, generator_init=clone_weights(generator))
 
     def init_client_state(self, client_id: int) -> None:

@@ -21,7 +21,7 @@ from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
 
 SPEC4 = DataSpec(input_shape=(1, 16, 16), num_classes=10, num_clients=4, mean=(0.5,), std=(0.25,))
-FAST = {"federation__local_steps": 2}  # generator steps dominate FedKF's cost: keep runs short
+FAST = {"federation__local_steps": 2, "algorithm__gen_width": 16}  # generator steps dominate FedKF's cost
 
 
 def _ctx(r):
@@ -190,6 +190,13 @@ def test_dafl_generator_follows_the_dataset_shape_and_normalises():
         assert out.shape == (3, *shape)
         assert out.min() >= (0 - 0.5) / 0.25 - 1e-5 and out.max() <= (1 - 0.5) / 0.25 + 1e-5  # sigmoid, normalised
         assert "mean" not in gen.state_dict()  # constants stay out of the client state
+    channels = {k: v.shape[0] for k, v in DAFLGenerator((1, 28, 28)).state_dict().items() if k.endswith("weight")}
+    assert channels == {"fc.weight": 128 * 7 * 7, "bn.weight": 128, "block1.0.weight": 128, "block1.1.weight": 128,
+                        "block2.0.weight": 64, "block2.1.weight": 64, "block2.3.weight": 1}  # DAFL's widths
+    narrow = DAFLGenerator((1, 28, 28), width=8)
+    assert [narrow.state_dict()[k].shape[0] for k in channels] == [8 * 7 * 7, 8, 8, 8, 4, 4, 1]
+    modules = FedKF(tiny_config(algorithm__name="fedkf", algorithm__gen_width=8), SPEC4).build_modules()
+    assert modules.generator.state_dict()["block2.0.weight"].shape[:2] == (4, 8)  # the option reaches the method
 
 
 # --- T2: the persistent local generator ---------------------------------------------------------------

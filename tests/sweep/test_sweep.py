@@ -561,7 +561,7 @@ def test_a_sweep_stopped_by_ctrl_c_and_then_killed_resumes_each_time(tmp_path):
     resumed driver SIGKILLed: the saved sweep state may name a trial checkpoint that newer ones have since replaced
     (deleted here, all of them, to make that certain). A second `--resume`, from another folder, must not fail
     that trial: it goes on from its run directory's own checkpoint (or from scratch), says so, and ends the sweep."""
-    cmd, env, uri = _sweep_command(tmp_path, "long", "r1", [0.05, 0.1], rounds=30)
+    cmd, env, uri = _sweep_command(tmp_path, "long", "r1", [0.05, 0.1], rounds=20)
     sweep = tmp_path / "sweeps" / "r1"
     client = MlflowClient(uri)
 
@@ -623,7 +623,7 @@ def test_a_sweep_stopped_by_ctrl_c_and_then_killed_resumes_each_time(tmp_path):
     assert not (elsewhere / "mlflow.db").exists()
     assert "its checkpoint in the sweep's saved state was gone" in done.stdout, done.stdout[-3000:]
     best = json.loads((sweep / "best.json").read_text())
-    assert best["trials"] == 2 and best["errored"] == 0 and best["metrics"]["round"] == 30
+    assert best["trials"] == 2 and best["errored"] == 0 and best["metrics"]["round"] == 20
     parents, kids = children(client, "long")
     assert [p.info.status for p in parents] == ["FINISHED"]
     # the Ctrl-C'd and the SIGKILLed drivers' children ended KILLED; each trial finished in a child of its own

@@ -641,7 +641,8 @@ def test_a_padded_batchnorm_round_is_one_call_a_step_and_replays_as_a_plain_grap
     dict(COVERED["dafkd_padded_one_sample"], algorithm__diag_samples=0),
     # FedKF: the DAFL generator's BatchNorm makes a round of 3 split steps in 4 padded; in float32 these batches of 30
     # put it 2e-4 from the sequential runner, padded or not (the generator's bias noise, see COVERED["fedkf"])
-    *[dict(algorithm__name="fedkf", federation__batch_size=30, **extra) for extra in ({}, dict(model__name="resnet8_bn"))],
+    *[dict(algorithm__name="fedkf", algorithm__gen_width=16, federation__batch_size=30, **extra)
+      for extra in ({}, dict(model__name="resnet8_bn"))],
     # FedGKD: its distillation term's mean over the real rows (the padded ones copy a real image, so their KL is not 0)
     *[dict(algorithm__name="fedgkd", federation__batch_size=30, **extra) for extra in ({}, dict(model__name="resnet8_bn"))],
     # FedD3A's heterogeneous clients distil from the global model, FedDistill's (round 2) from the label logits
