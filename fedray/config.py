@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fedray.errors import ConfigError
 from fedray.overrides import flatten
 from fedray.paths import absolute_path
+from fedray.adversary.config import AdversaryConfig
 from fedray.channel.config import ChannelConfig
 from fedray.learning.aggregation_config import AggregationConfig
 from fedray.system import SystemConfig, check_traces
@@ -305,6 +306,7 @@ class ExperimentConfig(_Strict):
     system: SystemConfig = Field(default_factory=SystemConfig)
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    adversary: AdversaryConfig = Field(default_factory=AdversaryConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
@@ -342,6 +344,7 @@ class ExperimentConfig(_Strict):
         self.system.check()
         self.channel.check()
         self.aggregation.check(fed.buffer())  # the uploads of one server step
+        self.adversary.check(self.data.num_clients)  # its classes: with the method's checks (methods/registry.py)
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self

@@ -147,6 +147,10 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
             "fedray."))
         raise ConfigError("federation.mode", f"'{method.name}' cannot run {mode}: its server step needs one "
                           f"synchronous cohort ({method.synchronous_because}); methods that can: {able}")
+    if cfg.adversary.enabled:
+        from fedray.data.datasets import input_spec
+
+        cfg.adversary.check(cfg.data.num_clients, input_spec(cfg.data)[1])
     rule = cfg.aggregation.rule
     if rule != "mean" and not method.robust_means:
         able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.robust_means and c.__module__.startswith(
