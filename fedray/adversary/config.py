@@ -30,7 +30,7 @@ ATTACK_KEYS: dict[str, tuple[str, ...]] = {
 }
 _ATTACK_KEY_NAMES = sorted({k for keys in ATTACK_KEYS.values() for k in keys})
 #: Attacks whose implementation has not landed: refused in one line rather than run as a no-op.
-PENDING: tuple[str, ...] = ATTACKS[1:]
+PENDING: tuple[str, ...] = DATA_ATTACKS
 
 
 class AdversaryConfig(BaseModel):

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
+from fedray.adversary.config import MESSAGE_ATTACKS, UPDATE_ATTACKS
 from fedray.channel.compression import row, wire_bytes
 from fedray.channel.message import Leaf, join, reference, split
 from fedray.channel.stages import Compress, Precision, Stage
@@ -66,6 +67,8 @@ class Channel:
         if not self.stages:
             return list(zip(uploads, states))
         states = [dict(s) if s is not None else self.init_state(c) for s, c in zip(states, client_ids)]
+        for stage in self.stages:
+            uploads = [stage.client_message(upload, (round_, c)) for upload, c in zip(uploads, client_ids)]
         parts = [split(upload, payload) for upload in uploads]
         batches: dict[tuple, list[int]] = {}
         for i, (_, leaves) in enumerate(parts):
@@ -143,6 +146,12 @@ def build_channel(cfg: Any) -> Channel:
     """The channel ``cfg.channel`` configures, holding the rule ``cfg.aggregation`` names (``cfg``: the
     ExperimentConfig)."""
     stages: list[Stage] = []
+    if cfg.adversary.attack in (*UPDATE_ATTACKS, *MESSAGE_ATTACKS):
+        from fedray.adversary import malicious_clients
+        from fedray.adversary.forge import Forge
+        from fedray.data.datasets import input_spec
+
+        stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed))
     if cfg.channel.compresses:
         stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":

@@ -50,6 +50,11 @@ class Stage:
         return None
 
     # --- uplink: the client encodes what it sends, the server decodes what arrives ------------------------------
+    def client_message(self, message: Any, key: tuple[int, ...]) -> Any:
+        """The whole message before the stages split it (its header and counts, which no leaf carries); ``key``:
+        (round, client). Only the adversary's stage changes it."""
+        return message
+
     def client_encode(self, leaves: list[Leaf], states: list[Any], keys: list[tuple[int, ...]]) -> tuple[list[Leaf],
                                                                                                           list[Any]]:
         return leaves, states

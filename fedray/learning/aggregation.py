@@ -28,6 +28,9 @@ class Aggregation:
     client-id order with each client's weight (its sample count, a staleness weight, 1 for a uniform mean)."""
 
     name = "aggregation"
+    #: After a call: the indices of the items a rule that selects clients kept (Krum's choice), None when every item
+    #: counts. The server reads it for ``adv/malicious_kept``.
+    kept: list[int] | None = None
 
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         raise NotImplementedError

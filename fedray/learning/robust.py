@@ -60,12 +60,15 @@ def krum_scores(x: torch.Tensor, f: int) -> torch.Tensor:
     return d2.sort(1).values[:, :near].sum(1)
 
 
+def krum_choice(x: torch.Tensor, f: int, m: int) -> torch.Tensor:
+    """The indices of the m rows of smallest Krum score (ties go to the lower client index)."""
+    return torch.sort(krum_scores(x, f), stable=True).indices[:min(m, x.shape[0])]
+
+
 def multi_krum(x: torch.Tensor, f: int, m: int) -> torch.Tensor:
     """Multi-Krum (Blanchard et al. 2017, Sec. 4): the uniform mean of the m rows of smallest Krum score (scores
     computed once, over all n, as the paper defines it; ties go to the lower client index). m = 1 is Krum."""
-    scores = krum_scores(x, f)
-    chosen = torch.sort(scores, stable=True).indices[:min(m, x.shape[0])]
-    return x[chosen].mean(0)
+    return x[krum_choice(x, f, m)].mean(0)
 
 
 def norm_bound(updates: torch.Tensor, weights: Sequence[float], max_norm: float) -> torch.Tensor:
@@ -184,7 +187,9 @@ class MultiKrum(RobustRule):
                              f"{need} (aggregation.f={self.f}, aggregation.m={self.m}); lower aggregation.f / .m, or "
                              "let more uploads arrive (federation.clients_per_round, system.deadline_s)",
                              resumable=False)
-        return multi_krum(x, self.f, self.m)
+        chosen = krum_choice(x, self.f, self.m)
+        self.kept = chosen.tolist()
+        return x[chosen].mean(0)
 
 
 class NormBound(RobustRule):

@@ -17,6 +17,9 @@ import torch
 
 from fedray.methods import Algorithm, ClientContext, DataSpec, Experiment, ServerContext, resolve_experiment
 from fedray.methods.api import ClientResult, ClientState, ModelBank, PooledImages, Upload, Weights
+from fedray.adversary import malicious_clients
+from fedray.adversary.collude import Colluder
+from fedray.adversary.config import COLLUDING_ATTACKS
 from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
@@ -295,6 +298,9 @@ class ServerCore:
         self.wire_state = self.channel.init_server_state()  # the channel's server side (downlink error feedback)
         self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)
         self.data = data
+        self.malicious = malicious_clients(self.cfg)  # adv/* figures; lie / min_max forge at the server
+        self.collude = Colluder(self.cfg.adversary, self.malicious) if self.cfg.adversary.attack in COLLUDING_ATTACKS \
+            else None
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
 
     def payload(self, version: int) -> tuple[Any, int]:
@@ -317,6 +323,8 @@ class ServerCore:
         times its weight when ``weights`` are given (stale uploads), then the method's server update. The payloads
         of versions not in ``live`` (no client trains from them any more) are dropped."""
         arrived = [self.channel.decode_up(u, self.sent[v].decoded) for u, v in zip(uploads, versions)]
+        if self.collude is not None:  # a colluding adversary forges from the step's updates before aggregation
+            arrived = self.collude(arrived, client_ids, [self.sent[v].decoded for v in versions])
         if weights is not None:
             arrived = [self.algo.rebase(u, self.sent[v].decoded, self.state, w)
                        for u, v, w in zip(arrived, versions, weights)]
@@ -355,6 +363,11 @@ class ServerCore:
                             modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs,
                             aggregation=self.channel.aggregation)
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
+        if self.malicious:
+            metrics["adv/malicious_uploads"] = float(sum(c in self.malicious for c in kept_ids))
+            chosen = ctx.aggregation.kept  # Krum's choice, as indices of the uploads (client-id order)
+            if chosen is not None:
+                metrics["adv/malicious_kept"] = float(sum(kept_ids[i] in self.malicious for i in chosen))
         diag: dict[str, float] = {}
         if self.cfg.federation.diagnoses(round_):
             if self.server_labels is not None:

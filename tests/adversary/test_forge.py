@@ -1,0 +1,94 @@
+"""The adversary's client-side stage (fedray/adversary/forge.py): each forgery by hand on a small message, on the
+malicious clients' rows only, the same for a client alone or batched; the config's one-line refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fedray.channel.channel import build_channel
+from fedray.errors import ConfigError, RunFailure
+from fedray.learning.boundary import Upload, counts_field, model_field, values_field
+from fedray.seeding import derive_seed
+from tests.channel.stages import Sent
+from tests.conftest import tiny_config
+
+
+@dataclasses.dataclass
+class Msg(Upload):
+    weights: dict = model_field(against="weights")
+    logits: torch.Tensor = values_field(default=None)
+    label_counts: torch.Tensor = counts_field(default=None)
+    num_samples: int = 0
+
+
+REF = Sent(weights={"w": torch.tensor([0.5, 0.5, 0.5])})
+
+
+def _msg(shift: float = 0.0) -> Msg:
+    return Msg(weights={"w": torch.tensor([1.0, 2.0, 3.0]) + shift},
+               logits=torch.tensor([[0.0, 3.0] + [1.0] * 8, [2.0] * 10]) + shift,
+               label_counts=torch.tensor([3, 0, 1] + [0] * 7), num_samples=12)
+
+
+def _sent(attack: str, messages=None, clients=(0, 1), round_=1, **adv) -> list[Msg]:
+    channel = build_channel(tiny_config(adversary__attack=attack, adversary__clients=[0],
+                                        **{f"adversary__{k}": v for k, v in adv.items()}))
+    messages = messages or [_msg(), _msg()]
+    sent = channel.encode_up_many(messages, REF, [None] * len(messages), list(clients), round_)
+    return [channel.decode_up(s, REF) for s, _ in sent]
+
+
+def test_sign_flip_and_scale_forge_the_update_against_the_model_sent():
+    flipped, honest = _sent("sign_flip", scale=2.0)
+    assert torch.equal(flipped.weights["w"], torch.tensor([0.5 - 2 * 0.5, 0.5 - 2 * 1.5, 0.5 - 2 * 2.5]))
+    assert torch.equal(honest.weights["w"], _msg().weights["w"])  # client 1 is honest
+    assert torch.equal(flipped.logits, _msg().logits) and flipped.num_samples == 12  # only model leaves
+    scaled, _ = _sent("scale", scale=3.0)
+    assert torch.equal(scaled.weights["w"], torch.tensor([0.5 + 3 * 0.5, 0.5 + 3 * 1.5, 0.5 + 3 * 2.5]))
+    with pytest.raises(RunFailure, match="adversary.attack=scale: this method's upload carries no model .* in "
+                       "adversary.fields"):  # adversary.fields names no field it sends: refused, not a no-op
+        _sent("scale", scale=3.0, fields=["other"])
+
+
+def test_gaussian_replaces_the_update_by_seeded_noise_the_same_alone_or_batched():
+    (alone,) = _sent("gaussian", messages=[_msg()], clients=(0,), noise_std=2.0)
+    batched, _ = _sent("gaussian", noise_std=2.0)
+    gen = torch.Generator().manual_seed(derive_seed(0, "adversary", "gaussian", 1, 0, 0) % (1 << 63))
+    want = REF.weights["w"] + (torch.randn(3, generator=gen, dtype=torch.float64) * 2.0).float()
+    assert torch.equal(alone.weights["w"], want) and torch.equal(batched.weights["w"], want)
+    (later,) = _sent("gaussian", messages=[_msg()], clients=(0,), round_=2, noise_std=2.0)
+    assert not torch.equal(later.weights["w"], want)  # a fresh draw each round
+
+
+def test_forged_logits_put_the_target_above_every_row_and_keep_the_rest():
+    forged, honest = _sent("forge_logits", target=4, logit_margin=1.5)
+    want = _msg().logits.clone()
+    want[0, 4], want[1, 4] = 3.0 + 1.5, 2.0 + 1.5
+    assert torch.equal(forged.logits, want) and forged.logits.argmax(1).tolist() == [4, 4]
+    assert torch.equal(honest.logits, _msg().logits)
+    assert torch.equal(forged.weights["w"], _msg().weights["w"])  # a model leaf: not logits
+
+
+def test_inflated_counts_and_forged_histograms_change_only_what_the_client_reports():
+    inflated, honest = _sent("inflate_count", count_factor=2.5)
+    assert (inflated.num_samples, honest.num_samples) == (30, 12)
+    forged, honest = _sent("forge_histogram", target=7)
+    assert forged.label_counts.tolist() == [0] * 7 + [4, 0, 0] and honest.label_counts.tolist()[:3] == [3, 0, 1]
+
+
+@pytest.mark.parametrize("kw, key", [
+    (dict(adversary__attack="sign_flip"), "adversary.fraction"),  # no malicious client
+    (dict(adversary__fraction=0.2), "adversary.fraction"),  # no attack
+    (dict(adversary__attack="scale", adversary__fraction=0.2), "adversary.scale"),  # scale 1: the honest update
+    (dict(adversary__attack="gaussian", adversary__fraction=0.2, adversary__scale=2.0), "adversary.scale"),
+    (dict(adversary__attack="sign_flip", adversary__clients=[0, 99]), "adversary.clients"),
+    (dict(adversary__attack="forge_logits", adversary__fraction=0.2, adversary__target=10), "adversary.target"),
+])
+def test_malformed_adversaries_are_refused_naming_the_key(kw, key):
+    from fedray.methods import validate_experiment
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_experiment(tiny_config(**kw))
