@@ -16,6 +16,10 @@ followed client by client, after the run.
 
 - ``val/accuracy`` (with ``data.val_per_class``): the same as ``eval/accuracy`` on the validation set held
   out of the training set, the figure to select hyperparameters by; the test set stays for reporting.
+- ``eval/attack_success`` (with ``adversary.attack=backdoor``): the share of the global test set's images whose
+  true class is not the target that, with the trigger stamped, the global model classifies as the target
+  (Bagdasaryan et al., AISTATS 2020's backdoor accuracy); for personalised methods, the mean over the honest
+  clients of their own model's share (a malicious client's own model is the attacker's, not a victim).
 
 All are fractions in 0..1; FM is in fraction^2 units (FedKF's tables print it x 10^3).
 """
@@ -30,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedray.adversary.data import Backdoor
 from fedray.data.federated import FederatedData, to_float
 from fedray.models.base import channels_last_if_faster
 
@@ -90,6 +95,15 @@ def personal_metrics(counts: np.ndarray) -> dict[str, float]:
     return metrics
 
 
+def personal_attack_success(counts: np.ndarray) -> float:
+    """``eval/attack_success`` of a personalised method from per-client rows (triggered test images the client's
+    own model classifies as the target, triggered test images): the mean of the clients' shares over the rows
+    scored (the honest clients: a malicious client's row is (0, 0)); NaN when none is."""
+    counts = np.asarray(counts, dtype=np.float64).reshape(-1, 2)
+    scored = counts[counts[:, 1] > 0]
+    return float(np.mean(scored[:, 0] / scored[:, 1])) if len(scored) else math.nan
+
+
 def personal_scores(counts: np.ndarray, loss_sums: np.ndarray) -> ClientScores:
     """:class:`ClientScores` of a personalised evaluation from the rows of :func:`personal_metrics` (client-id
     order, every registered client) and each client's summed cross-entropy on its own test split."""
@@ -128,10 +142,12 @@ EVAL_CACHE_BYTES = 256 << 20
 
 class EvalIndex:
     """Where each sample of the evaluation set comes from: the global test set first, then the validation
-    set (if any), then every client's local test split in client-id order. Holds indices only (the driver
-    uses it to turn per-sample results from the Ray workers into metrics, without a copy of the images)."""
+    set (if any), then every client's local test split in client-id order, then, under a backdoor, the triggered
+    test set (the global test images whose class is not the target, with the trigger, labelled the target: a
+    "right" prediction there is the attack's success). Holds indices only (the driver uses it to turn per-sample
+    results from the Ray workers into metrics, without a copy of the images)."""
 
-    def __init__(self, data: FederatedData):
+    def __init__(self, data: FederatedData, backdoor: Backdoor | None = None):
         idx = [np.asarray(t, dtype=np.int64) for t in data.client_test]
         self.num_test = len(data.test_y)
         self.num_val = data.num_val
@@ -143,23 +159,32 @@ class EvalIndex:
         self.val_stop = self.num_test + self.num_val
         #: client k's test split is samples local_start[k]:local_start[k+1] of the evaluation set
         self.local_start = self.val_stop + np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-        self.size = int(self.local_start[-1])
+        self.local_stop = int(self.local_start[-1])
+        #: the triggered test set: these rows of the global test set, samples local_stop:size of the evaluation set
+        self.triggered = (None if backdoor is None
+                          else np.flatnonzero(np.asarray(data.test_y) != backdoor.target).astype(np.int64))
+        self.target = None if backdoor is None else backdoor.target
+        self.size = self.local_stop + (0 if self.triggered is None else len(self.triggered))
         # Multi-domain data: the global test set's accuracy per domain too (eval/acc_<domain>)
         self.test_domain = None if data.test_domain is None else np.asarray(data.test_domain)
         self.domains = data.domains
 
     def chunks(self, batch_size: int) -> list[tuple[int, int]]:
         """The fixed batches (start, stop) in which the evaluation set is scored: the global test set, the
-        validation set, then the client splits, each cut every ``batch_size`` samples. Fixed so that however
-        the batches are spread over processes, every sample is scored in the same batch and gets the same
-        logits."""
+        validation set, the client splits, then the triggered test set, each cut every ``batch_size`` samples.
+        Fixed so that however the batches are spread over processes, every sample is scored in the same batch and
+        gets the same logits."""
         return (_ranges(0, self.num_test, batch_size) + _ranges(self.num_test, self.val_stop, batch_size)
-                + _ranges(self.val_stop, self.size, batch_size))
+                + _ranges(self.val_stop, self.local_stop, batch_size) + self.triggered_chunks(batch_size))
+
+    def triggered_chunks(self, batch_size: int) -> list[tuple[int, int]]:
+        """The fixed batches of the triggered test set (none without a backdoor)."""
+        return _ranges(self.local_stop, self.size, batch_size)
 
     def metrics(self, ok: np.ndarray) -> dict[str, float]:
-        """``eval/accuracy`` (and ``eval/acc_<domain>``), AMP, FM and WLP, and ``val/accuracy`` with a
-        validation set, from every sample's correctness."""
-        glob, local = ok[: self.num_test], ok[self.val_stop :]
+        """``eval/accuracy`` (and ``eval/acc_<domain>``), AMP, FM and WLP, ``val/accuracy`` with a validation set
+        and ``eval/attack_success`` with a backdoor, from every sample's correctness."""
+        glob, local = ok[: self.num_test], ok[self.val_stop : self.local_stop]
         metrics = {"eval/accuracy": float(glob.mean())}
         if self.num_val:
             metrics["val/accuracy"] = float(ok[self.num_test : self.val_stop].mean())
@@ -169,16 +194,20 @@ class EvalIndex:
         correct = np.bincount(self.client_of, weights=local, minlength=self.num_clients)
         total = np.bincount(self.client_of, minlength=self.num_clients)
         metrics.update(client_metrics(correct, total))
+        if self.triggered is not None:  # predicted the target on a triggered image of another class
+            hit = ok[self.local_stop :]
+            metrics["eval/attack_success"] = float(hit.mean()) if hit.size else math.nan
         return metrics
 
     def client_scores(self, ok: np.ndarray, loss: np.ndarray) -> ClientScores:
         """Per-client figures from every sample's correctness and cross-entropy (:meth:`Evaluator.score`):
         the counts :meth:`metrics` computes AMP / FM / WLP from, and the summed loss (float64 sums of the
         float32 per-sample losses, in sample order: the same wherever the batches were scored)."""
-        local = ok[self.val_stop :]
+        local = ok[self.val_stop : self.local_stop]
         correct = np.bincount(self.client_of, weights=local, minlength=self.num_clients)
         total = np.bincount(self.client_of, minlength=self.num_clients)
-        loss_sum = np.bincount(self.client_of, weights=np.asarray(loss[self.val_stop :], dtype=np.float64),
+        loss_sum = np.bincount(self.client_of, weights=np.asarray(loss[self.val_stop : self.local_stop],
+                                                                  dtype=np.float64),
                                minlength=self.num_clients)
         has = total > 0
         return ClientScores(client=np.flatnonzero(has), correct=correct[has], samples=total[has],
@@ -199,16 +228,20 @@ class Evaluator:
     """
 
     def __init__(self, data: FederatedData, model: torch.nn.Module | None, device: torch.device, batch_size: int,
-                 cache_bytes: int = EVAL_CACHE_BYTES):
+                 cache_bytes: int = EVAL_CACHE_BYTES, backdoor: Backdoor | None = None):
         self.model = model
         self.device = device
         self.batch_size = min(batch_size, CPU_EVAL_BATCH) if device.type == "cpu" else batch_size
         self.mean, self.std = data.mean, data.std
-        self.index = EvalIndex(data)
+        self.index = EvalIndex(data, backdoor)
         # One uint8 copy (also off Ray's read-only object store, which torch warns about).
         val_x, val_y = ([np.asarray(data.val_x)], [np.asarray(data.val_y)]) if data.num_val else ([], [])
-        self.x = np.concatenate([np.asarray(data.test_x), *val_x, data.train_x[self.index.client_rows]])
-        self.y = np.concatenate([np.asarray(data.test_y), *val_y, data.train_y[self.index.client_rows]])
+        trig_x, trig_y = [], []
+        if backdoor is not None:  # the triggered test set, labelled the target (stamped here, as in training)
+            trig_x = [backdoor.stamp(np.asarray(data.test_x)[self.index.triggered])]
+            trig_y = [np.full(len(self.index.triggered), backdoor.target, dtype=np.asarray(data.test_y).dtype)]
+        self.x = np.concatenate([np.asarray(data.test_x), *val_x, data.train_x[self.index.client_rows], *trig_x])
+        self.y = np.concatenate([np.asarray(data.test_y), *val_y, data.train_y[self.index.client_rows], *trig_y])
         self.cache_bytes = cache_bytes
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
         self._cached = 0
@@ -268,6 +301,12 @@ class Evaluator:
                     stop - start]
         loss_sum = float(np.concatenate([ce for _, ce in own]).astype(np.float64).sum()) if own else 0.0
         return tuple(row), loss_sum
+
+    def attack_counts(self, model: torch.nn.Module) -> tuple[int, int]:
+        """(triggered test images ``model`` classifies as the backdoor's target, triggered test images); (0, 0)
+        without a backdoor."""
+        ranges = self.index.triggered_chunks(self.batch_size)
+        return int(sum(ok.sum() for ok in self.correct(model.eval(), ranges))), self.index.size - self.index.local_stop
 
     def load(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
         assert self.model is not None, "scoring a global model: build the Evaluator with one"

@@ -29,8 +29,6 @@ ATTACK_KEYS: dict[str, tuple[str, ...]] = {
     "forge_histogram": ("target",),
 }
 _ATTACK_KEY_NAMES = sorted({k for keys in ATTACK_KEYS.values() for k in keys})
-#: Attacks whose implementation has not landed: refused in one line rather than run as a no-op.
-PENDING: tuple[str, ...] = DATA_ATTACKS
 
 
 class AdversaryConfig(BaseModel):
@@ -81,16 +79,15 @@ class AdversaryConfig(BaseModel):
     def enabled(self) -> bool:
         return self.attack != "none"
 
-    def check(self, num_clients: int, num_classes: int | None = None) -> None:
-        """The keys' agreement with each other and with the run; ConfigError naming the key."""
+    def check(self, num_clients: int, num_classes: int | None = None,
+              image_size: tuple[int, int] | None = None) -> None:
+        """The keys' agreement with each other and with the run (its classes and its images' (H, W) when known);
+        ConfigError naming the key."""
         default = AdversaryConfig()
         for key in _ATTACK_KEY_NAMES:
             if key not in ATTACK_KEYS[self.attack] and getattr(self, key) != getattr(default, key):
                 readers = [a for a, keys in ATTACK_KEYS.items() if key in keys]
                 raise ConfigError(f"adversary.{key}", f"is only read with adversary.attack={' or '.join(readers)}")
-        if self.attack in PENDING:
-            raise ConfigError("adversary.attack", f"{self.attack} is not available yet; available: "
-                              f"{', '.join(a for a in ATTACKS if a not in PENDING)}")
         if not self.enabled:
             for key in ("fraction", "clients"):
                 if getattr(self, key) != getattr(default, key):
@@ -118,6 +115,9 @@ class AdversaryConfig(BaseModel):
                                   "class")
         if num_classes is not None and self.target >= num_classes:
             raise ConfigError("adversary.target", f"{self.target} is not a class; allowed: 0..{num_classes - 1}")
+        if image_size is not None and self.trigger_size > min(image_size):
+            raise ConfigError("adversary.trigger_size", f"{self.trigger_size} does not fit the {image_size[0]}x"
+                              f"{image_size[1]} images; allowed: 1..{min(image_size)}")
         if self.attack == "scale" and self.scale == default.scale:
             raise ConfigError("adversary.scale", "scale=1 sends the honest update; set the boost, e.g. the clients of a "
                               "round (model replacement)")

@@ -150,7 +150,8 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
     if cfg.adversary.enabled:
         from fedray.data.datasets import input_spec
 
-        cfg.adversary.check(cfg.data.num_clients, input_spec(cfg.data)[1])
+        shape, classes = input_spec(cfg.data)
+        cfg.adversary.check(cfg.data.num_clients, classes, shape[1:])
     rule = cfg.aggregation.rule
     if rule != "mean" and not method.robust_means:
         able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.robust_means and c.__module__.startswith(

@@ -20,6 +20,7 @@ from fedray.methods.api import ClientResult, ClientState, ModelBank, PooledImage
 from fedray.adversary import malicious_clients
 from fedray.adversary.collude import Colluder
 from fedray.adversary.config import COLLUDING_ATTACKS
+from fedray.adversary.data import backdoor, data_attack
 from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
@@ -101,6 +102,8 @@ class ClientWorkerCore:
         self.algo, self.modules = _build(exp, data, device)
         self.channel = experiment_channel(exp)
         self.models = ModelBank(self.algo.spec, device, cpu_channels_last(cfg, device))
+        self.attack = data_attack(cfg, data.num_classes)  # the malicious clients' data, poisoned here where they run
+        self.malicious = malicious_clients(cfg)
         self.vectorize = vectorize_enabled(cfg.runtime.vectorize, device)
         self.vectorize_min = vectorize_min_clients(cfg.runtime)
         self._utilities: dict[int, float] = {}  # Oort's U(i) of the clients being trained, until their info is made
@@ -200,14 +203,17 @@ class ClientWorkerCore:
 
     def _context(self, round_: int, client_id: int, state: ClientState | None) -> tuple[ClientContext, ClientState | None]:
         idx = self.data.client_train[client_id]
+        x, y = self.data.train_x[idx], self.data.train_y[idx]
+        if self.attack is not None:  # alone or batched, every client's context is made here: one poisoning
+            x, y = self.attack.data(client_id, x, y)
         if state is None:
             state = self.algo.init_client_state(client_id)
         ctx = ClientContext(
             client_id=client_id,
             round=round_,
             seed=derive_seed(self.cfg.seed, "client", round_, client_id),
-            x=torch.from_numpy(self.data.train_x[idx]).to(self.device),
-            y=torch.from_numpy(self.data.train_y[idx]).to(self.device),
+            x=torch.from_numpy(x).to(self.device),
+            y=torch.from_numpy(y).to(self.device),
             spec=self.algo.spec,
             fed=self._federation(round_),
             device=self.device,
@@ -227,18 +233,25 @@ class ClientWorkerCore:
     def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple]:
         """Personalised evaluation: each client's own model on its own test split and on the global test
         set (rows of :func:`fedray.evaluation.personal_metrics`, then the cross-entropy summed over the own
-        test split). A client that never trained is scored with its initial model, which is built here and not
-        kept."""
-        if self._evaluator is None:
-            self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
+        test split, then under a backdoor the triggered test images it classifies as the target and their number:
+        (0, 0) for a malicious client, whose own model is the attacker's, and without a backdoor). A client that
+        never trained is scored with its initial model, which is built here and not kept."""
+        evaluator = self._worker_evaluator()
         rows = []
         for cid, state in zip(client_ids, states):
             own = self.algo.personal_model(state if state is not None else self.algo.init_client_state(cid))
             model = self._eval_model(own.architecture)
             model.load_state_dict(own.weights)
-            counts, loss_sum = self._evaluator.personal_scores(model, cid)
-            rows.append((*counts, loss_sum))
+            counts, loss_sum = evaluator.personal_scores(model, cid)
+            attack = evaluator.attack_counts(model) if cid not in self.malicious else (0, 0)
+            rows.append((*counts, loss_sum, *attack))
         return rows
+
+    def _worker_evaluator(self) -> Evaluator:
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size,
+                                        backdoor=backdoor(self.cfg))
+        return self._evaluator
 
     def _eval_model(self, architecture: str) -> torch.nn.Module:
         if architecture not in self._eval_models:
@@ -252,14 +265,13 @@ class ClientWorkerCore:
         cross-entropy for the global model (suffix "", the one ``clients.parquet`` records) and None for the
         others. The batches are those the server scores in-process, so the figures are the same wherever the
         batches run."""
-        if self._evaluator is None:
-            self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size)
+        evaluator = self._worker_evaluator()
         model = self._eval_model(self.cfg.model.name)
-        ranges = self._evaluator.chunks()[part::parts]
+        ranges = evaluator.chunks()[part::parts]
         out = {}
         for suffix, weights in models.items():
             model.load_state_dict(weights)
-            scored = self._evaluator.score(model.eval(), ranges, losses=suffix == "")
+            scored = evaluator.score(model.eval(), ranges, losses=suffix == "")
             out[suffix] = [(start, stop, o, ce) for (start, stop), (o, ce) in zip(ranges, scored)]
         return out
 
@@ -287,8 +299,9 @@ class ServerCore:
         self.cfg, self.device = exp.cfg, device
         self.algo, self.modules = _build(exp, data, device)
         self.algo.server_data = server_side_data(data, device)
-        if exp.method.sends_label_counts(exp.params):
-            self.algo.client_label_counts = torch.from_numpy(client_label_counts(data)).to(device)
+        if exp.method.sends_label_counts(exp.params):  # as the clients hold their data: a data attack's labels
+            self.algo.client_label_counts = torch.from_numpy(
+                client_label_counts(data, data_attack(self.cfg, data.num_classes))).to(device)
         # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
@@ -296,7 +309,7 @@ class ServerCore:
         self.channel = experiment_channel(exp)
         self.sent: dict[int, Sent] = {}  # what was sent, by server version, while clients train from it
         self.wire_state = self.channel.init_server_state()  # the channel's server side (downlink error feedback)
-        self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device)
+        self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device, data_attack(self.cfg, data.num_classes))
         self.data = data
         self.malicious = malicious_clients(self.cfg)  # adv/* figures; lie / min_max forge at the server
         self.collude = Colluder(self.cfg.adversary, self.malicious) if self.cfg.adversary.attack in COLLUDING_ATTACKS \
@@ -385,7 +398,8 @@ class ServerCore:
         assert not self.algo.personalised, "personalised methods are evaluated where the clients' models are"
         if self._evaluator is None:
             model = eval_model(self.cfg, self.algo, self.device)
-            self._evaluator = Evaluator(self.data, model, self.device, self.cfg.federation.eval_batch_size)
+            self._evaluator = Evaluator(self.data, model, self.device, self.cfg.federation.eval_batch_size,
+                                        backdoor=backdoor(self.cfg))
         return self._evaluator
 
     def eval_models(self) -> tuple[dict[str, Weights], dict[str, str]]:

@@ -70,7 +70,7 @@ class LocalRuntime(Runtime):
             cids = list(range(self.num_clients))
             rows = self.worker.evaluate_clients(cids, [self.client_states.get(c) for c in cids])
             self._client_rows = client_table(self.worker.cfg, rows)
-            metrics, self._client_scores = personal_evaluation(rows)
+            metrics, self._client_scores = personal_evaluation(rows, self.cfg.adversary.attack == "backdoor")
             return metrics
         metrics, self._client_scores = self.server.evaluation()
         return metrics

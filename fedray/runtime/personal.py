@@ -10,17 +10,22 @@ from fedray.config import ExperimentConfig
 from fedray.learning.weights import Weights
 from fedray.methods import Algorithm
 from fedray.methods.api import ClientState
-from fedray.evaluation import ClientScores, personal_metrics, personal_scores
+from fedray.evaluation import ClientScores, personal_attack_success, personal_metrics, personal_scores
 
-#: A :meth:`ClientWorkerCore.evaluate_clients` row: personal_metrics' six counts, then the own-split loss sum.
+#: A :meth:`ClientWorkerCore.evaluate_clients` row: personal_metrics' six counts, the own-split loss sum, then the
+#: triggered test images classified as the backdoor's target and their number.
 COUNTS = 6
+ROW = COUNTS + 3
 
 
-def personal_evaluation(rows: list[tuple]) -> tuple[dict[str, float], ClientScores]:
+def personal_evaluation(rows: list[tuple], backdoor: bool = False) -> tuple[dict[str, float], ClientScores]:
     """``eval/*`` and the per-client figures from every client's :meth:`ClientWorkerCore.evaluate_clients` row
-    (client-id order)."""
-    table = np.array(rows, dtype=np.float64).reshape(-1, COUNTS + 1)
-    return personal_metrics(table[:, :COUNTS]), personal_scores(table[:, :COUNTS], table[:, COUNTS])
+    (client-id order); with ``backdoor`` (``adversary.attack=backdoor``) ``eval/attack_success`` too."""
+    table = np.array(rows, dtype=np.float64).reshape(-1, ROW)
+    metrics = personal_metrics(table[:, :COUNTS])
+    if backdoor:
+        metrics["eval/attack_success"] = personal_attack_success(table[:, COUNTS + 1 :])
+    return metrics, personal_scores(table[:, :COUNTS], table[:, COUNTS])
 
 
 def client_table(cfg: ExperimentConfig, rows: list[tuple]) -> list[dict]:

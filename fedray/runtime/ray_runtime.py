@@ -49,6 +49,7 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
+from fedray.adversary.data import backdoor
 from fedray.evaluation import ClientScores, EvalIndex
 from fedray.runtime.base import Runtime, RuntimeState
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
@@ -155,7 +156,7 @@ class RayRuntime(Runtime):
         self.algo = self.experiment.build(data_spec(data))  # the driver's copy: reads client states, builds nothing
         self.client_cost = client_costs(self.cfg, data.input_shape, data.num_classes, data.client_sizes())
         self.one_actor_per_client = self.pool_size >= self.num_clients
-        self.eval_index = EvalIndex(data)
+        self.eval_index = EvalIndex(data, backdoor(self.cfg))
 
     def _deal(self, client_ids: list[int]) -> list[tuple[int, int]]:
         if self.one_actor_per_client:
@@ -320,7 +321,7 @@ class RayRuntime(Runtime):
         if self.personalised:
             rows = self._evaluate_clients(list(range(self.num_clients)))
             self._client_rows = client_table(self.cfg, rows)
-            metrics, self._client_scores = personal_evaluation(rows)
+            metrics, self._client_scores = personal_evaluation(rows, self.cfg.adversary.attack == "backdoor")
         elif not self.spread_eval:
             metrics, self._client_scores = self.server.call("evaluation")
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedray.adversary.data import DataAttack, data_attack
 from fedray.data.federated import FederatedData, to_float
 from fedray.methods import Algorithm, Experiment
 from fedray.methods.api import DiagnosticProbe, ServerSideData
@@ -23,10 +24,12 @@ def server_side_data(data: FederatedData, device: torch.device) -> ServerSideDat
     return ServerSideData(x=torch.from_numpy(np.array(server.x)).to(device), y=y, domain=server.domain)
 
 
-def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: torch.device) -> DiagnosticProbe | None:
+def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: torch.device,
+                     attack: DataAttack | None = None) -> DiagnosticProbe | None:
     """The real data of :class:`DiagnosticProbe` for a method that asks for some (``probe_size``): 10n test
     images and n training images of each client, drawn from (run seed) alone; and the fixed reader for a method
-    that scores generated samples (``wants_reader``)."""
+    that scores generated samples (``wants_reader``). The clients' images and label counts are their data as they
+    hold it: a malicious client's poisoned data under a data ``attack``."""
     n = algo.probe_size()
     if n <= 0 and not algo.wants_reader():
         return None
@@ -37,22 +40,34 @@ def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: to
         return to_float(torch.from_numpy(np.array(x)).to(device), spec.mean, spec.std)
 
     test = np.sort(rng.choice(len(data.test_y), size=min(10 * n, len(data.test_y)), replace=False))
-    clients = {cid: images(data.train_x[np.sort(rng.choice(idx, size=min(n, len(idx)), replace=False))])
-               for cid, idx in enumerate(data.client_train)}
+
+    def own(cid: int, idx: np.ndarray) -> torch.Tensor:
+        rows = np.sort(rng.choice(idx, size=min(n, len(idx)), replace=False))
+        if attack is None or cid not in attack.clients:
+            return images(data.train_x[rows])
+        x = attack.data(cid, data.train_x[idx], data.train_y[idx])[0]
+        order = np.argsort(idx)
+        return images(x[order[np.searchsorted(idx, rows, sorter=order)]])  # the same rows, poisoned
+
+    clients = {cid: own(cid, idx) for cid, idx in enumerate(data.client_train)}
     reader = None
     if algo.wants_reader():
         from fedray.reader import load_reader  # only a run that scores generated samples loads (or trains) it
 
         reader = load_reader(data, device)
-    counts = torch.from_numpy(client_label_counts(data)).float().to(device)
+    counts = torch.from_numpy(client_label_counts(data, attack)).float().to(device)
     return DiagnosticProbe(test_x=images(data.test_x[test]), test_y=torch.from_numpy(data.test_y[test]).long().to(device),
                            client_x=clients, label_counts=counts, reader=reader)
 
 
-def client_label_counts(data: FederatedData) -> np.ndarray:
-    """Every client's training images per class, (num_clients, num_classes) int64."""
-    return np.stack([np.bincount(data.train_y[idx], minlength=data.num_classes)
-                     for idx in data.client_train]).astype(np.int64)
+def client_label_counts(data: FederatedData, attack: DataAttack | None = None) -> np.ndarray:
+    """Every client's training images per class, (num_clients, num_classes) int64, of its labels as it holds
+    them: a malicious client's poisoned ones under a data ``attack`` (what it would count and send)."""
+    def labels(cid: int, idx: np.ndarray) -> np.ndarray:
+        return data.train_y[idx] if attack is None else attack.labels(cid, data.train_y[idx])
+
+    return np.stack([np.bincount(labels(cid, idx), minlength=data.num_classes)
+                     for cid, idx in enumerate(data.client_train)]).astype(np.int64)
 
 
 def setup_bytes(exp: Experiment, data: FederatedData) -> int:
