@@ -343,7 +343,7 @@ class ExperimentConfig(_Strict):
             )
         self.system.check()
         self.channel.check()
-        self.aggregation.check(fed.buffer())  # the uploads of one server step
+        self.aggregation.check(fed.buffer(), self.data.server_data)  # the uploads of one server step, FLTrust's root
         self.adversary.check(self.data.num_clients)  # its classes: with the method's checks (methods/registry.py)
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)

@@ -121,6 +121,9 @@ METHOD_CASES: dict[str, dict] = {
     "fedavg-async": {"system__devices": "heterogeneous", "system__availability": "markov",
                      "system__mean_online_s": 60.0, "system__mean_offline_s": 20.0, "federation__mode": "async",
                      "federation__concurrency": 4, "federation__buffer_size": 2, "federation__staleness": "polynomial"},
+    # FLTrust (aggregation.rule=fltrust): the server trains its own update on its labelled data every step, seeded by
+    # (run seed, round), so a resume gives the uninterrupted run (on Ray too: checked by hand, not in RAY_CASES)
+    "fedavg-fltrust": {**SERVER_DATA, "aggregation__rule": "fltrust"},
     "fedprox": {"algorithm__mu": 0.5},
     # plain SGD, the paper's local step; its control variates are client state from round 2 on
     "scaffold": {"federation__optimizer": "sgd", "federation__lr": 0.1},

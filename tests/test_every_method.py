@@ -185,6 +185,7 @@ MECHANISMS: dict[str, list[tuple[str, float, str]]] = {
     "dafkd": [("train/disc_acc_real", 0.5, "the discriminators read real images as real (Eq. 2)"),
               ("diag/ens_acc_eq7", LEARNS_ABOVE, "Eq. 7's weighted ensemble reads real test images")],
     "dafkd-private": [("train/disc_acc_real", 0.5, "each client's discriminator reads real images as real")],
+    "fedavg-fltrust": [("agg/fltrust_mean_trust", 0.1, "honest clients' updates point where the server's own does")],
     "fedcd": [("server/teacher_acc", LEARNS_ABOVE, "Eq. 4's teacher reads the server's images")],
     "fedd3a": [("diag/teacher_acc_soft", LEARNS_ABOVE, "Eq. 7's teacher reads the server's images"),
                ("diag/student_acc", LEARNS_ABOVE, "the distilled student reads them too")],

@@ -5,22 +5,27 @@ robust rule against adversaries) plugs in once, for every method, instead of int
 
 The default rule is :class:`WeightedMean`: sum_k w_k x_k / sum_k w_k, for models the arithmetic of
 :func:`fedray.learning.weights.weighted_average` (FedAvg's server step, Algorithm 1 of McMahan et al. 2017). The
-robust rules (median, trimmed mean, Krum, norm bounding: ``aggregation.rule``) are :mod:`fedray.learning.robust`'s.
+robust rules (median, trimmed mean, Krum, norm bounding, FLTrust: ``aggregation.rule``) are
+:mod:`fedray.learning.robust`'s.
 
 ``reference``: the model the clients started from (the broadcast one), passed by the calls over models trained from
-it; a rule that aggregates updates x_k - reference (norm bounding) refuses a call without it. The weighted mean does
-not read it: sum_k p_k x_k = r + sum_k p_k (x_k - r) when the p_k sum to 1.
+it; a rule that aggregates updates x_k - reference (norm bounding, FLTrust) refuses a call without it. The weighted
+mean does not read it: sum_k p_k x_k = r + sum_k p_k (x_k - r) when the p_k sum to 1.
 """
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from typing import Any, ClassVar, Sequence, TypeVar
 
 import torch
 
 from fedray.learning.weights import Weights, weighted_average
 
 T = TypeVar("T", Weights, torch.Tensor)
+
+#: The server's own update on its root data (FLTrust's g_0) as the runtime hands it to a rule: the model tensors of
+#: the upload the server computed, each as (its path in the upload, its update from the payload, float64).
+RootUpdate = list[tuple[tuple[Any, ...], torch.Tensor]]
 
 
 class Aggregation:
@@ -31,9 +36,21 @@ class Aggregation:
     #: After a call: the indices of the items a rule that selects clients kept (Krum's choice), None when every item
     #: counts. The server reads it for ``adv/malicious_kept``.
     kept: list[int] | None = None
+    #: True for a rule that reads the server's own update on its root data each step (FLTrust): the runtime trains
+    #: it and hands it over by :meth:`begin_step` before the method's server step.
+    needs_root: ClassVar[bool] = False
 
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         raise NotImplementedError
+
+    def begin_step(self, root: RootUpdate) -> None:
+        """A server step begins, with the server's update on its root data (called only for a rule that
+        ``needs_root``)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """The rule's figures (``agg/*``) over the hook's calls since the last time they were taken: read once after
+        each server step. None by default."""
+        return {}
 
 
 class WeightedMean(Aggregation):
@@ -56,4 +73,4 @@ class WeightedMean(Aggregation):
         return (terms.sum(0) / total).to(items[0].dtype)
 
 
-__all__ = ["Aggregation", "T", "WeightedMean"]
+__all__ = ["Aggregation", "RootUpdate", "T", "WeightedMean"]

@@ -6,6 +6,11 @@ Each rule is a pure function over an (n, d) float64 matrix, one row a client's f
 :class:`~fedray.learning.aggregation.Aggregation` that flattens the uploads, applies it and gives back an item of the
 uploads' layout (:class:`RobustRule`).
 
+FLTrust also needs the server's own update g_0 on its small clean root dataset, trained each server step from the
+model the clients started from, with the clients' local training: the runtime computes it (the server trains as a
+pseudo-client on ``data.server_data``, :mod:`fedray.runtime.root`) and hands it to :class:`FLTrust` before the method's
+server step; the rule finds, among the model tensors of that root upload, the model of the hook call's layout.
+
 Full models or updates: the coordinate-wise median and trimmed mean commute with a shift (median_k(x_k) = r +
 median_k(x_k - r) coordinate by coordinate) and Krum's distances ||x_i - x_j|| do not see it, so on models trained
 from one reference these rules give the rule over the updates x_k - r plus r (up to float rounding): they run on the
@@ -25,7 +30,7 @@ from typing import Callable, ClassVar, Sequence
 import torch
 
 from fedray.errors import RunFailure
-from fedray.learning.aggregation import Aggregation, T, WeightedMean
+from fedray.learning.aggregation import Aggregation, RootUpdate, T, WeightedMean
 
 
 # --- the arithmetic: rows are clients ------------------------------------------------------------------------------
@@ -205,6 +210,63 @@ class NormBound(RobustRule):
         return norm_bound(x, weights, self.max_norm)
 
 
+def root_vector(root: RootUpdate, like: object) -> torch.Tensor:
+    """g_0 flattened as :func:`_flatten` flattens ``like``, an item of the hook's call: of the root upload's model
+    tensors, the one model with ``like``'s layout (a weights dict: the dict in the upload whose entries are
+    ``like``'s floating ones, same keys, shapes and order; a tensor: the one tensor of its shape). The root upload is
+    the method's own, so its model matches the items of the method's mean; none or several is a bug."""
+    if isinstance(like, dict):
+        want = [(k, tuple(v.shape)) for k, v in like.items() if torch.is_floating_point(v)]
+        groups: dict[tuple, list[tuple[object, torch.Tensor]]] = {}
+        for path, g in root:  # a dict's entries share the path above their key
+            groups.setdefault(path[:-1], []).append((path[-1], g))
+        found = [g for g in groups.values() if [(k, tuple(t.shape)) for k, t in g] == want]
+    else:
+        assert isinstance(like, torch.Tensor)
+        found = [[(path, g)] for path, g in root if tuple(g.shape) == tuple(like.shape)]
+    if len(found) != 1:
+        raise RuntimeError(f"aggregation.rule=fltrust: {len(found)} models of the server's root upload have the layout "
+                           "of this mean's items; exactly one was expected")
+    return torch.cat([g.reshape(-1).to(torch.float64) for _, g in found[0]])
+
+
+class FLTrust(RobustRule):
+    """FLTrust (Cao et al., NDSS 2021, Algorithms 1-2): :func:`fltrust` over the updates from ``reference``, g_0 the
+    server's update on its root data, handed over by :meth:`begin_step` each server step (the runtime trains it:
+    :mod:`fedray.runtime.root`). Sample weights are ignored: the aggregate weighs by trust scores only. Its figures
+    (:meth:`step_metrics`): the uploads of trust score 0, the mean trust score."""
+
+    name = "fltrust"
+    needs_reference = True
+    needs_root = True
+
+    def __init__(self) -> None:
+        self.root: RootUpdate | None = None
+        self._g0: torch.Tensor | None = None  # g_0 in the layout of the call under way
+        self._scores: list[torch.Tensor] = []  # each call's TS_k since the figures were last taken
+
+    def begin_step(self, root: RootUpdate) -> None:
+        self.root = root
+
+    def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
+        if self.root is None:
+            raise RuntimeError("aggregation.rule=fltrust was called before the server's root update g_0 was handed "
+                               "over (begin_step): the runtime's server step does it")
+        self._g0 = root_vector(self.root, items[0]) if items else None
+        return super().mean(items, weights, reference)
+
+    def combine(self, x: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
+        assert self._g0 is not None and self._g0.shape == x.shape[1:]
+        self._scores.append(fltrust_scores(x, self._g0))
+        return fltrust(x, self._g0)
+
+    def step_metrics(self) -> dict[str, float]:
+        if not self._scores:
+            return {}
+        ts, self._scores = torch.cat(self._scores), []
+        return {"agg/fltrust_zero_trust": float((ts == 0).sum()), "agg/fltrust_mean_trust": float(ts.mean())}
+
+
 def build_rule(rule: str, *, beta: float = 0.1, f: int = 1, m: int = 1,
                max_norm: float | None = None) -> Aggregation:
     """The rule ``aggregation.rule`` names, with its keys (checked by :class:`AggregationConfig`)."""
@@ -215,11 +277,12 @@ def build_rule(rule: str, *, beta: float = 0.1, f: int = 1, m: int = 1,
         "krum": lambda: MultiKrum(f, 1),
         "multi_krum": lambda: MultiKrum(f, m),
         "norm_bound": lambda: NormBound(float(max_norm)),  # type: ignore[arg-type]
+        "fltrust": FLTrust,
     }
     if rule not in makers:
         raise ValueError(f"no aggregation rule {rule!r}; built: {', '.join(makers)}")
     return makers[rule]()
 
 
-__all__ = ["Median", "MultiKrum", "NormBound", "RobustRule", "TrimmedMean", "build_rule", "fltrust",
-           "fltrust_scores", "krum_scores", "median", "multi_krum", "norm_bound", "trimmed_mean"]
+__all__ = ["FLTrust", "Median", "MultiKrum", "NormBound", "RobustRule", "TrimmedMean", "build_rule", "fltrust",
+           "fltrust_scores", "krum_scores", "median", "multi_krum", "norm_bound", "root_vector", "trimmed_mean"]

@@ -37,6 +37,7 @@ from fedray.vectorized.policy import vectorize_enabled, vectorize_min_clients
 from fedray.vectorized.engine import train_vectorized
 from fedray.seeding import derive_seed
 from fedray.system.oort import UTILITY
+from fedray.runtime.root import Root, RootTraining
 from fedray.runtime.server_inputs import client_label_counts, diagnostic_probe, server_side_data
 
 
@@ -315,6 +316,7 @@ class ServerCore:
         self.collude = Colluder(self.cfg.adversary, self.malicious) if self.cfg.adversary.attack in COLLUDING_ATTACKS \
             else None
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate
+        self._root: RootTraining | None = None  # FLTrust's pseudo-client (aggregation.rule=fltrust), built on first use
 
     def payload(self, version: int) -> tuple[Any, int]:
         """What is sent to a client training from the model after ``version`` server steps (the method's broadcast
@@ -375,12 +377,14 @@ class ServerCore:
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs,
                             aggregation=self.channel.aggregation)
+        root = self._root_update(round_) if self.channel.aggregation.needs_root else None
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
         if self.malicious:
             metrics["adv/malicious_uploads"] = float(sum(c in self.malicious for c in kept_ids))
             chosen = ctx.aggregation.kept  # Krum's choice, as indices of the uploads (client-id order)
             if chosen is not None:
                 metrics["adv/malicious_kept"] = float(sum(kept_ids[i] in self.malicious for i in chosen))
+        metrics.update(self.channel.aggregation.step_metrics())  # agg/*: what the rule saw (FLTrust's trust scores)
         diag: dict[str, float] = {}
         if self.cfg.federation.diagnoses(round_):
             if self.server_labels is not None:
@@ -390,8 +394,24 @@ class ServerCore:
         assert all(k.startswith("diag/") for k in diag), "simulation-only diagnostics are logged under diag/*"
         metrics.update(diag)
         if self.cfg.system.enabled:  # the server's work, for the simulated clock (system.server_sps)
-            metrics["sim/server_samples"] = float(self.algo.server_samples(len(kept)))
+            # FLTrust's root training is the server's work too: its examples count as the method's server work does
+            metrics["sim/server_samples"] = float(self.algo.server_samples(len(kept)) + (root.samples if root else 0))
         return {**metrics, "health/rejected_updates": float(len(uploads) - len(kept))}
+
+    def _root_update(self, round_: int) -> Root:
+        """FLTrust's g_0 of this step (:mod:`fedray.runtime.root`), trained from the current model (the one the step's
+        uploads are updates of: synchronously the one broadcast for this round, asynchronously the one they were
+        rebased onto) and handed to the rule. The pseudo-client's modules are built once, apart from the server's, as
+        a worker's are, under ``fork_rng``: building them never moves the global RNG."""
+        if self._root is None:
+            with torch.random.fork_rng(devices=[]):
+                modules = self.algo.build_modules()
+            channels_last = cpu_channels_last(self.cfg, self.device)
+            self._root = RootTraining(self.cfg, self.algo, _to_device(modules, self.device, channels_last), self.device,
+                                      channels_last)
+        root = self._root.update(round_, self.algo.broadcast(self.state, round_))
+        self.channel.aggregation.begin_step(root.update)
+        return root
 
     @property
     def evaluator(self) -> Evaluator:

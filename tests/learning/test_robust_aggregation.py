@@ -138,7 +138,7 @@ def test_mean_is_todays_weighted_mean_bit_for_bit():
     ({"aggregation__rule": "trimmed_mean", "aggregation__beta": 0.5}, "aggregation.beta"),
     ({"aggregation__rule": "trimmed_mean", "aggregation__beta": 0.7}, "aggregation.beta"),
     ({"aggregation__rule": "nope"}, "aggregation.rule"),
-    ({"aggregation__rule": "fltrust"}, "aggregation.rule"),
+    ({"aggregation__rule": "fltrust"}, "data.server_data.kind"),  # its root data: tests/learning/test_fltrust.py
     ({"aggregation__rule": "norm_bound"}, "aggregation.max_norm"),
     ({"aggregation__beta": 0.2}, "aggregation.beta"),  # read by trimmed_mean only
     ({"aggregation__rule": "multi_krum", "aggregation__f": 0, "aggregation__m": 9}, "aggregation.m"),
