@@ -14,8 +14,9 @@ sends, r the payload tensor it trained from (``Leaf.reference``), u = x - r its 
 - ``forge_logits``: every row of a logits leaf (last dimension the classes) gets its target entry set to the row's
   largest entry plus ``adversary.logit_margin``: the honest logits pushed toward the target class, the others kept;
 - ``inflate_count``: the sample count it reports (the upload's ``num_samples``) times ``adversary.count_factor``;
-- ``forge_histogram``: a label histogram it sends (``label_counts``, FedDistill's ``counts``) replaced by one of the
-  same total on the target class.
+- ``forge_histogram``: a label histogram it sends (``label_counts``, FedDistill's ``counts``, and the set-up counts
+  of methods that ask every client for them once: :func:`forged_setup_counts`) replaced by one of the same total on
+  the target class.
 
 Model leaves sent whole (no reference: the payload does not carry them) have no update to forge and are sent as they
 are. ``adversary.fields`` restricts the forgery to top-level fields of the upload (e.g. ``[generator]``: DaFKD's
@@ -45,8 +46,10 @@ class Forge(Stage):
     name = "adversary"
     order = ORDER["adversary"]
 
-    def __init__(self, adv: AdversaryConfig, malicious: frozenset[int], num_classes: int, seed: int):
+    def __init__(self, adv: AdversaryConfig, malicious: frozenset[int], num_classes: int, seed: int,
+                 setup_counts: bool = False):
         self.adv, self.malicious, self.classes, self.seed = adv, malicious, num_classes, seed
+        self.setup_counts = setup_counts  # the method's histograms go at set-up (forged there: forged_setup_counts)
 
     def _chosen(self, leaf: Leaf) -> bool:
         return self.adv.fields is None or leaf.path[0] in self.adv.fields
@@ -106,10 +109,23 @@ class Forge(Stage):
             return dataclasses.replace(message, num_samples=round(message.num_samples * self.adv.count_factor))
         forged = {name: forged_histogram(getattr(message, name), self.adv.target) for name in HISTOGRAM_FIELDS
                   if isinstance(getattr(message, name, None), torch.Tensor)}
+        if not forged and self.setup_counts:
+            return message
         if not forged:
             raise RunFailure(f"adversary.attack=forge_histogram: {type(message).__name__} carries no label histogram "
                              f"({' or '.join(HISTOGRAM_FIELDS)}); choose another adversary.attack", resumable=False)
         return dataclasses.replace(message, **forged)
+
+
+def forged_setup_counts(counts: torch.Tensor, adv: AdversaryConfig, malicious: frozenset[int]) -> torch.Tensor:
+    """The set-up label counts the server receives (rows: clients; ``Algorithm.sends_label_counts``), the malicious
+    clients' rows forged under ``forge_histogram``."""
+    if adv.attack != "forge_histogram" or not malicious:
+        return counts
+    rows = sorted(malicious)
+    out = counts.clone()
+    out[rows] = forged_histogram(counts[rows], adv.target)
+    return out
 
 
 def forged_histogram(counts: torch.Tensor, target: int) -> torch.Tensor:
@@ -119,4 +135,4 @@ def forged_histogram(counts: torch.Tensor, target: int) -> torch.Tensor:
     return out
 
 
-__all__ = ["Forge", "HISTOGRAM_FIELDS", "forged_histogram"]
+__all__ = ["Forge", "HISTOGRAM_FIELDS", "forged_histogram", "forged_setup_counts"]

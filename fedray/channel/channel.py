@@ -142,16 +142,16 @@ def _row(leaf: Leaf, i: int) -> Leaf:
     return dataclasses.replace(leaf.header(), data=row(leaf.data, i))
 
 
-def build_channel(cfg: Any) -> Channel:
+def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
     """The channel ``cfg.channel`` configures, holding the rule ``cfg.aggregation`` names (``cfg``: the
-    ExperimentConfig)."""
+    ExperimentConfig); ``setup_counts``: the method's clients send their label counts once at set-up."""
     stages: list[Stage] = []
     if cfg.adversary.attack in (*UPDATE_ATTACKS, *MESSAGE_ATTACKS):
         from fedray.adversary import malicious_clients
         from fedray.adversary.forge import Forge
         from fedray.data.datasets import input_spec
 
-        stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed))
+        stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed, setup_counts))
     if cfg.channel.compresses:
         stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":

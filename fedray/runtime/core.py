@@ -21,6 +21,7 @@ from fedray.adversary import malicious_clients
 from fedray.adversary.collude import Colluder
 from fedray.adversary.config import COLLUDING_ATTACKS
 from fedray.adversary.data import backdoor, data_attack
+from fedray.adversary.forge import forged_setup_counts
 from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
@@ -69,7 +70,7 @@ def _to_device(modules: Any, device: torch.device, channels_last: bool = False) 
 
 def experiment_channel(exp: Experiment) -> Channel:
     """The channel of a run: the experiment's own when it brings one, else the one its config describes."""
-    return exp.channel if exp.channel is not None else build_channel(exp.cfg)
+    return exp.channel if exp.channel is not None else build_channel(exp.cfg, exp.method.sends_label_counts(exp.params))
 
 
 def cpu_channels_last(cfg: ExperimentConfig, device: torch.device) -> bool:
@@ -300,9 +301,11 @@ class ServerCore:
         self.cfg, self.device = exp.cfg, device
         self.algo, self.modules = _build(exp, data, device)
         self.algo.server_data = server_side_data(data, device)
-        if exp.method.sends_label_counts(exp.params):  # as the clients hold their data: a data attack's labels
-            self.algo.client_label_counts = torch.from_numpy(
-                client_label_counts(data, data_attack(self.cfg, data.num_classes))).to(device)
+        self.malicious = malicious_clients(self.cfg)  # adv/* figures; lie / min_max forge at the server
+        if exp.method.sends_label_counts(exp.params):  # as the clients hold their data (a data attack's labels)
+            counts = torch.from_numpy(client_label_counts(data, data_attack(self.cfg, data.num_classes)))
+            # and as the malicious send them (forge_histogram)
+            self.algo.client_label_counts = forged_setup_counts(counts, self.cfg.adversary, self.malicious).to(device)
         # Labels of the server's data for diag/* only (hidden from the method when unlabelled).
         self.server_labels = (torch.from_numpy(np.array(data.server.y)).to(device)
                               if data.server is not None and data.server.y is not None else None)
@@ -312,7 +315,6 @@ class ServerCore:
         self.wire_state = self.channel.init_server_state()  # the channel's server side (downlink error feedback)
         self.probe = diagnostic_probe(data, self.algo, self.cfg.seed, device, data_attack(self.cfg, data.num_classes))
         self.data = data
-        self.malicious = malicious_clients(self.cfg)  # adv/* figures; lie / min_max forge at the server
         self.collude = Colluder(self.cfg.adversary, self.malicious) if self.cfg.adversary.attack in COLLUDING_ATTACKS \
             else None
         self._evaluator: Evaluator | None = None  # built on first use: on Ray the workers usually evaluate

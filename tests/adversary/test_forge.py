@@ -92,3 +92,23 @@ def test_malformed_adversaries_are_refused_naming_the_key(kw, key):
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_experiment(tiny_config(**kw))
+
+
+def test_a_forged_histogram_reaches_a_server_that_reads_the_set_up_counts():
+    """DaFKD's Theorem 1 weights read every client's label counts, sent once before round 1: the malicious
+    client's row is its total on the target, the others as counted; its uploads (no histogram) go as they are."""
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import ServerCore
+    from fedray.runtime.server_inputs import client_label_counts
+    from tests.conftest import DAFKD_TINY
+    from fedray.methods import validate_experiment
+
+    cfg = validate_experiment(tiny_config(**DAFKD_TINY, algorithm__name="dafkd", algorithm__alpha_source="theorem1",
+                                          algorithm__distill_data="proxy", adversary__attack="forge_histogram",
+                                          adversary__clients=[1], adversary__target=2, data__server_data__kind="holdout",
+                                          data__server_data__per_class=2, data__server_data__labelled=True))
+    data = build_federated_data(cfg.data, cfg.seed)
+    want = client_label_counts(data)
+    want[1] = 0
+    want[1, 2] = client_label_counts(data)[1].sum()
+    assert ServerCore(cfg, data, torch.device("cpu")).algo.client_label_counts.tolist() == want.tolist()
