@@ -27,6 +27,7 @@ import torch
 
 from fedray.adversary.config import AdversaryConfig
 from fedray.channel.message import join, split
+from fedray.errors import RunFailure
 
 
 def lie_z(n: int, m: int) -> float:
@@ -76,9 +77,13 @@ class Colluder:
                    and (self.adv.fields is None or leaf.path[0] in self.adv.fields)] for _, leaves in parts]
         updates = [torch.cat([(leaf.data - leaf.reference).reshape(-1).to(torch.float64) for leaf in leaves])
                    if leaves else torch.zeros(0, dtype=torch.float64) for leaves in models]
+        if updates[bad[0]].numel() == 0:  # refused rather than run as a no-op
+            raise RunFailure(f"adversary.attack={self.adv.attack}: this method's upload carries no model updated from "
+                             f"the payload{' in adversary.fields' if self.adv.fields else ''}; choose another "
+                             "adversary.attack", resumable=False)
         known = bad if self.adv.estimate == "own" else [i for i in range(len(uploads)) if i not in bad]
-        if not known or updates[bad[0]].numel() == 0:
-            return uploads  # no honest update to learn from, or nothing to forge: sent as trained
+        if not known:
+            return uploads  # every upload of the step malicious (omniscient): no honest update to learn from
         benign = torch.stack([updates[i] for i in known])
         if self.adv.attack == "lie":
             z = self.adv.lie_z if self.adv.lie_z is not None else lie_z(len(uploads), len(bad))

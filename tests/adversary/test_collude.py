@@ -41,6 +41,14 @@ def test_lie_sends_the_mean_minus_z_deviations_of_the_benign_updates(estimate, b
     assert torch.equal(got[2], torch.tensor(UPDATES[2])) and torch.equal(got[3], torch.tensor(UPDATES[3]))
 
 
+def test_a_colluding_attack_on_uploads_without_a_model_is_refused_not_run_as_a_no_op():
+    from fedray.errors import RunFailure
+
+    with pytest.raises(RunFailure, match="^adversary.attack=lie: this method's upload carries no model"):
+        run_experiment(tiny_config(algorithm__name="feddistill", adversary__attack="lie", adversary__clients=[0],
+                                   federation__clients_per_round=5, federation__rounds=1), progress=False)
+
+
 def test_min_max_goes_as_far_as_the_benign_updates_spread():
     """Benign (0, 0) and (2, 0): mu = (1, 0), sigma = (sqrt 2, 0), p = -sigma; the farthest benign update is within
     the largest benign distance 2 while 1 + sqrt(2) gamma <= 2: gamma = 1 / sqrt 2, the update (0, 0)."""
