@@ -41,9 +41,7 @@ ones; then the two readings, computed from those numbers: each distillation meth
 FedAvg's (both under the mean), and which rule helps each method against each attack.
 
 The grid runs through harness.py, seed by seed (a stopped benchmark has every cell of the seeds it reached): one
-folder per run in ``--runs-dir``, finished runs skipped, stopped ones resumed, ``--jobs`` at a time. An attack whose
-implementation has not landed (``fedray.adversary.config.PENDING``) is left out of what runs, and said; the tables
-name its cells as not run.
+folder per run in ``--runs-dir``, finished runs skipped, stopped ones resumed, ``--jobs`` at a time.
 
     .venv/bin/python benchmarks/papers/adversaries_fmnist.py --jobs 2            # the grid
     .venv/bin/python benchmarks/papers/adversaries_fmnist.py --report-only       # the record from the runs
@@ -110,8 +108,8 @@ REFUSED_ATTACKS: dict[tuple[str, str], str] = {
     ("feddf", "forge_logits"): "FedDF uploads a model, no logits (refused at the first malicious upload)",
     ("fedcd", "sign_flip"): "FedCD uploads logits, no model updated from the payload (refused at the first "
                             "malicious upload)",
-    ("fedcd", "lie"): "FedCD uploads logits, no model: LIE forges model fields only, so FedCD's uploads would go "
-                      "as trained (the colluding stage does not refuse it; the cell would measure no attack)",
+    ("fedcd", "lie"): "FedCD uploads logits, no model updated from the payload (refused at the first server step "
+                      "with a malicious upload)",
 }
 KEYS = {"accuracy": "eval/accuracy", "attack_success": "eval/attack_success"}
 NOISE = 2.0  # a difference reads as one when it exceeds this many standard errors (dafkd_fmnist's rule)
@@ -431,19 +429,13 @@ def markdown(res: dict, found: dict, meta: dict, runs_dir: Path, planned_runs: l
 
 
 def main(argv: list[str] | None = None) -> None:
-    from fedray.adversary.config import PENDING
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     harness.grid_args(ap, NAME, list(METHODS), SETTINGS, rounds=30)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models}
     runs = planned(args.runs_dir, args.methods, args.settings, args.seeds)
-    waiting = [r for r in runs if split_setting(r.setting)[0] in PENDING]
-    if waiting and not args.report_only:
-        print(f"not run: {len(waiting)} runs of an attack not available yet "
-              f"({', '.join(sorted({split_setting(r.setting)[0] for r in waiting}))})", flush=True)
-    meta = harness.run_and_record(NAME, argv, args, build, [r for r in runs if r not in waiting], opts)
+    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
     seeds = sorted({*ap.get_default("seeds"), *args.seeds})
     table_runs = planned(args.runs_dir, list(METHODS), SETTINGS, seeds)
     found = harness.collect(table_runs)
