@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL, LocalTraining, Payload, PersonalModel,
-                                PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field, kl_rows,
+from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, IGNORE_LABEL,
+                                LocalTraining, Payload, PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field, kl_rows,
                                 row_mean, soft_targets, to_float, values_field)
 
 
@@ -66,6 +66,17 @@ class FedDistill(PersonalisedAlgorithm):
     name = "feddistill"
     synchronous_because = "it averages one round's per-class logits"
     Params = FedDistillParams
+    # each label's row of the table: a mean over the logit rows of the clients holding that label, values a
+    # coordinate-wise rule (median, trimmed mean) may replace; Krum's distances and the rules that read updates from a
+    # broadcast model (norm_bound, fltrust) mean nothing for these rows, and check_config refuses them
+    robust_means = ("logits",)
+    ROW_RULES = ("mean", "median", "trimmed_mean")
+
+    @classmethod
+    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
+        if cfg.aggregation.rule not in cls.ROW_RULES:
+            raise ConfigError("aggregation.rule", f"feddistill aggregates per-label logit rows, not models: "
+                              f"{cfg.aggregation.rule} does not apply; allowed: {', '.join(cls.ROW_RULES)}")
 
     def init_server_state(self, modules: None) -> LabelLogits:
         return LabelLogits()
@@ -109,9 +120,11 @@ class FedDistill(PersonalisedAlgorithm):
         held = torch.stack([u.counts > 0 for u in uploads]).to(torch.float64)  # (n, C)
         rows = torch.stack([u.logits for u in uploads]).to(torch.float64)  # (n, C, C)
         present = held.sum(0) > 0
-        # row c: the mean over the clients holding label c (weight 1; 0 for the others, whose row c is zeros)
+        # row c: the mean (or the aggregation rule) over the rows of the clients holding label c, one vote each; the
+        # others' row c is zeros and not theirs to send
         table = torch.zeros(rows.shape[1:], dtype=torch.float64)
         for c in present.nonzero().flatten().tolist():
-            table[c] = ctx.aggregation.mean(list(rows[:, c]), held[:, c].tolist())
+            holders = held[:, c].nonzero().flatten().tolist()
+            table[c] = ctx.aggregation.mean([rows[i, c] for i in holders], [1.0] * len(holders))
         return LabelLogits(logits=table.float(), present=present), {
             "server/labels_present": float(present.sum())}

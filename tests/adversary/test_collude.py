@@ -101,3 +101,30 @@ def test_every_method_runs_two_rounds_under_an_attack_and_a_defence_or_refuses_i
         assert case in REFUSED and "\n" not in str(e) and str(e).startswith("adversary.attack="), str(e)
         return
     assert case not in REFUSED and [r["adv/malicious_uploads"] <= 1 for r in history] == [True, True]
+
+
+def test_feddistills_label_rows_take_the_median_over_the_clients_holding_each_label():
+    """Three clients hold label 0, two label 1 (the third's row 1 is zeros and not its to send): under the median
+    row 0 is the middle of three, forged logits (client 2's 100s) included; row 1 the mean of the two holders; the
+    mean rule gives the holders' mean; Krum is refused in one line."""
+    from fedray.errors import ConfigError
+    from fedray.learning.robust import build_rule
+    from fedray.methods import ServerContext, validate_experiment
+    from fedray.methods.feddistill import FedDistill, LabelLogits, LabelLogitsUpload
+
+    algo = FedDistill(validate_experiment(tiny_config(algorithm__name="feddistill", data__synthetic_num_classes=2)),
+                      None)
+    logits = [torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([[3.0, 0.0], [0.0, 4.0]]),
+              torch.tensor([[100.0, 100.0], [0.0, 0.0]])]
+    counts = [torch.tensor([5, 1]), torch.tensor([2, 3]), torch.tensor([4, 0])]
+    uploads = [LabelLogitsUpload(logits=z, counts=n) for z, n in zip(logits, counts)]
+
+    def table(rule: str) -> list:
+        ctx = ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=None, aggregation=build_rule(rule))
+        return algo.server_update(LabelLogits(), uploads, ctx)[0].logits.tolist()
+
+    assert table("median") == [[3.0, 0.0], [0.0, 3.0]]  # row 0: medians of (1, 3, 100), (0, 0, 100)
+    assert torch.allclose(torch.tensor(table("mean")), torch.tensor([[104 / 3, 100 / 3], [0.0, 3.0]]))
+    with pytest.raises(ConfigError, match="aggregation.rule: feddistill aggregates per-label logit rows"):
+        validate_experiment(tiny_config(algorithm__name="feddistill", aggregation__rule="krum",
+                                        federation__clients_per_round=5))
