@@ -191,10 +191,12 @@ def test_robust_rules_hold_only_where_a_class_declares_its_means():
     assert Nova.robust_means == () and FedAvg.robust_means == ("weights",)
     with pytest.raises(ConfigError) as err:
         check_declarations(Nova, Nova.parse_params({}), tiny_config(aggregation__rule="median"))
-    assert err.value.key == "aggregation.rule" and "methods that can: fedavg, fedgkd, fedprox" in err.value.message
+    assert err.value.key == "aggregation.rule"
+    assert "methods that can: fedavg, feddistill, fedgkd, fedprox" in err.value.message
     built_in = built_in_methods()
     able = {name for name in built_in if ALGORITHMS[name].robust_means}
-    assert able == {"fedavg", "fedprox", "fedgkd"} and all("robust_means" in vars(ALGORITHMS[n]) for n in able)
+    assert able == {"fedavg", "fedprox", "fedgkd", "feddistill"}
+    assert all("robust_means" in vars(ALGORITHMS[n]) for n in able)
 
 
 def test_the_cache_with_async_is_refused_in_the_one_place_modes_are_checked():
