@@ -94,6 +94,8 @@ class _StopAfterRound2(RunHooks):
     """Ends a run after its round-2 checkpoint, as a kill would."""
 
     def on_round(self, row):
+        if row["round"] == 1:  # before the removal: one worker on each node (each has one CPU)
+            self.nodes = set(self.runtime.pool.nodes)
         if row["round"] == 2:
             raise KeyboardInterrupt
 
@@ -490,8 +492,9 @@ class _RemoveNodeDuringRound3(RunHooks):
     """Removes the node once both workers (one a node) hold a client of round 3 (test_held_round), then releases
     them."""
 
-    def __init__(self, cluster, node, gate):
+    def __init__(self, cluster, node, gate, runtime):
         self.cluster, self.node, self.gate, self.timer, self.errors = cluster, node, gate, None, []
+        self.runtime, self.nodes = runtime, set()
 
     def _remove(self):
         try:
@@ -503,6 +506,8 @@ class _RemoveNodeDuringRound3(RunHooks):
             self.gate.release()
 
     def on_round(self, row):
+        if row["round"] == 1:  # before the removal: one worker on each node (each has one CPU)
+            self.nodes = set(self.runtime.pool.nodes)
         if row["round"] == 2:
             self.timer = threading.Thread(target=self._remove)
             self.timer.start()
@@ -510,9 +515,13 @@ class _RemoveNodeDuringRound3(RunHooks):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog, monkeypatch):
+def test_a_two_node_cluster_gives_the_local_figures_even_when_a_node_goes(caplog, monkeypatch):
+    """A real two-node cluster (ray.cluster_utils.Cluster), a worker on each node; the node is removed in round 3:
+    the pool shrinks to the other and the run finishes with the figures of the run in process."""
     import ray
     from ray.cluster_utils import Cluster
+
+    from fedray.runtime import make_runtime
 
     # The lost node's worker can never restart (the other node's one CPU is taken), so the pool waits the whole
     # READY_TIMEOUT_S (60 s) for it before shrinking; 10 s is ample for the live worker's answer.
@@ -528,9 +537,10 @@ def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog, monkeypat
         ray.init(address=cluster.address, logging_level="ERROR")
         cfg = _cfg_of_args(runtime__backend="ray", runtime__address=cluster.address, federation__rounds=5,
                            algorithm__name="test_held_round", federation__local_steps=10)
-        hook = _RemoveNodeDuringRound3(cluster, node, gate)
+        runtime = make_runtime(cfg)
+        hook = _RemoveNodeDuringRound3(cluster, node, gate, runtime)
         with caplog.at_level(logging.WARNING, logger="fedray"):
-            result = run_experiment(cfg, progress=False, hooks=[hook])
+            result = run_experiment(cfg, progress=False, hooks=[hook], runtime=runtime)
         hook.timer.join()
         assert not hook.errors, hook.errors
     finally:
@@ -540,7 +550,7 @@ def test_removing_a_node_mid_run_shrinks_the_pool_and_finishes(caplog, monkeypat
     # the lost node's clients rerun on the other from the same seeds: the undisturbed run's figures (this tiny
     # synthetic task sits at chance accuracy on some CPUs, so "it learned" is no check here)
     undisturbed = run_experiment(_cfg_of_args(federation__rounds=5, federation__local_steps=10), progress=False)
-    assert result.summary["rounds"] == 5
+    assert result.summary["rounds"] == 5 and len(hook.nodes) == 2
     assert {k: result.summary[k] for k in FIGURES} == pytest.approx({k: undisturbed.summary[k] for k in FIGURES},
                                                                       rel=1e-6)
     assert "the pool shrinks to 1" in caplog.text
