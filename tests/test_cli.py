@@ -121,19 +121,6 @@ def test_missing_gpu_on_ray_is_refused_before_work(tmp_path, capsys, ray_local):
     assert not out.exists()
 
 
-@pytest.mark.ray
-def test_run_on_ray_prints_nothing_of_rays_own(tmp_path):
-    """A `fedray run` on Ray that goes well shows its result table and nothing from Ray's internals."""
-    done = subprocess.run([sys.executable, "-m", "fedray.cli", "run", *TINY_ARGS, "runtime.backend=ray",
-                           "--output-dir", str(tmp_path / "out"), "--no-progress"], capture_output=True, text=True,
-                          env={**os.environ, "RAY_AUTH_MODE": "disabled"}, cwd=tmp_path, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stderr == ""
-    assert "eval/accuracy" in done.stdout
-    for noise in ("pid=", "raylet", "core_worker", "WARNING", "INFO"):
-        assert noise not in done.stdout, noise
-
-
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     bad = subprocess.run([sys.executable, "-m", "fedray.cli", "run", "quickstart", "data.alpha=-1"],

@@ -94,8 +94,6 @@ class _StopAfterRound2(RunHooks):
     """Ends a run after its round-2 checkpoint, as a kill would."""
 
     def on_round(self, row):
-        if row["round"] == 1:  # before the removal: one worker on each node (each has one CPU)
-            self.nodes = set(self.runtime.pool.nodes)
         if row["round"] == 2:
             raise KeyboardInterrupt
 
