@@ -14,6 +14,9 @@ Tables V-VIII:
   print one number, and this column says how much of it is the luck of the last round.
 - ``AMP`` / ``WLP``: FedKF Def. 1 / Def. 3 on the clients' local test splits, in %.
 - ``val``: runs with a validation set (``data.val_per_class``): the global accuracy on it, in %.
+- ``attack success``, ``malicious a round``, ``malicious kept a round``: runs with an adversary
+  (``adversary.*``): ``eval/attack_success`` at the last round, in %; ``adv/malicious_uploads`` and
+  ``adv/malicious_kept`` averaged over the rounds.
 - ``FM``: FedKF Def. 2, the population variance of per-client accuracy, in fraction^2 units scaled by
   10^3, i.e. printed as "FM (x10^-3)". This is what FedKF prints: its Table II example gives FM = 0.00667
   for accuracies 0.6 / 0.7 / 0.8 (fraction^2), and Tables V-VII head the column "FM (x10^-3)" (or
@@ -55,6 +58,10 @@ METRIC_COLUMNS: tuple[tuple[str, str, float, int], ...] = (
 LAST_N = 5
 LAST_N_COLUMN = f"last {LAST_N} (%)"
 VAL_COLUMN = "val (%)"
+ATTACK_COLUMN = "attack success (%)"
+# runs with an adversary (docs/adversaries.md): per-round figures shown as their mean over the run's rounds
+ADVERSARY_COLUMNS: tuple[tuple[str, str], ...] = (("adv/malicious_uploads", "malicious a round"),
+                                                   ("adv/malicious_kept", "malicious kept a round"))
 COMM_COLUMNS: tuple[tuple[str, str], ...] = (("comm/bytes_up", "MB up"), ("comm/bytes_down", "MB down"))
 
 # Config keys that may differ between runs pooled in one row without changing what is compared.
@@ -203,6 +210,12 @@ def rounds_to_target(history: Sequence[dict], target: float, key: str = "eval/ac
     return _first_round_reaching([r["round"] for r in rows], [as_number(r.get(key)) for r in rows], target)
 
 
+def _round_mean(run: RunRecord, key: str) -> float | None:
+    """The mean of a per-round figure over the rounds that have it (None when none has)."""
+    vals = [v for v in (as_number(row.get(key)) for row in run.history) if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
 def _final(run: RunRecord, key: str) -> float | None:
     """A final figure: from the summary, else the last evaluated history row (or the total for comm)."""
     v = as_number(run.summary.get(key))
@@ -272,6 +285,15 @@ def build_table(
         if val:  # runs with a validation set (data.val_per_class)
             row[VAL_COLUMN] = fmt_mean_std(val, 100.0, 2)
             stats["val/accuracy"] = val
+        attack = [v for v in (_final(r, "eval/attack_success") for r in g.runs) if v is not None]
+        if attack:  # a backdoor's runs
+            row[ATTACK_COLUMN] = fmt_mean_std(attack, 100.0, 2)
+            stats["eval/attack_success"] = attack
+        for key, header in ADVERSARY_COLUMNS:
+            per_run = [v for v in (_round_mean(r, key) for r in g.runs) if v is not None]
+            if per_run:
+                row[header] = f"{sum(per_run) / len(per_run):.2f}"
+                stats[key] = per_run
         if tgt is not None:
             reached = [rounds_to_target(r.history, tgt) for r in g.runs]
             row[target_column(tgt)] = _fmt_reached(reached)
@@ -310,6 +332,12 @@ def footnote(rows: Sequence[dict]) -> str:
     if VAL_COLUMN in cols:
         parts.append("val: the same accuracy on the validation set held out of the training set "
                      "(data.val_per_class), at the last round.")
+    if ATTACK_COLUMN in cols:
+        parts.append("attack success: the backdoor's share of triggered test images of other classes the global "
+                     "model calls the target, at the last round (docs/adversaries.md).")
+    if any(header in cols for _, header in ADVERSARY_COLUMNS):
+        parts.append("malicious (kept) a round: the malicious clients among a server step's uploads (among those "
+                     "Krum kept), mean over the rounds and seeds.")
     if any(c.startswith("rounds to ") for c in cols):
         parts.append(
             "rounds to target: first evaluated round with accuracy ≥ target, mean over the seeds that reach it."

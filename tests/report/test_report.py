@@ -483,3 +483,24 @@ def test_simulated_hours_to_reach_the_target_and_their_curve(tmp_path):
     from PIL import Image
 
     assert Image.open(big).size[1] > Image.open(small).size[1]  # a third row of panels
+
+
+def test_an_attacked_runs_row_shows_attack_success_and_the_malicious_clients_by_hand():
+    from fedray.report.runs import RunRecord
+    from fedray.report.table import build_table, footnote
+
+    params = {"algorithm.name": "fedavg", "data.dataset": "synthetic", "data.alpha": 0.5}
+    runs = [RunRecord(f"s{seed}", {**params, "seed": seed},
+                      history=[{"round": 1, "eval/accuracy": 0.5, "eval/attack_success": 0.2,
+                                "adv/malicious_uploads": 1.0, "adv/malicious_kept": 0.0},
+                               {"round": 2, "eval/accuracy": 0.6, "eval/attack_success": succ,
+                                "adv/malicious_uploads": ups, "adv/malicious_kept": 1.0}],
+                      summary={"eval/accuracy": 0.6})
+            for seed, succ, ups in ((1, 0.3, 2.0), (2, 0.5, 0.0))]
+    (row,) = build_table(runs)
+    assert row["attack success (%)"] == "40.00 ± 14.14"  # the last round's 30 % and 50 %
+    assert row["malicious a round"] == "1.00" and row["malicious kept a round"] == "0.50"  # (1.5 + 0.5) / 2
+    assert "attack success" in footnote([row]) and "Krum kept" in footnote([row])
+    (plain,) = build_table([RunRecord("p", {**params, "seed": 1}, history=[{"round": 1, "eval/accuracy": 0.5}],
+                                      summary={"eval/accuracy": 0.5})])
+    assert "attack success (%)" not in plain and "malicious a round" not in plain
