@@ -206,6 +206,10 @@ class FederationConfig(_Strict):
         progress = (round_ - 1) / (self.rounds - 1)
         return self.lr_min + (self.lr - self.lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
+    def at_round(self, round_: int) -> "FederationConfig":
+        """``federation.*`` as the clients of ``round_`` see it: the scheduled learning rate."""
+        return self if self.lr_schedule == "constant" else self.model_copy(update={"lr": self.lr_at(round_)})
+
 
 class RuntimeConfig(_Strict):
     backend: Literal["local", "ray"] = "local"

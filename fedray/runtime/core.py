@@ -31,11 +31,11 @@ from fedray.models import build_model
 from fedray.models.init import apply_init
 from fedray.models.base import channels_last_if_faster
 from fedray.learning.feedback import statistical_utility
-from fedray.learning.training import ClientUpdate, LocalTraining, StepwiseTraining, run_update
+from fedray.learning.training import ClientUpdate, LocalTraining
 from fedray.learning.weights import leaves, nbytes
 from fedray.vectorized.precision import at_local_precision, check_precision
 from fedray.vectorized.policy import vectorize_enabled, vectorize_min_clients
-from fedray.vectorized.engine import train_vectorized
+from fedray.vectorized.engine import run_alone, train_vectorized
 from fedray.seeding import derive_seed
 from fedray.system.oort import UTILITY
 from fedray.runtime.root import Root, RootTraining
@@ -146,11 +146,7 @@ class ClientWorkerCore:
         return update
 
     def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
-        """One client's update run by itself; a StepwiseTraining without a run of its own goes through the
-        lockstep engine for this client alone."""
-        if isinstance(update, StepwiseTraining) and update.alone is None:
-            return train_vectorized([ctx], [update], pad=False, cuda_graphs=self.cfg.runtime.cuda_graphs)[0]
-        return run_update(ctx, update)
+        return run_alone(ctx, update, self.cfg.runtime.cuda_graphs)
 
     @at_local_precision
     def train_many(self, round_: int, client_ids: list[int], payload: Any, states: list[ClientState | None],
@@ -229,8 +225,7 @@ class ClientWorkerCore:
 
     def _federation(self, round_: int):
         """``federation.*`` as this round's clients see it: the scheduled learning rate."""
-        fed = self.cfg.federation
-        return fed if fed.lr_schedule == "constant" else fed.model_copy(update={"lr": fed.lr_at(round_)})
+        return self.cfg.federation.at_round(round_)
 
     def evaluate_clients(self, client_ids: list[int], states: list[ClientState | None]) -> list[tuple]:
         """Personalised evaluation: each client's own model on its own test split and on the global test

@@ -24,11 +24,10 @@ import torch
 from fedray.channel.message import split
 from fedray.config import ExperimentConfig
 from fedray.learning.aggregation import RootUpdate
-from fedray.learning.training import StepwiseTraining, run_update
 from fedray.methods import Algorithm, ClientContext
 from fedray.methods.api import ModelBank
 from fedray.seeding import derive_seed
-from fedray.vectorized.engine import train_vectorized
+from fedray.vectorized.engine import run_alone
 from fedray.vectorized.precision import local_precision
 
 #: The pseudo-client's id: no registered client's (those are 0..num_clients - 1).
@@ -61,17 +60,13 @@ class RootTraining:
         """g_0 of server step ``round_``: the pseudo-client's upload trained from ``payload`` (the method's broadcast
         of the model the step's uploads are updates of), minus that payload, leaf by leaf in float64."""
         data = self.algo.server_data
-        fed = self.cfg.federation  # federation.* as the round's clients see it: the scheduled learning rate
-        fed = fed if fed.lr_schedule == "constant" else fed.model_copy(update={"lr": fed.lr_at(round_)})
         ctx = ClientContext(client_id=ROOT_CLIENT, round=round_, seed=derive_seed(self.cfg.seed, "fltrust", round_),
-                            x=data.x, y=data.y, spec=self.algo.spec, fed=fed, device=self.device, modules=self.modules,
-                            architecture=self.cfg.model.name, models=self.models)
-        with local_precision(self.cfg.runtime.precision):
+                            x=data.x, y=data.y, spec=self.algo.spec, fed=self.cfg.federation.at_round(round_),
+                            device=self.device, modules=self.modules, architecture=self.cfg.model.name,
+                            models=self.models)
+        with local_precision(self.cfg.runtime.precision):  # as a worker runs one client alone
             plan = self.algo.client_update(ctx, payload, self.algo.init_client_state(ROOT_CLIENT))
-            if isinstance(plan, StepwiseTraining) and plan.alone is None:  # as a worker runs one such client alone
-                result = train_vectorized([ctx], [plan], pad=False, cuda_graphs=self.cfg.runtime.cuda_graphs)[0]
-            else:
-                result = run_update(ctx, plan)
+            result = run_alone(ctx, plan, self.cfg.runtime.cuda_graphs)
         _, leaves = split(result.upload, payload)
         update = [(leaf.path, leaf.data.detach().double() - leaf.reference.double()) for leaf in leaves
                   if leaf.kind == "model" and leaf.reference is not None]

@@ -38,7 +38,7 @@ from torch.func import functional_call, vmap
 
 from fedray.learning.boundary import ClientContext, ClientResult
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained,
-                                       Update, is_weights_only, split_loss, weights_only)
+                                       Update, is_weights_only, run_update, split_loss, weights_only)
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, row_masked_batchnorm
 from fedray.vectorized.phases import Tally, in_phases, reported
@@ -94,6 +94,14 @@ def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[
     """Step by step, each client's inputs and update flags (None once it has taken all its steps)."""
     for s in range(max(p.steps for p in plans)):
         yield [p.inputs(s) if s < p.steps else None for p in plans]
+
+
+def run_alone(ctx: ClientContext, update: Any, cuda_graphs: bool = False) -> ClientResult:
+    """One client's update run by itself: a :class:`StepwiseTraining` without a run of its own goes through the
+    lockstep engine for this client alone, anything else through :func:`~fedray.learning.training.run_update`."""
+    if isinstance(update, StepwiseTraining) and update.alone is None:
+        return train_vectorized([ctx], [update], pad=False, cuda_graphs=cuda_graphs)[0]
+    return run_update(ctx, update)
 
 
 def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining],
