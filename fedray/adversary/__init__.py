@@ -17,13 +17,20 @@ from fedray.seeding import derive_seed
 
 def malicious_clients(cfg) -> frozenset[int]:
     """The malicious clients of ``cfg`` (an ExperimentConfig): ``adversary.clients``, or round(fraction x
-    data.num_clients) of them (at least one) drawn without replacement by the run's seed; none without an attack."""
+    data.num_clients) of them (at least one): drawn without replacement by the run's seed, or (``choose=
+    most_available``) those online longest over the first ``adversary.horizon_s`` of the run's availability process;
+    none without an attack."""
     adv, n = cfg.adversary, cfg.data.num_clients
     if not adv.enabled:
         return frozenset()
     if adv.clients is not None:
         return frozenset(adv.clients)
     k = min(n, max(1, round(adv.fraction * n)))
+    if adv.choose == "most_available":  # the clients a real attacker would pick: those that take part most
+        from fedray.system.clock import online_seconds
+
+        online = online_seconds(cfg.system, n, cfg.seed, adv.horizon_s)
+        return frozenset(int(c) for c in np.lexsort((np.arange(n), -online))[:k])
     rng = np.random.default_rng(derive_seed(cfg.seed, "adversary"))
     return frozenset(int(c) for c in rng.choice(n, size=k, replace=False))
 

@@ -43,6 +43,11 @@ class AdversaryConfig(BaseModel):
                             "malicious, round(fraction x data.num_clients) and at least one, drawn by the run's seed")
     clients: list[int] | None = Field(default=None, description="the malicious clients by id, instead of "
                                       "adversary.fraction")
+    choose: Literal["random", "most_available"] = Field(
+        default="random", description="adversary.fraction's clients: drawn by the run's seed, or the ones online "
+        "longest over the first adversary.horizon_s simulated seconds under system.availability (ties: lower id)")
+    horizon_s: float = Field(default=3600.0, gt=0, description="choose=most_available: the simulated seconds over "
+                             "which the clients' online time is measured")
     # --- the attacks' parameters -----------------------------------------------------------------------------
     scale: float = Field(default=1.0, description="sign_flip: u -> -scale u; scale: u -> scale u (model "
                          "replacement: the clients of a round, Bagdasaryan et al. 2020); u the update against the "
@@ -89,14 +94,14 @@ class AdversaryConfig(BaseModel):
                 readers = [a for a, keys in ATTACK_KEYS.items() if key in keys]
                 raise ConfigError(f"adversary.{key}", f"is only read with adversary.attack={' or '.join(readers)}")
         if not self.enabled:
-            for key in ("fraction", "clients"):
+            for key in ("fraction", "clients", "choose", "horizon_s"):
                 if getattr(self, key) != getattr(default, key):
                     raise ConfigError(f"adversary.{key}", "needs an attack: set adversary.attack")
             return
         if self.clients is not None:
-            if self.fraction != default.fraction:
+            if self.fraction != default.fraction or self.choose != default.choose:
                 raise ConfigError("adversary.clients", "names the malicious clients itself: leave adversary.fraction "
-                                  "unset")
+                                  "and adversary.choose unset")
             bad = [c for c in self.clients if not 0 <= c < num_clients]
             if bad or not self.clients or len(set(self.clients)) != len(self.clients):
                 raise ConfigError("adversary.clients", f"{self.clients} is not a list of distinct client ids; "
@@ -104,6 +109,8 @@ class AdversaryConfig(BaseModel):
         elif self.fraction == 0:
             raise ConfigError("adversary.fraction", f"no client is malicious under adversary.attack={self.attack}; set "
                               "adversary.fraction > 0 or adversary.clients")
+        if self.choose == "random" and self.horizon_s != default.horizon_s:
+            raise ConfigError("adversary.horizon_s", "is only read with adversary.choose=most_available")
         if self.flip == "map" and self.flip_map is None:
             raise ConfigError("adversary.flip_map", "flip=map needs the map: one label per class")
         if self.flip_map is not None:

@@ -65,6 +65,19 @@ def build_availability(cfg: SystemConfig, num_clients: int, seed: int):
     return Always(num_clients)
 
 
+def online_seconds(cfg: SystemConfig, num_clients: int, seed: int, horizon_s: float) -> np.ndarray:
+    """The simulated seconds each client is online over [0, ``horizon_s``] under the run's availability process
+    (``build_availability`` with the run's seed: the very process its clock walks)."""
+    availability = build_availability(cfg, num_clients, seed)
+    online, t = np.zeros(num_clients), 0.0
+    while t < horizon_s:
+        mask, _ = availability.at(t)
+        nxt = min(max(availability.next_change(t), np.nextafter(t, np.inf)), horizon_s)
+        online += mask * (nxt - t)
+        t = nxt
+    return online
+
+
 class SystemClock:
     """The simulated system of one run: devices, availability, the clock, each client's participation and busy
     time. Its state (:meth:`state`) goes into the checkpoint, so a resumed run continues the same clock."""

@@ -112,3 +112,26 @@ def test_a_forged_histogram_reaches_a_server_that_reads_the_set_up_counts():
     want[1] = 0
     want[1, 2] = client_label_counts(data)[1].sum()
     assert ServerCore(cfg, data, torch.device("cpu")).algo.client_label_counts.tolist() == want.tolist()
+
+
+def test_the_most_available_clients_are_the_ones_online_longest(tmp_path):
+    """Online seconds over the first 100 s, by hand: client 3 all of it, client 1 60 s (two intervals), client 0
+    30 s, client 2 30 s (the tie goes to the lower id), client 4 never; two of five malicious: 3 and 1."""
+    from fedray.adversary import malicious_clients
+    from fedray.system.clock import online_seconds
+
+    trace = tmp_path / "online.csv"
+    trace.write_text("client,start_s,end_s\n0,0,30\n1,10,40\n1,50,80\n2,70,100\n3,0,500\n")
+    cfg = tiny_config(data__num_clients=5, federation__clients_per_round=2, system__devices="uniform",
+                      system__availability="trace", system__availability_trace=str(trace), adversary__attack="scale",
+                      adversary__scale=2.0, adversary__fraction=0.4, adversary__choose="most_available",
+                      adversary__horizon_s=100.0)
+    assert online_seconds(cfg.system, 5, cfg.seed, 100.0).tolist() == [30.0, 60.0, 30.0, 100.0, 0.0]
+    assert malicious_clients(cfg) == {1, 3}
+    assert malicious_clients(cfg.model_copy(update={"adversary": cfg.adversary.model_copy(
+        update={"fraction": 0.6})})) == {0, 1, 3}
+    with pytest.raises(ConfigError, match="adversary.choose: most_available ranks"):
+        tiny_config(adversary__attack="scale", adversary__scale=2.0, adversary__fraction=0.4,
+                    adversary__choose="most_available")
+    with pytest.raises(ConfigError, match="adversary.horizon_s: is only read"):
+        tiny_config(adversary__attack="scale", adversary__scale=2.0, adversary__fraction=0.4, adversary__horizon_s=5.0)
