@@ -498,3 +498,26 @@ def test_the_adversaries_record_reads_its_cells_and_the_two_readings(tmp_path, c
     capsys.readouterr()
     assert (tmp_path / "adversaries_fmnist.md").read_text() == md
     assert json.loads((tmp_path / "adversaries_fmnist.json").read_text()) == record
+
+
+def _failing_build(run, opts):
+    import tests.runtime.faulty  # noqa: F401  (registers test_nan_everyone: every upload non-finite in round 2)
+    from tests.conftest import tiny_config
+
+    return tiny_config(algorithm__name="test_nan_everyone", federation__rounds=3, tracking__enabled=False)
+
+
+def test_a_run_that_stops_is_an_outcome_where_the_benchmark_says_so(tmp_path):
+    """failures_are_results: the RunFailure is written to failed.json (the run is not pending any more); otherwise it
+    propagates as before."""
+    import harness
+
+    from fedray.errors import RunFailure
+
+    run = harness.Run("m", "s", 0, tmp_path / "m_s_seed0")
+    with pytest.raises(RunFailure, match="every upload was non-finite"):
+        harness.run_one(_failing_build, run, {})
+    assert run.failure is None and harness.pending([run]) == [run]
+    out = harness.run_one(_failing_build, run, {"failures_are_results": True})
+    assert out.startswith("failed m_s_seed0: round 2: every upload was non-finite")
+    assert run.failure.startswith("round 2: every upload") and harness.pending([run]) == []

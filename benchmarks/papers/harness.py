@@ -63,6 +63,17 @@ class Run:
 
         return is_finished(self.out)
 
+    @property
+    def failure(self) -> str | None:
+        """Why the run stopped, when a benchmark that counts failures as results recorded one (``FAILED_FILE``)."""
+        path = self.out / FAILED_FILE
+        return json.loads(path.read_text())["error"] if path.exists() else None
+
+
+#: A run that stopped with a RunFailure (e.g. every upload non-finite: a model an attack made diverge), written
+#: only by benchmarks whose options say ``failures_are_results``: such a run is an outcome, not rerun.
+FAILED_FILE = "failed.json"
+
 
 def run_name(method: str, setting: str, seed: int) -> str:
     return f"{method}_{setting}_seed{seed}"
@@ -85,8 +96,8 @@ def tabled(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[Run]:
 
 
 def pending(runs: Iterable[Run]) -> list[Run]:
-    """The runs without a ``summary.json``."""
-    return [r for r in runs if not r.finished]
+    """The runs without a ``summary.json`` (or a recorded failure, :data:`FAILED_FILE`)."""
+    return [r for r in runs if not r.finished and r.failure is None]
 
 
 def grid_args(ap: argparse.ArgumentParser, name: str, methods: Sequence[str], settings: Sequence[str], rounds: int,
@@ -136,6 +147,7 @@ def resume_point(out: Path) -> Path | None:
 
 def run_one(build: Build, run: Run, options: dict) -> str:
     """One run, in this process: skipped when finished, resumed from its checkpoint when it has one."""
+    from fedray.errors import RunFailure
     from fedray.record.run_dir import MODEL_FILE
     from fedray.simulation import run_experiment
 
@@ -148,7 +160,14 @@ def run_one(build: Build, run: Run, options: dict) -> str:
     built = build(run, options)
     cfg, data = built if isinstance(built, tuple) else (built, None)
     t0 = time.perf_counter()
-    result = run_experiment(cfg, run.out, progress=False, data=data, resume_from=resume_point(run.out))
+    try:
+        result = run_experiment(cfg, run.out, progress=False, data=data, resume_from=resume_point(run.out))
+    except RunFailure as e:
+        if not options.get("failures_are_results"):
+            raise
+        (run.out / FAILED_FILE).write_text(json.dumps({"error": str(e)}, indent=1) + "\n")
+        record_machine(run.out, options.get("device", "cpu"))
+        return f"failed {run.out.name}: {e}"
     record_machine(run.out, options.get("device", "cpu"))
     if not options.get("keep_models"):
         (run.out / MODEL_FILE).unlink(missing_ok=True)
