@@ -348,10 +348,8 @@ class ExperimentConfig(_Strict):
         self.system.check()
         self.channel.check()
         self.aggregation.check(fed.buffer(), self.data.server_data)  # the uploads of one server step, FLTrust's root
-        self.adversary.check(self.data.num_clients)  # its classes: with the method's checks (methods/registry.py)
-        if self.adversary.choose == "most_available" and self.system.availability == "always":
-            raise ConfigError("adversary.choose", "most_available ranks the clients by their online time, but "
-                              "system.availability=always keeps every client online; set system.availability")
+        # its classes and images: with the method's checks (methods/registry.py)
+        self.adversary.check(self.data.num_clients, availability=self.system.availability)
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self

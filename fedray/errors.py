@@ -25,6 +25,17 @@ class ConfigError(UserError):
     """A config key or value is wrong."""
 
 
+def refuse_unread_keys(config, section: str, selector: str, readers: dict[str, tuple[str, ...]]) -> None:
+    """ConfigError for a key of ``config`` (a pydantic section) set away from its default that the chosen value of
+    ``selector`` does not read (``readers``: each value's keys): it would change nothing, so it is refused naming
+    the values that read it."""
+    default, chosen = type(config)(), getattr(config, selector)
+    for key in sorted({k for keys in readers.values() for k in keys}):
+        if key not in readers[chosen] and getattr(config, key) != getattr(default, key):
+            which = [value for value, keys in readers.items() if key in keys]
+            raise ConfigError(f"{section}.{key}", f"is only read with {section}.{selector}={' or '.join(which)}")
+
+
 class DataError(UserError):
     """A dataset cannot be found, read or partitioned as asked."""
 

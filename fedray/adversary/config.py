@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.errors import ConfigError
+from fedray.errors import ConfigError, refuse_unread_keys
 
 #: Where each attack acts: on the client's data, on what its client sends (the channel's adversary stage), or at
 #: the server before aggregation (attacks that need other clients' updates: a colluding server-side stage).
@@ -28,7 +28,6 @@ ATTACK_KEYS: dict[str, tuple[str, ...]] = {
     "inflate_count": ("count_factor",), "forge_logits": ("target", "logit_margin", "fields"),
     "forge_histogram": ("target",),
 }
-_ATTACK_KEY_NAMES = sorted({k for keys in ATTACK_KEYS.values() for k in keys})
 
 
 class AdversaryConfig(BaseModel):
@@ -85,14 +84,11 @@ class AdversaryConfig(BaseModel):
         return self.attack != "none"
 
     def check(self, num_clients: int, num_classes: int | None = None,
-              image_size: tuple[int, int] | None = None) -> None:
-        """The keys' agreement with each other and with the run (its classes and its images' (H, W) when known);
-        ConfigError naming the key."""
+              image_size: tuple[int, int] | None = None, availability: str | None = None) -> None:
+        """The keys' agreement with each other and with the run (its classes, its images' (H, W) and
+        ``system.availability`` when known); ConfigError naming the key."""
         default = AdversaryConfig()
-        for key in _ATTACK_KEY_NAMES:
-            if key not in ATTACK_KEYS[self.attack] and getattr(self, key) != getattr(default, key):
-                readers = [a for a, keys in ATTACK_KEYS.items() if key in keys]
-                raise ConfigError(f"adversary.{key}", f"is only read with adversary.attack={' or '.join(readers)}")
+        refuse_unread_keys(self, "adversary", "attack", ATTACK_KEYS)
         if not self.enabled:
             for key in ("fraction", "clients", "choose", "horizon_s"):
                 if getattr(self, key) != getattr(default, key):
@@ -109,6 +105,9 @@ class AdversaryConfig(BaseModel):
         elif self.fraction == 0:
             raise ConfigError("adversary.fraction", f"no client is malicious under adversary.attack={self.attack}; set "
                               "adversary.fraction > 0 or adversary.clients")
+        if self.choose == "most_available" and availability == "always":
+            raise ConfigError("adversary.choose", "most_available ranks the clients by their online time, but "
+                              "system.availability=always keeps every client online; set system.availability")
         if self.choose == "random" and self.horizon_s != default.horizon_s:
             raise ConfigError("adversary.horizon_s", "is only read with adversary.choose=most_available")
         if self.flip == "map" and self.flip_map is None:

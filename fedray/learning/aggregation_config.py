@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.errors import ConfigError
+from fedray.errors import ConfigError, refuse_unread_keys
 
 #: The keys each rule reads; any other key set away from its default is refused (it would change nothing).
 RULE_KEYS: dict[str, tuple[str, ...]] = {
@@ -40,11 +40,7 @@ class AggregationConfig(BaseModel):
         """The keys' agreement with each other, with ``uploads``, the uploads of one server step
         (``federation.clients_per_round``, or ``federation.buffer_size`` asynchronously), and with ``server_data``
         (``data.server_data``: FLTrust's root dataset); ConfigError naming the key."""
-        default = AggregationConfig()
-        for key in ("beta", "f", "m", "max_norm"):
-            if key not in RULE_KEYS[self.rule] and getattr(self, key) != getattr(default, key):
-                readers = [r for r, keys in RULE_KEYS.items() if key in keys]
-                raise ConfigError(f"aggregation.{key}", f"is only read with aggregation.rule={' or '.join(readers)}")
+        refuse_unread_keys(self, "aggregation", "rule", RULE_KEYS)
         if self.rule == "trimmed_mean" and self.beta >= 0.5:
             raise ConfigError("aggregation.beta", f"{self.beta:g} would trim every value; allowed: 0 <= beta < 0.5")
         if self.rule in ("krum", "multi_krum") and 2 * self.f + 2 >= uploads:
