@@ -394,22 +394,23 @@ def test_every_adversaries_cell_validates_or_is_a_documented_refusal():
     rule refused by a method that declares no robust means, or an attack that finds nothing to forge in the method's
     upload (refused at the first malicious upload)."""
     from fedray.errors import ConfigError, RunFailure
-    from fedray.methods import get_algorithm
     from fedray.simulation import run_experiment
     from tests.conftest import method_config
 
     adv = importlib.import_module("adversaries_fmnist")
     cells = adv.grid()
-    assert {m: len(s) for m, s in cells.items()} == {"fedavg": 16, "fedkf": 4, "fedcd": 3, "feddf": 4}
+    assert {m: len(s) for m, s in cells.items()} == {"fedavg": 16, "fedkf": 12, "fedcd": 3, "fedcd_uniform": 12,
+                                                     "feddf": 16}
     assert [r.out.name for r in adv.planned(REPO / "x", ["fedavg", "fedcd"], ["sign_flip-krum", "forge_logits-mean"],
                                             [0, 1])] == [
         "fedavg_sign_flip-krum_seed0", "fedcd_forge_logits-mean_seed0", "fedavg_sign_flip-krum_seed1",
         "fedcd_forge_logits-mean_seed1"]  # seed by seed; a cell outside a method's grid is never planned
+    assert {m: adv.rules_of(m) for m in adv.METHODS} == {
+        "fedavg": adv.RULES, "fedkf": adv.RULES[:3], "fedcd": ("mean",), "fedcd_uniform": adv.RULES,
+        "feddf": adv.RULES}
     for m in adv.METHODS:
-        robust = bool(get_algorithm(m).robust_means)
-        assert adv.rules_of(m) == (adv.RULES if robust else ("mean",))
         for rule in adv.RULES[1:]:
-            if not robust:  # the rule is refused before any work, whatever the attack
+            if rule not in adv.rules_of(m):  # the rule is refused before any work, whatever the attack
                 with pytest.raises(ConfigError) as e:
                     adv.make_config(m, adv.setting_name("none", rule), 0, 30)
                 assert e.value.key.startswith("aggregation."), e.value
@@ -427,8 +428,8 @@ def test_every_adversaries_cell_validates_or_is_a_documented_refusal():
                 assert cfg.adversary.fraction == (0.2 if attack != "none" else 0.0)
                 if rule == "krum":  # f: the malicious expected in a round, rounded up, within 2f + 2 < n
                     assert cfg.aggregation.f == math.ceil(0.2 * n) == 2 and 2 * cfg.aggregation.f + 2 < n
-                if rule == "trimmed_mean":
-                    assert cfg.aggregation.beta == 0.25 >= 0.2
+                if rule == "trimmed_mean":  # f / n of each end, at least the malicious share
+                    assert cfg.aggregation.beta == math.ceil(0.2 * n) / n >= 0.2
     assert adv.make_config("fedavg", "sign_flip-mean", 0, 30).adversary.scale == 3.0
     assert adv.make_config("fedcd", "none-mean", 0, 30).model.client_models is None
 
@@ -437,6 +438,8 @@ def test_every_adversaries_cell_validates_or_is_a_documented_refusal():
     lenet = {"model__client_models": None}
     for (m, attack), why in adv.REFUSED_ATTACKS.items():
         assert why
+        if m == "fedcd_uniform":
+            continue  # fedcd's uploads: the teacher the server builds from them does not change what a client sends
         over = {**tiny, **(lenet if m == "fedcd" else {}), "adversary__attack": attack}
         with pytest.raises(RunFailure, match=f"^adversary.attack={attack}: "):
             run_experiment(method_config(m, **over), progress=False)
@@ -490,8 +493,8 @@ def test_the_adversaries_record_reads_its_cells_and_the_two_readings(tmp_path, c
     assert (f"  - backdoor: median {other} (attack success —); trimmed_mean +0.00 ± 0.00 (attack success -70.00 ± "
             "0.58); krum — (attack success —). Helps most: trimmed_mean; helps: trimmed_mean.") in md
     assert "  - lie: median —; trimmed_mean —; krum —. No reading yet." in md
-    for m in ("fedkf", "fedcd", "feddf"):
-        assert f"- {m}: no defence available: it takes only the mean" in md
+    for m in ("fedcd",):  # Eq. 4: only the mean; the others take rules
+        assert f"- {m}: no defence available: it takes only the mean (median, trimmed_mean, krum refused: Eq. 4" in md
     assert "- fedcd under lie: FedCD uploads logits" in md
     assert record["grid"] == adv.grid() and len(record["runs"]["fedavg|none-mean"]) == 3
     adv.main(args)  # the record rebuilt from the run folders alone

@@ -57,6 +57,7 @@ FedKF ~7. At 30 rounds a run takes ~0.8, 1.4, 3 and 3.5 min; the grid, 48 FedAvg
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 from pathlib import Path
@@ -73,6 +74,7 @@ FRACTION = 0.2  # the issue's 20 % malicious clients
 # FedDF's proxy data as dafkd_fmnist's: 500 unlabelled training images a class, kept in the clients' data
 FEDDF_PROXY = {"data.server_data.kind": "holdout", "data.server_data.per_class": 500,
                "data.server_data.labelled": False, "data.server_data.keep_in_training": True}
+FEDCD_LENET = {"model.client_models": None, "model.name": "lenet5", "federation.eval_every": 2}
 # method -> (its Fashion-MNIST preset, what changes: dotted keys, "algorithm" a whole section)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "fedavg": ("quickstart", {}),
@@ -81,10 +83,13 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
                                "federation.lr": 0.05, "algorithm.generator_batch_size": 16,
                                "federation.eval_every": 2, "federation.eval_batch_size": 256}),
     # one architecture (LeNet-5) for every user: FedCD_basic's shape at the others' model and a CPU's cost
-    "fedcd": ("fedcd_fmnist", {"model.client_models": None, "model.name": "lenet5", "federation.eval_every": 2}),
+    "fedcd": ("fedcd_fmnist", FEDCD_LENET),
+    # the plain average of the clients' logits as the teacher (Eq. 4's weights off): the FedCD whose teacher a rule
+    # may replace
+    "fedcd_uniform": ("fedcd_fmnist", {**FEDCD_LENET, "algorithm.ensemble": "uniform"}),
     "feddf": ("quickstart", {"algorithm": {"name": "feddf"}, **FEDDF_PROXY}),
 }
-DISTILLATION = ("fedkf", "fedcd", "feddf")  # read against FedAvg's averaging
+DISTILLATION = ("fedkf", "fedcd", "fedcd_uniform", "feddf")  # read against FedAvg's averaging
 ATTACKS: dict[str, dict[str, Any]] = {
     "none": {},
     # scaled by 3: a plain flip from 20 % of the clients only shrinks the mean's step to (1 - 2 x 0.2) = 0.6 of the
@@ -106,10 +111,14 @@ REFUSED_ATTACKS: dict[tuple[str, str], str] = {
     ("fedavg", "forge_logits"): "FedAvg uploads a model, no logits (refused at the first malicious upload)",
     ("fedkf", "forge_logits"): "FedKF uploads a model, no logits (refused at the first malicious upload)",
     ("feddf", "forge_logits"): "FedDF uploads a model, no logits (refused at the first malicious upload)",
-    ("fedcd", "sign_flip"): "FedCD uploads logits, no model updated from the payload (refused at the first "
-                            "malicious upload)",
-    ("fedcd", "lie"): "FedCD uploads logits, no model updated from the payload (refused at the first server step "
-                      "with a malicious upload)",
+    **{(m, "sign_flip"): "FedCD uploads logits, no model updated from the payload (refused at the first malicious "
+                         "upload)" for m in ("fedcd", "fedcd_uniform")},
+    **{(m, "lie"): "FedCD uploads logits, no model updated from the payload (refused at the first server step with "
+                   "a malicious upload)" for m in ("fedcd", "fedcd_uniform")},
+}
+# (method, rule) pairs the method takes but its budget cannot (aggregation.* refuses them: one line, before any work)
+REFUSED_RULES: dict[tuple[str, str], str] = {
+    ("fedkf", "krum"): "FedKF's 4 uploads a round are too few for Krum with f = 1 (it needs 2f + 2 < n)",
 }
 KEYS = {"accuracy": "eval/accuracy", "attack_success": "eval/attack_success"}
 NOISE = 2.0  # a difference reads as one when it exceeds this many standard errors (dafkd_fmnist's rule)
@@ -127,13 +136,21 @@ def split_setting(setting: str) -> tuple[str, str]:
 SETTINGS = [setting_name(a, r) for a in ATTACKS for r in RULES]
 
 
-def rules_of(method: str) -> tuple[str, ...]:
-    """The rules ``method`` takes: every one when its class declares robust means, else the mean alone (the others
-    are refused before any work: fedray/methods/registry.py's check_declarations)."""
+@functools.lru_cache(maxsize=None)
+def taken(method: str) -> tuple[tuple[str, ...], str]:
+    """The rules ``method``'s config takes (its class's ``robust_rules`` for its parameters: the others are refused
+    before any work, fedray/methods/registry.py's check_declarations), and why no others."""
     from fedray.methods import get_algorithm
 
-    algorithm = METHODS[method][1].get("algorithm", {}).get("name", method)
-    return RULES if get_algorithm(algorithm).robust_means else ("mean",)
+    preset, spec = METHODS[method]
+    cfg = harness.preset_config(preset, spec, {"tracking.enabled": False})
+    algorithm = get_algorithm(cfg.algorithm.name)
+    return algorithm.robust_rules(algorithm.parse_params(cfg.algorithm.params()))
+
+
+def rules_of(method: str) -> tuple[str, ...]:
+    """The rules of RULES in ``method``'s grid: those it takes, less REFUSED_RULES."""
+    return tuple(r for r in RULES if r in taken(method)[0] and (method, r) not in REFUSED_RULES)
 
 
 def grid() -> dict[str, list[str]]:
@@ -336,8 +353,8 @@ def defences(res: dict) -> list[str]:
     for m in METHODS:
         robust = [r for r in rules_of(m) if r != "mean"]
         if not robust:
-            lines.append(f"- {m}: no defence available: it takes only the mean ({', '.join(RULES[1:])} refused: its "
-                         "class declares no robust means, docs/adversaries.md), so it meets every attack undefended.")
+            lines.append(f"- {m}: no defence available: it takes only the mean ({', '.join(RULES[1:])} refused: "
+                         f"{taken(m)[1]}), so it meets every attack undefended.")
             continue
         cost = "; ".join(f"{r} {harness.fmt_paired(paired(res, m, setting_name('none', r), 'none-mean'))}"
                          for r in robust)
@@ -374,12 +391,12 @@ def defences(res: dict) -> list[str]:
 def refusals() -> list[str]:
     """What the grid leaves out, and why: said, not silently omitted."""
     lines = ["## Not in the grid, and why", ""]
-    mean_only = [m for m in METHODS if rules_of(m) == ("mean",)]
-    if mean_only:
-        lines.append(f"- {', '.join(mean_only)}: {', '.join(RULES[1:])} not available: these methods take only the "
-                     "mean (`aggregation.rule` is refused before any work: their server steps' means are of values "
-                     "or of models they do not declare robust, docs/adversaries.md), so their defences are not "
-                     "measured here.")
+    for m in METHODS:
+        if rules_of(m) == ("mean",):
+            lines.append(f"- {m}: {', '.join(RULES[1:])} not available: it takes only the mean (`aggregation.rule` "
+                         f"is refused before any work: {taken(m)[1]}), so its defences are not measured here.")
+    for (m, rule), why in REFUSED_RULES.items():
+        lines.append(f"- {m} with {rule}: {why}.")
     for (m, attack), why in REFUSED_ATTACKS.items():
         lines.append(f"- {m} under {attack}: {why}.")
     return lines + [""]
@@ -456,6 +473,7 @@ def main(argv: list[str] | None = None) -> None:
     md = markdown(res, found, meta, args.runs_dir, table_runs, len(ap.get_default("seeds")))
     harness.write(args.out, NAME, meta, {"grid": grid(), "refused_attacks": {f"{m}|{a}": why for (m, a), why
                                                                               in REFUSED_ATTACKS.items()},
+                                         "refused_rules": {f"{m}|{r}": why for (m, r), why in REFUSED_RULES.items()},
                                          "runs": res}, md)
     print(md)
 

@@ -39,6 +39,10 @@ class Aggregation:
     #: True for a rule that reads the server's own update on its root data each step (FLTrust): the runtime trains
     #: it and hands it over by :meth:`begin_step` before the method's server step.
     needs_root: ClassVar[bool] = False
+    #: False for a rule that gives each item one vote and ignores the weights (the median, the trimmed mean, Krum):
+    #: a caller whose item stands for several clients (the cache's w0 for every never-filled slot) then passes it
+    #: once for each.
+    weighted: ClassVar[bool] = True
 
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         raise NotImplementedError

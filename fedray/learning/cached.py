@@ -80,17 +80,25 @@ def init_cache(w0: Weights, num_clients: int, mode: str = "initial") -> ModelCac
     return ModelCache(initial=w0, slots={}, sizes=torch.zeros(num_clients, dtype=torch.int64), oca=w0, mode=mode)
 
 
-def oca_members(cache: ModelCache) -> tuple[list[Weights], list[float]]:
+def oca_members(cache: ModelCache, votes: bool = False) -> tuple[list[Weights], list[float]]:
     """The models and weights Alg. 1 line 10 averages: filled slots in client-id order, then (``initial``)
-    w0 once with the summed weight of the never-filled slots (each the mean size of the filled ones)."""
+    w0 once with the summed weight of the never-filled slots (each the mean size of the filled ones).
+
+    ``votes``: for a rule that gives each item one vote and ignores the weights (``Aggregation.weighted`` False: the
+    median, the trimmed mean, Krum), w0 once for each never-filled slot (the same tensors, not copies), so that
+    every registered client's slot is one vote, as each weighs its share in the mean."""
     filled = sorted(cache.slots)
     models = [cache.slots[k] for k in filled]
     coefs = [float(cache.sizes[k]) for k in filled]
     empty = int(cache.sizes.numel()) - len(filled)
     if cache.mode == "initial" and empty > 0:
         mean_size = sum(coefs) / len(coefs) if coefs else 1.0
-        models.append(cache.initial)
-        coefs.append(empty * mean_size)
+        if votes:
+            models += [cache.initial] * empty
+            coefs += [mean_size] * empty
+        else:
+            models.append(cache.initial)
+            coefs.append(empty * mean_size)
     return models, coefs
 
 
@@ -110,6 +118,9 @@ def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights
         slots[cid] = w
         new_sizes[cid] = int(n)
     out = ModelCache(initial=cache.initial, slots=slots, sizes=new_sizes, oca=cache.oca, mode=cache.mode)
-    models, coefs = oca_members(out)
+    models, coefs = oca_members(out, votes=not aggregation.weighted)
+    # the step's choice of a rule that selects (Krum's ``kept``) is over its uploads: the call over the slots keeps it
+    kept = aggregation.kept
     out.oca = aggregation.mean(models, coefs) if models else cache.initial
+    aggregation.kept = kept
     return out

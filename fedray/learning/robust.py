@@ -132,11 +132,18 @@ def _unflatten(vector: torch.Tensor, like: T) -> T:
     return out  # type: ignore[return-value]
 
 
+#: Every rule ``aggregation.rule`` names, and those that read the items alone, no reference model: the rules a mean of
+#: values other than models trained from one broadcast model (logits, the cache's slots of older rounds) may take.
+ALL_RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust")
+VALUE_RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum")
+
+
 class RobustRule(Aggregation):
     """A rule over the uploads flattened to rows (``combine``). ``needs_reference``: the rule reads updates x_k - r
     and refuses a call without ``reference`` (module docstring)."""
 
     needs_reference: ClassVar[bool] = False
+    weighted: ClassVar[bool] = False  # one vote an upload (module docstring); NormBound averages by the weights
 
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         if not items:
@@ -202,6 +209,7 @@ class NormBound(RobustRule):
 
     name = "norm_bound"
     needs_reference = True
+    weighted = True
 
     def __init__(self, max_norm: float):
         self.max_norm = max_norm
@@ -284,5 +292,5 @@ def build_rule(rule: str, *, beta: float = 0.1, f: int = 1, m: int = 1,
     return makers[rule]()
 
 
-__all__ = ["FLTrust", "Median", "MultiKrum", "NormBound", "RobustRule", "TrimmedMean", "build_rule", "fltrust",
+__all__ = ["ALL_RULES", "VALUE_RULES", "FLTrust", "Median", "MultiKrum", "NormBound", "RobustRule", "TrimmedMean", "build_rule", "fltrust",
            "fltrust_scores", "krum_scores", "median", "multi_krum", "norm_bound", "root_vector", "trimmed_mean"]

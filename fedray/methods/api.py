@@ -65,6 +65,7 @@ from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, 
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
                                        StepwiseTraining, Trained, Update, is_weights_only, make_optimizer, module_dict,
                                        row_mean, run_update, split_loss, weights_only)
+from fedray.learning.robust import ALL_RULES, VALUE_RULES
 from fedray.learning.weights import Weights, clone_weights, weighted_average
 from fedray.models import build_model
 from fedray.models.init import apply_init
@@ -133,10 +134,14 @@ class Algorithm(ABC, Generic[Params, Modules]):
     keeps_cache: ClassVar[bool] = False
     #: The calls of ``ctx.aggregation.mean`` in the server step (declared in the class's own body), by what they
     #: average, when a robust rule (``aggregation.rule`` other than mean, :mod:`fedray.learning.robust`) may replace
-    #: every one of them: models trained from the broadcast model, passed as ``reference``. Empty (the default): some
-    #: call averages what a robust rule must not touch (masked means of values, label histograms, a ratio of sums),
-    #: and ``resolve_experiment`` refuses any rule but mean.
+    #: every one of them: models trained from the broadcast model, passed as ``reference``, or values of one kind
+    #: across the clients (logits; :meth:`robust_rules` then says which rules). Empty (the default): some call
+    #: averages what a robust rule must not touch (label histograms, a ratio of sums, a control variate), and
+    #: ``resolve_experiment`` refuses any rule but mean.
     robust_means: ClassVar[tuple[str, ...]] = ()
+    #: Why a method declaring no ``robust_means`` takes only the mean: the reason of the one-line refusal.
+    mean_only_because: ClassVar[str] = ("its class declares no robust_means: no mean of its server step is declared "
+                                        "one a robust rule may replace")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -155,6 +160,16 @@ class Algorithm(ABC, Generic[Params, Modules]):
         """What the method needs of the rest of the config (e.g. labelled server data), given its parsed
         ``params``; raise :class:`ConfigError` naming the key. Called by ``resolve_experiment`` before any work,
         after the rules of the declarations above."""
+
+    @classmethod
+    def robust_rules(cls, params: BaseModel) -> tuple[tuple[str, ...], str]:
+        """The ``aggregation.rule`` values a run of the method with ``params`` takes, and why no other (the reason
+        ``resolve_experiment``'s one-line refusal gives). By default every rule when the class declares
+        ``robust_means``, else the mean alone; a method whose hook calls average values (logits) narrows it to
+        :data:`~fedray.learning.robust.VALUE_RULES`, the rules that read no reference model."""
+        if cls.robust_means:
+            return ALL_RULES, ""
+        return ("mean",), cls.mean_only_because
 
     @classmethod
     def sends_label_counts(cls, params: BaseModel) -> bool:
@@ -362,5 +377,5 @@ SHARED = ["CacheParams", "ConditionalGenerator", "DAFLGenerator", "DCGANGenerato
           "init_cache", "input_spec", "kd_kl", "kl_rows", "label_counts", "label_shares",
           "normalised_entropy", "optim", "projection_cosine", "projector", "run_in_batches",
           "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights", "teacher_logits",
-          "to_device", "to_float", "update_cache"]
+          "to_device", "to_float", "update_cache", "VALUE_RULES"]
 __all__ = CONTRACT + SHARED

@@ -25,7 +25,9 @@ clients hold its images (never its labels) and compute logits on it, the server 
 
 Communication is what is sent: logits, the batch indices and the sender's id; never weights. Handing the
 validation images to every client once is counted in ``comm/bytes_setup``. ``ensemble=uniform`` replaces
-Eq. 4 by the plain average of logits (the averaging teacher the paper improves on, FedMD-style).
+Eq. 4 by the plain average of logits (the averaging teacher the paper improves on, FedMD-style); that average,
+and only it, takes a robust ``aggregation.rule`` (median, trimmed mean, Krum, Multi-Krum over the clients' logit
+tables).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, LocalTraining, Payload,
                                 PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field,
-                                derive_rng, input_spec, kd_kl, normalised_entropy, to_float, values_field)
+                                derive_rng, input_spec, kd_kl, normalised_entropy, to_float, values_field, VALUE_RULES)
 
 
 class FedCDParams(BaseModel):
@@ -122,6 +124,15 @@ class FedCD(PersonalisedAlgorithm):
     synchronous_because = "Eq. 4's ensemble weights are solved over one round's logits together"
     Params = FedCDParams
     clients_hold_server_images = True
+    robust_means = ("teacher",)  # ensemble=uniform's teacher, the clients' logits on the shared images
+
+    @classmethod
+    def robust_rules(cls, params: BaseModel) -> tuple[tuple[str, ...], str]:
+        if params.ensemble == "uniform":
+            return VALUE_RULES, ("its teacher is the ensemble of the clients' logits, not an update from a reference "
+                                 "model that norm bounding or FLTrust could measure")
+        return ("mean",), ("Eq. 4's teacher weighs the clients' logits by weights fit on the labelled server images, "
+                           "not by a mean a rule could replace; set algorithm.ensemble=uniform for a robust rule")
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: FedCDParams) -> None:
@@ -197,10 +208,15 @@ class FedCD(PersonalisedAlgorithm):
             gamma, solver = simplex_weights(z, y, self.params.gamma_tol, self.params.gamma_max_iter)
         else:
             gamma, solver = uniform, {}
-        teacher = torch.einsum("n,nbc->bc", gamma, z)
         # Eq. 4's ensemble and the uniform average it is scored against stay outside the aggregation hook: einsum's
-        # reduction rounds otherwise than the hook's sum of float64 terms, and the teacher trains every client
+        # reduction rounds otherwise than the hook's sum of float64 terms, and the teacher trains every client. A
+        # robust rule (ensemble=uniform only) replaces the uniform teacher: over the clients' (B, C) logit tables, one
+        # vote each; server/uniform_* still score the plain average
         avg = torch.einsum("n,nbc->bc", uniform, z)
+        if self.cfg.aggregation.rule != "mean":
+            teacher = ctx.aggregation.mean(list(z.unbind(0)), [1.0] * n)
+        else:
+            teacher = torch.einsum("n,nbc->bc", gamma, z)
         metrics = {
             "server/teacher_ce": float(F.cross_entropy(teacher, y)),
             "server/uniform_ce": float(F.cross_entropy(avg, y)),

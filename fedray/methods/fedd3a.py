@@ -108,6 +108,8 @@ class FedD3A(Algorithm):
     name = "fedd3a"
     synchronous_because = "Eq. 6-7's teacher ensembles one round's uploads on the server's data"
     Params = FedD3AParams
+    mean_only_because = ("Eq. 6-7's teacher weighs each client's logits per sample by its domain discrepancy, a "
+                         "weighting the method computes, not a mean a rule could replace")
     shared_architecture = False  # heterogeneous clients distil from the global model (the paper's Fig. 6)
     #: This round's cosines r, teacher probabilities and random-weighting seed, kept for server_diagnostics
     #: only (the method never reads them back; not server state, so not checkpointed).

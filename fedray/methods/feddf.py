@@ -7,6 +7,9 @@ the teacher is softmax of the mean of the clients' logits (at temperature T). De
 Adam lr 1e-3, batch 128, T=1, early stopping on a held-out part of the server data when the student's
 agreement with the ensemble's argmax stops improving. The paper allows up to 10^4 distillation steps;
 the default here is ``distill_epochs`` = 2 passes over the server data (CPU-sized), with early stopping.
+
+Under a robust ``aggregation.rule`` (median, trimmed mean, Krum, Multi-Krum) both means become the rule: the fused
+model's start over the uploaded models, and the teacher over the clients' logit tables on the server's data.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (DistillSettings, ExperimentConfig, ServerContext, derive_seed, distil,
+from fedray.methods.api import (VALUE_RULES, DistillSettings, ExperimentConfig, ServerContext, derive_seed, distil,
                                 require_server_data, soft_targets, teacher_logits)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
 
@@ -38,6 +41,14 @@ class FedDF(FedAvg):
     name = "feddf"
     synchronous_because = "it distils the ensemble of one round's uploads on the server's data"
     Params = FedDFParams
+    # the fused model's start, a mean of models trained from state.weights, and the teacher, the ensemble of the
+    # uploaded models' logits on the server's data: both under aggregation.rule
+    robust_means = ("weights", "teacher")
+
+    @classmethod
+    def robust_rules(cls, params: BaseModel) -> tuple[tuple[str, ...], str]:
+        return VALUE_RULES, ("its teacher, the ensemble of the clients' logits, is not an update from a reference "
+                             "model that norm bounding or FLTrust could measure")
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
@@ -58,12 +69,19 @@ class FedDF(FedAvg):
     def server_update(self, state: ModelState, uploads: list[ModelUpload],
                       ctx: ServerContext) -> tuple[ModelState, dict[str, float]]:
         assert self.server_data is not None
-        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
+        average = ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads],
+                                       reference=state.weights)
         model, x = ctx.modules.model, self.server_data.x
         logits = teacher_logits(((model, u.weights) for u in uploads), x, self.spec, self.cfg.federation.eval_batch_size)
-        # the teacher: the ensemble of the uploaded models' logits on the server's data, which the server computes; a
-        # float32 mean (the aggregation hook's float64 sum would change its bits)
-        targets = soft_targets(logits.mean(0), self.params.temperature)
+        # the teacher: the ensemble of the uploaded models' logits on the server's data, which the server computes.
+        # Under the mean a float32 mean (the hook's float64 sum would change its bits); under a robust rule the rule
+        # over the clients' (server samples x classes) logit tables, one vote each (the median per sample and class,
+        # Krum's choice among the tables)
+        if self.cfg.aggregation.rule == "mean":
+            ensemble = logits.mean(0)
+        else:
+            ensemble = ctx.aggregation.mean(list(logits.unbind(0)), [1.0] * len(uploads))
+        targets = soft_targets(ensemble, self.params.temperature)
         weights, metrics = distil(model, average, x, targets, self.spec, self.settings(),
                                   derive_seed(ctx.seed, "feddf/distill"), ctx.cuda_graphs)
         self._round = (targets, average, weights)  # for server_diagnostics, this process only

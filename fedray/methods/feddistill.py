@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, IGNORE_LABEL,
+from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL,
                                 LocalTraining, Payload, PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field, kl_rows,
                                 row_mean, soft_targets, to_float, values_field)
 
@@ -70,13 +70,11 @@ class FedDistill(PersonalisedAlgorithm):
     # coordinate-wise rule (median, trimmed mean) may replace; Krum's distances and the rules that read updates from a
     # broadcast model (norm_bound, fltrust) mean nothing for these rows, and check_config refuses them
     robust_means = ("logits",)
-    ROW_RULES = ("mean", "median", "trimmed_mean")
 
     @classmethod
-    def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:
-        if cfg.aggregation.rule not in cls.ROW_RULES:
-            raise ConfigError("aggregation.rule", f"feddistill aggregates per-label logit rows, not models: "
-                              f"{cfg.aggregation.rule} does not apply; allowed: {', '.join(cls.ROW_RULES)}")
+    def robust_rules(cls, params: BaseModel) -> tuple[tuple[str, ...], str]:
+        return ("mean", "median", "trimmed_mean"), ("it aggregates per-label logit rows over the clients holding each "
+                                                    "label, not models")
 
     def init_server_state(self, modules: None) -> LabelLogits:
         return LabelLogits()

@@ -101,6 +101,8 @@ class FedFTG(FedAvg):
     name = "fedftg"
     synchronous_because = "it fine-tunes against one round's uploads as teachers"
     Params = FedFTGParams
+    mean_only_because = ("its fine-tuning's teacher weighs each client's model per label by the label shares of the "
+                         "uploaded counts, a weighting, not a mean a rule could replace")
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:

@@ -103,6 +103,8 @@ class FedGen(FedAvg):
     name = "fedgen"
     synchronous_because = "its generator learns from one round's heads together"
     Params = FedGenParams
+    mean_only_because = ("its generator's teacher weighs each client's head per label by the label shares of the "
+                         "uploaded counts, a weighting, not a mean a rule could replace")
 
     @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: BaseModel) -> None:

@@ -52,12 +52,12 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from fedray.methods.api import (CacheParams, ClientContext, ClientResult, ClientState, DAFLGenerator, IGNORE_LABEL,
                                 LocalTraining, OptimSpec, Payload, StepwiseTraining, Trained, Update, Weights,
                                 batch_rows, build_model, clone_weights, derive_seed, frozen_bn_stats, is_weights_only,
-                                kd_kl, make_optimizer, model_field, module_dict, optim, to_device, weights_only)
+                                kd_kl, make_optimizer, model_field, module_dict, optim, to_device, weights_only, VALUE_RULES)
 from fedray.methods.fedavg import FedAvg, ModelPayload
 
 
@@ -139,8 +139,16 @@ def generator_losses(logits: torch.Tensor, features: torch.Tensor,
 class FedKF(FedAvg):
     name = "fedkf"
     keeps_cache = True
+    robust_means = ("weights",)  # FedAvg's server step (the ACA model), and the OCA model's mean over the cache
     synchronous_because = "its cache and teacher are built from one round's cohort"
     Params = FedKFParams
+
+    @classmethod
+    def robust_rules(cls, params: BaseModel) -> tuple[tuple[str, ...], str]:
+        # the OCA model, every client's teacher, is built whatever report_model says: a mean over slots trained from
+        # the models of older rounds, so only the rules that read no reference model apply
+        return VALUE_RULES, ("its OCA model (the clients' teacher, built every round) averages cached models trained "
+                             "from older rounds' models: no one reference for a rule of updates")
 
     @property
     def uses_cache(self) -> bool:

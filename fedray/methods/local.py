@@ -39,6 +39,7 @@ class EmptyUpload(Upload):
 class Local(PersonalisedAlgorithm):
     name = "local"
     synchronous_because = "isolated training aggregates nothing"
+    mean_only_because = "isolated training aggregates nothing"
 
     def init_server_state(self, modules: None) -> NoServerState:
         return NoServerState()

@@ -81,6 +81,7 @@ def qffl_step(w: Weights, uploads: list[QFFLUpload]) -> Weights:
 class QFFL(FedAvg):
     name = "qffl"
     Params = QFFLParams
+    mean_only_because = "its server step is a ratio of sums of the clients' Delta and h (Alg. 2), not a mean"
     asynchronous = True  # its own rebase: Delta_k is a step, applied to the current model
 
     def rebase(self, upload: QFFLUpload, sent: ModelPayload, current: ModelState, weight: float) -> QFFLUpload:

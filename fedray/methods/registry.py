@@ -13,6 +13,7 @@ from fedray.system.protocol import schedule_class
 from fedray.config import ExperimentConfig
 from fedray.load import load_config
 from fedray.errors import ConfigError
+from fedray.learning.robust import VALUE_RULES
 from fedray.methods.api import Algorithm, CacheParams, ClientContext, ClientResult, DataSpec, ServerContext
 from fedray.models import MODEL_NAMES
 
@@ -153,16 +154,18 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
         shape, classes = input_spec(cfg.data)
         cfg.adversary.check(cfg.data.num_clients, classes, shape[1:])
     rule = cfg.aggregation.rule
-    if rule != "mean" and not method.robust_means:
-        able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.robust_means and c.__module__.startswith(
-            "fedray."))
-        raise ConfigError("aggregation.rule", f"'{method.name}' takes only the mean: a robust rule would replace a mean "
-                          f"of its server step that is not one of models (its class declares no robust_means); "
-                          f"methods that can: {able}")
+    rules, why = method.robust_rules(params)
+    if rule not in rules:
+        able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.__module__.startswith("fedray.")
+                         and rule in c.robust_rules(c.parse_params({}))[0])
+        takes = "only the mean" if rules == ("mean",) else f"the rules {', '.join(rules)}"
+        raise ConfigError("aggregation.rule", f"'{method.name}' takes {takes} here: {why}; methods that take {rule} "
+                          f"(with their defaults): {able or 'none'}")
     if method.keeps_cache:
-        if rule != "mean" and params.report_model == "oca":
-            raise ConfigError("algorithm.report_model", f"the cache's OCA model averages models of older rounds, which "
-                              f"aggregation.rule={rule} is not declared for; use report_model=aca or rule=mean")
+        if rule not in VALUE_RULES and params.report_model == "oca":
+            raise ConfigError("algorithm.report_model", f"the cache's OCA model averages slots trained from the models "
+                              f"of older rounds, no one reference for aggregation.rule={rule} to measure updates from; "
+                              f"use report_model=aca or a rule of values ({', '.join(VALUE_RULES[1:])})")
         if stale and params.report_model == "oca":
             raise ConfigError("algorithm.report_model", "the cache's slots hold one round's cohort; with "
                               f"federation.mode={mode} use report_model=aca")

@@ -58,6 +58,8 @@ class Scaffold(FedAvg):
     name = "scaffold"
     synchronous_because = "its server control variate averages one round's corrections"
     Params = ScaffoldParams
+    mean_only_because = ("its server step also averages the clients' control variates, which a rule over models would "
+                         "leave inconsistent with the model it keeps")
 
     @classmethod
     def check_config(cls, cfg, params) -> None:

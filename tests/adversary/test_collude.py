@@ -84,7 +84,7 @@ REFUSED = {"fedd3a", "fedd3a-heterogeneous", "local", "qffl"}
 @pytest.mark.parametrize("case", sorted(__import__("tests.conftest", fromlist=["METHOD_CASES"]).METHOD_CASES))
 def test_every_method_runs_two_rounds_under_an_attack_and_a_defence_or_refuses_in_one_line(case):
     """Forged logits for the methods that upload logits, a scaled sign flip for the others; the coordinate median
-    where the method declares its means robust, else the mean."""
+    where the method's case takes it (FedKF, FedDF included), else the mean."""
     from fedray.errors import ConfigError, RunFailure
     from fedray.methods import get_algorithm
     from tests.conftest import method_config
@@ -92,7 +92,9 @@ def test_every_method_runs_two_rounds_under_an_attack_and_a_defence_or_refuses_i
     name = case.split("-")[0]
     attack = {"adversary__attack": "forge_logits"} if name in LOGITS else {"adversary__attack": "sign_flip",
                                                                            "adversary__scale": 3.0}
-    rule = "median" if get_algorithm(name).robust_means else "mean"
+    method = get_algorithm(name)
+    params = method.parse_params(method_config(case).algorithm.params())
+    rule = "median" if "median" in method.robust_rules(params)[0] else "mean"
     try:
         history = run_experiment(method_config(case, federation__rounds=2, federation__local_steps=1,
                                                adversary__clients=[0], aggregation__rule=rule, **attack),
@@ -125,6 +127,7 @@ def test_feddistills_label_rows_take_the_median_over_the_clients_holding_each_la
 
     assert table("median") == [[3.0, 0.0], [0.0, 3.0]]  # row 0: medians of (1, 3, 100), (0, 0, 100)
     assert torch.allclose(torch.tensor(table("mean")), torch.tensor([[104 / 3, 100 / 3], [0.0, 3.0]]))
-    with pytest.raises(ConfigError, match="aggregation.rule: feddistill aggregates per-label logit rows"):
+    with pytest.raises(ConfigError, match="aggregation.rule: 'feddistill' takes the rules mean, median, "
+                                          "trimmed_mean here: it aggregates per-label logit rows"):
         validate_experiment(tiny_config(algorithm__name="feddistill", aggregation__rule="krum",
                                         federation__clients_per_round=5))

@@ -214,10 +214,12 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.ray
-def test_a_backdoor_run_on_ray_gives_the_in_process_figures(ray_local):
-    """Poisoned on the workers, scored on two of them (the triggered test set among the fixed batches): the
-    in-process figures exactly."""
-    cfg = validate_experiment(tiny_config(**BACKDOOR, federation__local_steps=2))
+def test_a_backdoor_run_under_fltrust_on_ray_gives_the_in_process_figures(ray_local):
+    """Poisoned on the workers, aggregated by FLTrust in the server's own actor (its root data and g_0's training
+    there), scored on two workers (the triggered test set among the fixed batches): the in-process figures exactly,
+    each round's trust figures included."""
+    cfg = validate_experiment(tiny_config(**BACKDOOR, federation__local_steps=2, aggregation__rule="fltrust",
+                                          data__server_data__kind="holdout", data__server_data__per_class=5))
     ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
         update={"backend": "ray", "num_workers": 2, "server_in_driver": False})})
     data = build_federated_data(cfg.data, cfg.seed)
@@ -225,7 +227,10 @@ def test_a_backdoor_run_on_ray_gives_the_in_process_figures(ray_local):
     for run in (ray_cfg, cfg):
         with make_runtime(run, data) as rt:
             assert run is cfg or rt.spread_eval
-            for r in (1, 2):
-                rt.run_round(r, sample_clients(cfg.seed, r, 6, 3))
-            figures.append(rt.evaluate())
-    assert "eval/attack_success" in figures[0] and figures[0] == figures[1]
+            outcomes = [rt.run_round(r, sample_clients(cfg.seed, r, 6, 3)) for r in (1, 2)]
+            # what differs by runtime: the worker's pid, and Ray's own count of clients lost with a worker
+            rounds = [({k: v for k, v in o.server_metrics.items() if k != "health/dropped_clients"},
+                       [{k: v for k, v in i.items() if k != "pid"} for i in o.client_infos]) for o in outcomes]
+            figures.append((rounds, rt.evaluate()))
+    assert "eval/attack_success" in figures[0][1] and figures[0] == figures[1]
+    assert all("agg/fltrust_mean_trust" in metrics for metrics, _ in figures[0][0])

@@ -155,10 +155,33 @@ def test_a_method_with_other_means_refuses_a_robust_rule():
     assert e.value.key == "aggregation.rule" and "fedavg" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_cache_refuses_a_robust_rule():
+def test_the_cache_refuses_a_rule_of_updates_and_gives_each_slot_one_vote_under_a_rule_of_values():
+    """The OCA model under the median: every registered client's slot one vote, a never-filled one holding w0 (the
+    weighted mean gives w0 its slots' share instead); Krum's choice of the step's uploads survives the call over the
+    slots. A rule of updates has no one reference over slots of older rounds: refused, naming report_model."""
+    from fedray.learning.cached import init_cache, update_cache
+    from fedray.learning.robust import MultiKrum
+
     with pytest.raises(ConfigError) as e:
-        resolve_experiment(tiny_config(aggregation__rule="median", algorithm__report_model="oca"))
-    assert e.value.key == "algorithm.report_model"
+        resolve_experiment(tiny_config(aggregation__rule="norm_bound", aggregation__max_norm=1.0,
+                                       algorithm__report_model="oca"))
+    assert e.value.key == "algorithm.report_model" and "\n" not in str(e.value)
+    resolve_experiment(tiny_config(aggregation__rule="median", algorithm__report_model="oca"))  # taken
+
+    def w(v: float) -> dict:
+        return {"w": torch.tensor([v])}
+
+    cache = init_cache(w(0.0), num_clients=4)
+    one = update_cache(cache, [0], [w(9.0)], [10], build_rule("median"))
+    assert one.oca["w"].item() == 0.0  # (9, 0, 0, 0): w0 holds three of four votes
+    three = update_cache(cache, [0, 1, 2], [w(1.0), w(2.0), w(10.0)], [10, 10, 10], build_rule("median"))
+    assert three.oca["w"].item() == 1.5  # (0, 1, 2, 10): the middle two's mean
+    mean = update_cache(cache, [0, 1, 2], [w(1.0), w(2.0), w(10.0)], [10, 10, 10], build_rule("mean"))
+    assert mean.oca["w"].item() == pytest.approx(13 / 4)
+    krum = MultiKrum(f=0, m=1)
+    krum.kept = [2]  # the step's choice among its uploads
+    update_cache(cache, [0, 1, 2], [w(1.0), w(2.0), w(10.0)], [10, 10, 10], krum)
+    assert krum.kept == [2]
 
 
 def test_a_two_round_run_with_the_median():

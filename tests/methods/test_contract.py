@@ -182,7 +182,8 @@ def test_the_methods_that_run_async_declare_it_in_their_own_class():
 
 def test_robust_rules_hold_only_where_a_class_declares_its_means():
     """A robust aggregation.rule replaces every hook call of a server step, so a subclass that changes the step (q-FFL's
-    ratio of sums, SCAFFOLD's control variate, FedDF's distillation) takes only the mean until its own body says."""
+    ratio of sums, SCAFFOLD's control variate) takes only the mean until its own body says; a method whose calls
+    average logits (or a cache of older rounds' models) takes only the rules that read no reference model."""
     from fedray.methods.registry import check_declarations
 
     class Nova(FedAvg):
@@ -192,11 +193,25 @@ def test_robust_rules_hold_only_where_a_class_declares_its_means():
     with pytest.raises(ConfigError) as err:
         check_declarations(Nova, Nova.parse_params({}), tiny_config(aggregation__rule="median"))
     assert err.value.key == "aggregation.rule"
-    assert "methods that can: fedavg, feddistill, fedgkd, fedprox" in err.value.message
+    assert err.value.message.startswith("'nova' takes only the mean here: its class declares no robust_means")
+    assert "methods that take median (with their defaults): fedavg, feddf, feddistill, fedgkd, fedkf, fedprox" in \
+        err.value.message
+    every = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound", "fltrust")
+    values = every[:5]
+    expected = {"fedavg": every, "fedprox": every, "fedgkd": every, "feddf": values, "fedkf": values,
+                "feddistill": ("mean", "median", "trimmed_mean")}
     built_in = built_in_methods()
-    able = {name for name in built_in if ALGORITHMS[name].robust_means}
-    assert able == {"fedavg", "fedprox", "fedgkd", "feddistill"}
-    assert all("robust_means" in vars(ALGORITHMS[n]) for n in able)
+    for name in built_in:
+        cls = ALGORITHMS[name]
+        rules, why = cls.robust_rules(cls.parse_params({}))
+        assert rules == expected.get(name, ("mean",)), name
+        assert (why == "") == (rules == every), name  # every refusal says why
+    assert {name for name in built_in if ALGORITHMS[name].robust_means} == set(expected) | {"fedcd"}
+    assert all("robust_means" in vars(ALGORITHMS[n]) for n in set(expected) | {"fedcd"})
+    # FedCD: the uniform teacher takes the rules of values, Eq. 4's fitted one only the mean, saying how to get one
+    fedcd = ALGORITHMS["fedcd"]
+    assert fedcd.robust_rules(fedcd.parse_params({"ensemble": "uniform"}))[0] == values
+    assert "algorithm.ensemble=uniform" in fedcd.robust_rules(fedcd.parse_params({}))[1]
 
 
 def test_the_cache_with_async_is_refused_in_the_one_place_modes_are_checked():

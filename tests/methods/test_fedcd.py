@@ -83,6 +83,30 @@ def test_server_step_weights_the_uploaded_logits_by_eq4():
     assert algo.broadcast(state, 2).teacher is state.teacher  # next round's teacher is this batch's ensemble
 
 
+def test_the_uniform_teacher_takes_a_robust_rule_over_the_clients_logit_tables():
+    """ensemble=uniform under the median: the teacher is the coordinate-wise median of the three clients' tables, a
+    forged table (100s) outvoted; server/uniform_* still score the plain average. Eq. 4's teacher refuses the rule."""
+    from fedray.errors import ConfigError
+    from fedray.learning.robust import build_rule
+
+    cfg = validate_experiment(tiny_config(**FEDCD, algorithm__shared_batch=4, algorithm__ensemble="uniform",
+                                          aggregation__rule="median"))
+    algo = FedCD(cfg, None)
+    y_all = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1])
+    algo.server_data = ServerSideData(x=torch.zeros(10, 1, 16, 16, dtype=torch.uint8), y=y_all)
+    y = y_all[algo.shared_indices(1)]
+    good = 5.0 * torch.nn.functional.one_hot(y, 10).float()
+    tables = [good, good + 1.0, torch.full((4, 10), 100.0)]
+    uploads = [FedCDUpload(client_id=c, logits=z) for c, z in enumerate(tables)]
+    state, metrics = algo.server_update(algo.init_server_state(None), uploads, ServerContext(
+        round=1, seed=0, device=torch.device("cpu"), modules=None, aggregation=build_rule("median")))
+    assert torch.equal(state.teacher, good + 1.0)
+    plain = torch.stack(tables).double().mean(0)
+    assert metrics["server/uniform_ce"] == pytest.approx(float(torch.nn.functional.cross_entropy(plain, y)))
+    with pytest.raises(ConfigError, match="aggregation.rule: 'fedcd' takes only the mean here: Eq. 4's teacher"):
+        validate_experiment(tiny_config(**FEDCD, aggregation__rule="median"))
+
+
 def test_shared_batch_is_seeded_and_changes_with_the_round():
     algo = FedCD(validate_experiment(tiny_config(**FEDCD)), None)
     algo.server_data = ServerSideData(x=torch.zeros(100, 1, 16, 16, dtype=torch.uint8), y=torch.zeros(100).long())

@@ -158,6 +158,36 @@ def test_feddf_server_step_distils_the_softmax_of_the_mean_logits_into_the_avera
     assert "head.bias" in moved  # trained from the average for its one step
 
 
+def test_feddf_under_the_median_takes_it_for_the_students_start_and_for_the_teacher():
+    """Three uploads whose logits are their head biases, the third forged (100 on class 0): under the median the
+    student starts from the coordinate median of the models (bias (2, 0): the middle of (2, 0, 100) and of (0, 4, 0)),
+    and the teacher is softmax of the median of the logits (the same (2, 0) / T): its first KD loss is 0, where the
+    mean's teacher would be dominated by the forged logit. Norm bounding is refused for FedDF in one line."""
+    from fedray.errors import ConfigError
+    from fedray.learning.robust import build_rule
+    from fedray.methods.fedavg import ModelUpload
+    from fedray.methods.feddf import FedDF
+
+    t = 2.0
+    cfg = validate_experiment(tiny_config(algorithm__name="feddf", algorithm__temperature=t, algorithm__patience=0,
+                                          algorithm__distill_epochs=1, aggregation__rule="median", **SERVER))
+    algo = FedDF(cfg, SPEC)
+    algo.server_data = ServerSideData(x=torch.full((8, 1, 16, 16), 200, dtype=torch.uint8), y=None)
+    modules = algo.build_modules()
+    state = algo.init_server_state(modules)
+    biases = ([2.0, 0.0], [0.0, 4.0], [100.0, 0.0])
+    uploads = [ModelUpload(_with_head_bias(state.weights, b), num_samples=n) for b, n in zip(biases, (1, 3, 9))]
+    ctx = ServerContext(round=1, seed=0, device=torch.device("cpu"), modules=modules, aggregation=build_rule("median"))
+    new, metrics = algo.server_update(state, uploads, ctx)
+    assert metrics["server/kd_loss_first"] == pytest.approx(0.0, abs=1e-6)  # the student's start is the teacher
+    assert algo._round[1]["head.bias"].tolist() == [2.0] + [0.0] * 9
+    assert torch.allclose(algo._round[0], torch.tensor([_softmax([2.0 / t] + [0.0] * 9)] * 8))
+    with pytest.raises(ConfigError, match="aggregation.rule: 'feddf' takes the rules mean, median, trimmed_mean, "
+                                          "krum, multi_krum here: its teacher"):
+        validate_experiment(tiny_config(algorithm__name="feddf", aggregation__rule="norm_bound",
+                                        aggregation__max_norm=1.0, **SERVER))
+
+
 @pytest.mark.parametrize("direction", ["teacher_student", "student_teacher"])
 def test_fedd3a_server_step_weights_each_teacher_by_eq6_and_mixes_their_softmaxes_by_eq7(direction):
     """Two clients: P_1 = I keeps every feature (r_1 = cos(u, u) = 1), P_2 = 0 none (r_2 = 0, by definition), so

@@ -84,6 +84,8 @@ class DaFKD(Algorithm):
     name = "dafkd"
     synchronous_because = "Eq. 7's ensemble weighs one round's discriminators together"
     Params = DaFKDParams
+    mean_only_because = ("Eq. 7's teacher weighs each client's logits per sample by its discriminator (Theorem 1), "
+                         "a weighting, not a mean a rule could replace")
 
     @classmethod
     def check_config(cls, cfg, params: DaFKDParams) -> None:
