@@ -20,6 +20,7 @@ from fedray.paths import absolute_path
 from fedray.adversary.config import AdversaryConfig
 from fedray.channel.config import ChannelConfig
 from fedray.learning.aggregation_config import AggregationConfig
+from fedray.privacy.config import PrivacyConfig
 from fedray.system import SystemConfig, check_traces
 from fedray.system.protocol import schedule_class
 
@@ -311,6 +312,7 @@ class ExperimentConfig(_Strict):
     channel: ChannelConfig = Field(default_factory=ChannelConfig)
     aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
     adversary: AdversaryConfig = Field(default_factory=AdversaryConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "ExperimentConfig":
@@ -350,6 +352,11 @@ class ExperimentConfig(_Strict):
         self.aggregation.check(fed.buffer(), self.data.server_data)  # the uploads of one server step, FLTrust's root
         # its classes and images: with the method's checks (methods/registry.py)
         self.adversary.check(self.data.num_clients, availability=self.system.availability)
+        self.privacy.check(self.aggregation.rule)
+        if self.privacy.target_epsilon is not None:
+            from fedray.privacy.accounting import check_budget
+
+            check_budget(self)
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self

@@ -43,8 +43,10 @@ class RunResult:
     output_dir: Path | None
 
 
-def should_evaluate(cfg: ExperimentConfig, round_: int) -> bool:
-    return round_ % cfg.federation.eval_every == 0 or round_ == cfg.federation.rounds
+def should_evaluate(cfg: ExperimentConfig, round_: int, end: int | None = None) -> bool:
+    """Whether ``round_`` is evaluated: every ``eval_every`` rounds and the run's last, ``end`` (the run's rounds, or
+    the last one ``privacy.target_epsilon`` allows: :func:`fedray.privacy.accounting.last_round`)."""
+    return round_ % cfg.federation.eval_every == 0 or round_ == (cfg.federation.rounds if end is None else end)
 
 
 def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str, total_s: float,
@@ -67,6 +69,8 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     summary["comm/bytes_down"] = float(sum(row["comm/bytes_down"] for row in history))
     if bytes_setup:  # one-time, before round 1 (e.g. FedCD's shared validation images to every client)
         summary["comm/bytes_setup"] = float(bytes_setup)
+    if history and "privacy/epsilon" in history[-1]:  # client-level DP's epsilon after the last round
+        summary["privacy/epsilon"] = float(history[-1]["privacy/epsilon"])
     if history and "sim/clock_s" in history[-1]:  # the simulated system's clock at the end
         summary["sim/clock_s"] = float(history[-1]["sim/clock_s"])
     if traces := trace_digests(cfg.system):
@@ -160,12 +164,13 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
                     # The killed run may have died between writing its checkpoint and recording that round.
                     getattr(hook, "on_resume", lambda h: None)(history)
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
-            with ConsoleReporter(fed.rounds, title, enabled=progress, done=len(history)) as bar:
-                for r in range(len(history) + 1, fed.rounds + 1):
-                    row = _round(cfg, runtime, r, schedule, client_history, event_history)
+            end = privacy_rounds(cfg)
+            with ConsoleReporter(end, title, enabled=progress, done=len(history)) as bar:
+                for r in range(len(history) + 1, end + 1):
+                    row = _round(cfg, runtime, r, schedule, client_history, event_history, end)
                     history.append(row)
                     bar.update(row)
-                    if every and (r % every == 0 or r == fed.rounds):  # the last one too: a run may be extended
+                    if every and (r % every == 0 or r == end):  # the last one too: a run may be extended
                         folder = _checkpoint(Path(output_dir), cfg, runtime, history, schedule)
                         for hook in hooks:
                             getattr(hook, "on_checkpoint", lambda f: None)(folder)
@@ -179,7 +184,7 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
             out = Path(output_dir) if output_dir is not None else None
             if out is not None:
                 write_run_outputs(out, cfg, data, history, summary, final_weights, clients, client_history,
-                                  [row["round"] for row in history if should_evaluate(cfg, row["round"])],
+                                  [row["round"] for row in history if should_evaluate(cfg, row["round"], end)],
                                   event_history)
             result = RunResult(summary, history, out)
         except BaseException as exc:
@@ -241,8 +246,24 @@ def _checkpoint(out: Path, cfg: ExperimentConfig, runtime: Runtime, history: lis
     return out
 
 
+def privacy_rounds(cfg: ExperimentConfig) -> int:
+    """The rounds the run makes: ``federation.rounds``, or fewer where ``privacy.target_epsilon`` stops it (a finished
+    run); with privacy on, one line saying what the accountant assumes."""
+    if not cfg.privacy.enabled:
+        return cfg.federation.rounds
+    from fedray.privacy.accounting import amplification, last_round
+
+    log.info("privacy: %s", amplification(cfg)[1])
+    end = last_round(cfg)
+    if end < cfg.federation.rounds:
+        log.info("privacy.target_epsilon=%g: the run stops after round %d, before the round that would pass it",
+                 cfg.privacy.target_epsilon, end)
+    return end
+
+
 def _round(cfg: ExperimentConfig, runtime: Runtime, r: int, schedule: Schedule,
-           client_history: ClientHistory | None = None, events: EventHistory | None = None) -> dict[str, Any]:
+           client_history: ClientHistory | None = None, events: EventHistory | None = None,
+           end: int | None = None) -> dict[str, Any]:
     """Round ``r``: the schedule's server step (its work run by the runtime), then evaluation."""
     t0 = time.perf_counter()
     report = schedule.step(r, runtime)
@@ -250,7 +271,11 @@ def _round(cfg: ExperimentConfig, runtime: Runtime, r: int, schedule: Schedule,
         events.add(r, report.events)
     row: dict[str, Any] = {"round": r, **summarise_clients(report.step.infos), "comm/bytes_down": report.bytes_down,
                            **report.step.metrics, **report.sim}
-    evaluated, t_eval = should_evaluate(cfg, r), time.perf_counter()
+    if cfg.privacy.enabled:  # epsilon after this step, a function of the config and the steps (no state)
+        from fedray.privacy.accounting import epsilon
+
+        row["privacy/epsilon"] = epsilon(cfg, r)
+    evaluated, t_eval = should_evaluate(cfg, r, end), time.perf_counter()
     row.update(runtime.evaluate() if evaluated else dict.fromkeys(EVAL_KEYS))
     row["time/eval_s"] = time.perf_counter() - t_eval if evaluated else 0.0
     if evaluated and client_history is not None:

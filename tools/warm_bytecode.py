@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 SIDES = ("import torch, torchvision",
-         "import ray, ray.tune, mlflow, optuna, pandas, pyarrow.parquet, matplotlib.pyplot")
+         "import ray, ray.tune, mlflow, optuna, pandas, pyarrow.parquet, matplotlib.pyplot, dp_accounting")
 
 
 def main() -> int:

@@ -15,7 +15,9 @@ rounds (30, quickstart's) for every method, ``--seeds`` (0 1 2). Each method on 
   reported;
 - ``fedcd`` (Ahmad and Aral): ``fedcd_fmnist`` (K = 10, all every round, 50 labelled holdout images a class, SGD
   lr 0.05, 10 local steps, evaluated every 2 rounds) with LeNet-5 for every user (FedCD_basic's one architecture,
-  the others' model; the preset's ten architectures cost ~10x a round), accuracy the mean of its personal models'.
+  the others' model; the preset's ten architectures cost ~10x a round), accuracy the mean of its personal models';
+- ``fedcd_uniform``: the same with ``algorithm.ensemble=uniform``, the plain average of the clients' logits as the
+  teacher instead of Eq. 4's fitted weights: the FedCD whose teacher a robust rule may replace.
 FedDF rather than FedD3A: FedD3A's Fashion-MNIST preset splits by domain (fmnist_domains), not by Dirichlet alpha.
 
 Attacks (``adversary.attack``; docs/adversaries.md): ``none``; ``sign_flip`` (Damaskinos et al. 2018; Fang et al.,
@@ -26,12 +28,14 @@ is ``eval/attack_success``; ``forge_logits`` (the target's logit raised above ev
 upload logits. Rules (``aggregation.rule``): ``mean``; ``median`` and ``trimmed_mean`` (Yin et al., ICML 2018); ``krum``
 (Blanchard et al., NeurIPS 2017). f = the malicious clients expected in a round, rounded up (ceil(0.2 x clients a
 round): 2 of FedAvg's 8, within Krum's 2f + 2 < n); the trimmed mean drops f / n of each end (beta = 0.25: Yin et al.'s
-beta >= the Byzantine share). Only methods declaring their means robust take a rule other than the mean
-(``robust_means``: FedAvg here); FedKF, FedCD and FedDF refuse one before any work, so their grid is the mean alone and
-the record says those defences are not available to them. A (method, attack) whose upload has nothing the attack forges
+beta >= the Byzantine share: 0.25 of FedAvg's, FedDF's and FedKF's, 0.2 of FedCD's 10). Each method takes the
+rules its class says (``robust_rules``, docs/adversaries.md): FedAvg every one; FedDF the rules over its fused model's
+start and over its teacher, the clients' logit tables; FedKF over its ACA and OCA models (not Krum: its 4 uploads a
+round are too few for f = 1, REFUSED_RULES); FedCD with Eq. 4 only the mean (its teacher is fitted weights, not a mean),
+with ``ensemble=uniform`` every rule over its teacher. A (method, attack) whose upload has nothing the attack forges
 is not in the grid either (REFUSED_ATTACKS says why; tests/test_benchmarks.py checks every cell of the cross product
-validates or is one of these). The grid: FedAvg 4 attacks x 4 rules, FedKF and FedDF 4 attacks, FedCD 3 (none, backdoor,
-forged logits): 27 cells, 81 runs with 3 seeds.
+validates or is one of these). The grid: FedAvg and FedDF 4 attacks x 4 rules, FedKF 4 x 3, FedCD 3 attacks (none,
+backdoor, forged logits) x the mean, FedCD uniform 3 x 4: 59 cells, 177 runs with 3 seeds.
 
 The record (``OUT/adversaries_fmnist.md`` and ``.json``): per method, each cell's accuracy (mean of the last 5
 evaluations, mean ± std over seeds), minus its no-attack cell under the same rule and minus the mean under the same

@@ -152,11 +152,20 @@ def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
         from fedray.data.datasets import input_spec
 
         stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed, setup_counts))
+    p = cfg.privacy
+    if p.enabled:
+        from fedray.privacy.stages import CentralNoise, Clip, LocalNoise
+
+        stages.append(Clip(p.clip))
+        if p.mechanism == "local":
+            stages.append(LocalNoise(p.clip, p.noise_multiplier, cfg.seed))
     if cfg.channel.compresses:
         stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":
         stages.append(Precision(cfg.channel.precision))
     a = cfg.aggregation
+    if p.mechanism == "central":  # the hook's one rule: the noised sum (aggregation.rule=mean, checked)
+        return Channel(stages, CentralNoise(p.clip, p.noise_multiplier, cfg.federation.buffer(), cfg.seed))
     return Channel(stages, build_rule(a.rule, beta=a.beta, f=a.f, m=a.m, max_norm=a.max_norm))
 
 

@@ -108,7 +108,7 @@ def fltrust(updates: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
 
 
 # --- the hook's rules ----------------------------------------------------------------------------------------------
-def _flatten(item: object) -> torch.Tensor:
+def as_vector(item: object) -> torch.Tensor:
     """An upload's floating entries as one float64 vector (a weights dict: its floating tensors in key order)."""
     if isinstance(item, dict):
         return torch.cat([v.reshape(-1).to(torch.float64) for v in item.values() if torch.is_floating_point(v)])
@@ -116,7 +116,7 @@ def _flatten(item: object) -> torch.Tensor:
     return item.reshape(-1).to(torch.float64)
 
 
-def _unflatten(vector: torch.Tensor, like: T) -> T:
+def from_vector(vector: torch.Tensor, like: T) -> T:
     """``vector`` back in the layout and dtypes of ``like``; a weights dict's integer buffers (BatchNorm's
     ``num_batches_tracked``) are ``like``'s, as :func:`~fedray.learning.weights.weighted_average` keeps the first
     client's."""
@@ -151,13 +151,13 @@ class RobustRule(Aggregation):
         if self.needs_reference and reference is None:
             raise ValueError(f"aggregation.rule={self.name} aggregates updates, so it needs the model the clients "
                              "started from: call ctx.aggregation.mean(items, weights, reference=<the broadcast model>)")
-        x = torch.stack([_flatten(item) for item in items])
+        x = torch.stack([as_vector(item) for item in items])
         if self.needs_reference:
-            r = _flatten(reference)
+            r = as_vector(reference)
             out = r + self.combine(x - r, weights)
         else:
             out = self.combine(x, weights)
-        return _unflatten(out, items[0])
+        return from_vector(out, items[0])
 
     def combine(self, x: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
         raise NotImplementedError
@@ -219,7 +219,7 @@ class NormBound(RobustRule):
 
 
 def root_vector(root: RootUpdate, like: object) -> torch.Tensor:
-    """g_0 flattened as :func:`_flatten` flattens ``like``, an item of the hook's call: of the root upload's model
+    """g_0 flattened as :func:`as_vector` flattens ``like``, an item of the hook's call: of the root upload's model
     tensors, the one model with ``like``'s layout (a weights dict: the dict in the upload whose entries are
     ``like``'s floating ones, same keys, shapes and order; a tensor: the one tensor of its shape). The root upload is
     the method's own, so its model matches the items of the method's mean; none or several is a bug."""
@@ -292,5 +292,5 @@ def build_rule(rule: str, *, beta: float = 0.1, f: int = 1, m: int = 1,
     return makers[rule]()
 
 
-__all__ = ["ALL_RULES", "VALUE_RULES", "FLTrust", "Median", "MultiKrum", "NormBound", "RobustRule", "TrimmedMean", "build_rule", "fltrust",
+__all__ = ["ALL_RULES", "VALUE_RULES", "FLTrust", "as_vector", "from_vector", "Median", "MultiKrum", "NormBound", "RobustRule", "TrimmedMean", "build_rule", "fltrust",
            "fltrust_scores", "krum_scores", "median", "multi_krum", "norm_bound", "root_vector", "trimmed_mean"]

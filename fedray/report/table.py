@@ -17,6 +17,7 @@ Tables V-VIII:
 - ``attack success``, ``malicious a round``, ``malicious kept a round``: runs with an adversary
   (``adversary.*``): ``eval/attack_success`` at the last round, in %; ``adv/malicious_uploads`` and
   ``adv/malicious_kept`` averaged over the rounds.
+- ``ε``: runs with client-level DP (``privacy.*``): ``privacy/epsilon`` after the last round.
 - ``FM``: FedKF Def. 2, the population variance of per-client accuracy, in fraction^2 units scaled by
   10^3, i.e. printed as "FM (x10^-3)". This is what FedKF prints: its Table II example gives FM = 0.00667
   for accuracies 0.6 / 0.7 / 0.8 (fraction^2), and Tables V-VII head the column "FM (x10^-3)" (or
@@ -59,6 +60,7 @@ LAST_N = 5
 LAST_N_COLUMN = f"last {LAST_N} (%)"
 VAL_COLUMN = "val (%)"
 ATTACK_COLUMN = "attack success (%)"
+EPSILON_COLUMN = "ε"
 # runs with an adversary (docs/adversaries.md): per-round figures shown as their mean over the run's rounds
 ADVERSARY_COLUMNS: tuple[tuple[str, str], ...] = (("adv/malicious_uploads", "malicious a round"),
                                                    ("adv/malicious_kept", "malicious kept a round"))
@@ -289,6 +291,10 @@ def build_table(
         if attack:  # a backdoor's runs
             row[ATTACK_COLUMN] = fmt_mean_std(attack, 100.0, 2)
             stats["eval/attack_success"] = attack
+        epsilon = [v for v in (_final(r, "privacy/epsilon") for r in g.runs) if v is not None]
+        if epsilon:  # private runs: epsilon after their last round
+            row[EPSILON_COLUMN] = fmt_mean_std(epsilon, 1.0, 2)
+            stats["privacy/epsilon"] = epsilon
         for key, header in ADVERSARY_COLUMNS:
             per_run = [v for v in (_round_mean(r, key) for r in g.runs) if v is not None]
             if per_run:
@@ -335,6 +341,9 @@ def footnote(rows: Sequence[dict]) -> str:
     if ATTACK_COLUMN in cols:
         parts.append("attack success: the backdoor's share of triggered test images of other classes the global "
                      "model calls the target, at the last round (docs/adversaries.md).")
+    if EPSILON_COLUMN in cols:
+        parts.append("ε: client-level DP's epsilon at the run's privacy.delta after its last round, from "
+                     "dp-accounting (docs/privacy.md).")
     if any(header in cols for _, header in ADVERSARY_COLUMNS):
         parts.append("malicious (kept) a round: the malicious clients among a server step's uploads (among those "
                      "Krum kept), mean over the rounds and seeds.")

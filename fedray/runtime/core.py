@@ -374,6 +374,7 @@ class ServerCore:
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs,
                             aggregation=self.channel.aggregation)
+        self.channel.aggregation.start_step(round_)
         root = self._root_update(round_) if self.channel.aggregation.needs_root else None
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
         if self.malicious:

@@ -214,12 +214,14 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.ray
-def test_a_backdoor_run_under_fltrust_on_ray_gives_the_in_process_figures(ray_local):
-    """Poisoned on the workers, aggregated by FLTrust in the server's own actor (its root data and g_0's training
-    there), scored on two workers (the triggered test set among the fixed batches): the in-process figures exactly,
-    each round's trust figures included."""
+def test_a_backdoor_run_under_fltrust_and_local_noise_on_ray_gives_the_in_process_figures(ray_local):
+    """Poisoned on the workers, clipped and noised there (privacy.mechanism=local), aggregated by FLTrust in the
+    server's own actor (its root data and g_0's training there), scored on two workers (the triggered test set among
+    the fixed batches): the in-process figures exactly, each round's trust figures included."""
     cfg = validate_experiment(tiny_config(**BACKDOOR, federation__local_steps=2, aggregation__rule="fltrust",
-                                          data__server_data__kind="holdout", data__server_data__per_class=5))
+                                          data__server_data__kind="holdout", data__server_data__per_class=5,
+                                          privacy__mechanism="local", privacy__clip=1.0,
+                                          privacy__noise_multiplier=0.01))
     ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
         update={"backend": "ray", "num_workers": 2, "server_in_driver": False})})
     data = build_federated_data(cfg.data, cfg.seed)

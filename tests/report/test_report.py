@@ -485,7 +485,7 @@ def test_simulated_hours_to_reach_the_target_and_their_curve(tmp_path):
     assert Image.open(big).size[1] > Image.open(small).size[1]  # a third row of panels
 
 
-def test_an_attacked_runs_row_shows_attack_success_and_the_malicious_clients_by_hand():
+def test_an_attacked_private_runs_row_shows_attack_success_the_malicious_clients_and_epsilon_by_hand():
     from fedray.report.runs import RunRecord
     from fedray.report.table import build_table, footnote
 
@@ -497,10 +497,12 @@ def test_an_attacked_runs_row_shows_attack_success_and_the_malicious_clients_by_
                                 "adv/malicious_uploads": ups, "adv/malicious_kept": 1.0}],
                       summary={"eval/accuracy": 0.6})
             for seed, succ, ups in ((1, 0.3, 2.0), (2, 0.5, 0.0))]
+    runs[0].history[-1]["privacy/epsilon"], runs[1].summary["privacy/epsilon"] = 3.0, 5.0  # a private run's
     (row,) = build_table(runs)
+    assert row["ε"] == "4.00 ± 1.41" and "dp-accounting" in footnote([row])
     assert row["attack success (%)"] == "40.00 ± 14.14"  # the last round's 30 % and 50 %
     assert row["malicious a round"] == "1.00" and row["malicious kept a round"] == "0.50"  # (1.5 + 0.5) / 2
     assert "attack success" in footnote([row]) and "Krum kept" in footnote([row])
     (plain,) = build_table([RunRecord("p", {**params, "seed": 1}, history=[{"round": 1, "eval/accuracy": 0.5}],
                                       summary={"eval/accuracy": 0.5})])
-    assert "attack success (%)" not in plain and "malicious a round" not in plain
+    assert "attack success (%)" not in plain and "malicious a round" not in plain and "ε" not in plain

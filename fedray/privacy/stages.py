@@ -1,0 +1,122 @@
+"""Client-level DP's parts: the clip and local noise as channel stages (where the client runs, after an adversary's
+forgery and before compression: :data:`fedray.channel.stages.ORDER`), and central noise as the aggregation hook's rule.
+
+A client's upload is one vector for the clip: every model leaf as its update from the payload it trained from (the
+leaf's reference), every values leaf (logits, scores, a model the payload does not carry) as it is; counts never
+reach a stage. Clipping scales the whole vector by min(1, C / ||u||) (Abadi et al. 2016's per-example clip, applied
+per client as McMahan et al., ICLR 2018, DP-FedAvg Alg. 1 does), so its direction is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from fedray.channel.message import Leaf
+from fedray.channel.stages import ORDER, Stage
+from fedray.learning.aggregation import Aggregation, T
+from fedray.learning.robust import as_vector, from_vector
+from fedray.seeding import derive_seed
+
+
+def _rows(leaf: Leaf, n: int) -> torch.Tensor:
+    """A batched leaf as (n, d) float64: the update from its reference for a model leaf, else its values."""
+    x = leaf.data.detach().reshape(n, -1).to(torch.float64)
+    if leaf.reference is not None:
+        x = x - leaf.reference.detach().reshape(1, -1).to(x)
+    return x
+
+
+def _put(leaf: Leaf, n: int, x: torch.Tensor) -> None:
+    """``x`` (n, d), an update or values as :func:`_rows` gave them, back into ``leaf`` in its shape and dtype."""
+    if leaf.reference is not None:
+        x = x + leaf.reference.detach().reshape(1, -1).to(x)
+    leaf.data = x.reshape(leaf.data.shape).to(leaf.data.dtype)
+
+
+def clip_factors(leaves: Sequence[Leaf], n: int, clip: float) -> torch.Tensor:
+    """min(1, C / ||u_i||) for each of the batch's ``n`` messages, ||u_i|| over all its leaves (a zero update: 1)."""
+    sq = torch.zeros(n, dtype=torch.float64)
+    for leaf in leaves:
+        sq += _rows(leaf, n).pow(2).sum(1)
+    norms = sq.sqrt()
+    return torch.where(norms > clip, clip / torch.where(norms > 0, norms, 1.0), torch.ones_like(norms))
+
+
+class Clip(Stage):
+    """``privacy.clip``: each message's whole update scaled to L2 norm at most C, direction kept."""
+
+    name = "clip"
+    order = ORDER["clip"]
+
+    def __init__(self, clip: float):
+        self.clip = clip
+
+    def client_encode(self, leaves, states, keys):
+        n = len(keys)
+        scale = clip_factors(leaves, n, self.clip).unsqueeze(1)
+        for leaf in leaves:
+            _put(leaf, n, _rows(leaf, n) * scale)
+        return leaves, states
+
+
+def gaussian(shape: tuple[int, ...] | int, std: float, seed: int) -> torch.Tensor:
+    """N(0, std^2) float64 draws from their own seeded generator: a function of ``seed`` alone, wherever it runs."""
+    gen = torch.Generator().manual_seed(seed % (1 << 63))
+    return torch.randn(shape, generator=gen, dtype=torch.float64) * std
+
+
+class LocalNoise(Stage):
+    """``privacy.mechanism=local``: N(0, (sigma C)^2) added to every coordinate of each clipped upload before it leaves
+    its client, drawn from the stream of (run seed, round, client, leaf): a client sends the same alone, batched, in
+    process or on Ray, and after a resume."""
+
+    name = "local_noise"
+    order = ORDER["local_noise"]
+
+    def __init__(self, clip: float, sigma: float, seed: int):
+        self.std, self.seed = sigma * clip, seed
+
+    def client_encode(self, leaves, states, keys):
+        n = len(keys)
+        for j, leaf in enumerate(leaves):
+            x = _rows(leaf, n)
+            noise = torch.stack([gaussian(x.shape[1], self.std, derive_seed(self.seed, "privacy/local", *key, j))
+                                 for key in keys])
+            _put(leaf, n, x + noise)
+        return leaves, states
+
+
+class CentralNoise(Aggregation):
+    """``privacy.mechanism=central`` at the aggregation hook: r + (sum_k (x_k - r) + N(0, (sigma C)^2 I)) / m, the
+    unweighted sum of the clipped updates, noised once, over a fixed denominator m, the uploads a server step expects
+    (``federation.clients_per_round``; FedBuff's ``buffer_size``): DP-FedAvg's fixed-denominator estimator (McMahan
+    et al., ICLR 2018, Alg. 1 with w_k = 1). Sample counts are not used: a count is the client's own, and weighing by
+    it would need it private too. The noise of each hook call of a step comes from the stream of (run seed, round,
+    call): a resume draws it again."""
+
+    name = "central_noise"
+    weighted: ClassVar[bool] = False
+
+    def __init__(self, clip: float, sigma: float, denominator: int, seed: int):
+        self.std, self.denominator, self.seed = sigma * clip, denominator, seed
+        self.round, self.calls = 0, 0
+
+    def start_step(self, round_: int) -> None:
+        self.round, self.calls = round_, 0
+
+    def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
+        if not items:
+            raise ValueError("aggregation over no uploads")
+        if reference is None:
+            raise ValueError("privacy.mechanism=central adds its noise to the sum of updates, so it needs the model "
+                             "the clients started from: call ctx.aggregation.mean(items, weights, reference=...)")
+        r = as_vector(reference)
+        total = (torch.stack([as_vector(item) for item in items]) - r).sum(0)
+        noise = gaussian(total.numel(), self.std, derive_seed(self.seed, "privacy/central", self.round, self.calls))
+        self.calls += 1
+        return from_vector(r + (total + noise) / self.denominator, items[0])
+
+
+__all__ = ["CentralNoise", "Clip", "LocalNoise", "clip_factors", "gaussian"]

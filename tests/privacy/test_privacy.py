@@ -1,0 +1,144 @@
+"""Client-level DP (``privacy.*``): the clip, the noise's scale, the accountant against an independent computation,
+the budget's stop, and runs with privacy on resumed exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedray.channel.message import Leaf
+from fedray.errors import ConfigError
+from fedray.methods import validate_experiment
+from fedray.privacy.accounting import amplification, epsilon, last_round
+from fedray.privacy.stages import CentralNoise, Clip, LocalNoise
+from fedray.simulation import run_experiment
+from tests.conftest import tiny_config
+from tests.test_every_method import CrashAfter, _Crash, _figures
+
+
+def _leaves(updates: list[list[float]], values: list[list[float]], reference: list[float]) -> list[Leaf]:
+    """A batch of messages: a model leaf (rows ``reference`` + update) and a values leaf."""
+    ref = torch.tensor(reference)
+    model = torch.stack([ref + torch.tensor(u) for u in updates])
+    return [Leaf(("w",), "model", model, torch.float32, tuple(ref.shape), ("w",), ref),
+            Leaf(("z",), "values", torch.tensor(values), torch.float32, (len(values[0]),))]
+
+
+def test_the_clip_scales_each_whole_upload_to_norm_c_keeping_its_direction():
+    """Row 0: update (3, 0) and values (4,), norm 5 over both leaves, clipped to C = 1: (0.6, 0) and (0.8,), the
+    model leaf back on its reference. Row 1: norm 0.5 <= C, sent as it is."""
+    leaves = _leaves([[3.0, 0.0], [0.3, 0.0]], [[4.0], [0.4]], [10.0, -1.0])
+    out, _ = Clip(1.0).client_encode(leaves, [None, None], [(1, 0), (1, 1)])
+    assert torch.allclose(out[0].data, torch.tensor([[10.6, -1.0], [10.3, -1.0]]))
+    assert torch.allclose(out[1].data, torch.tensor([[0.8], [0.4]]))
+
+
+def test_the_noise_std_is_sigma_c_over_the_fixed_denominator_central_and_sigma_c_per_upload_local():
+    """Zero updates from a reference of 3s: central, (sum + N(0, (sigma C)^2)) / m over 200,000 coordinates has std
+    sigma C / m (within 1 %) whatever the uploads' count and weights; local, each upload's noise std sigma C, the two
+    clients' draws independent, the same when a client is encoded alone."""
+    d, sigma, clip, m = 200_000, 2.0, 0.5, 4
+    central = CentralNoise(clip, sigma, m, seed=7)
+    central.start_step(3)
+    ref = {"w": torch.full((d,), 3.0)}
+    out = central.mean([ref, ref], [10.0, 1.0], reference=ref)["w"] - 3.0
+    assert out.mean().abs() < 0.01 and out.std().item() == pytest.approx(sigma * clip / m, rel=0.01)
+    local = LocalNoise(clip, sigma, seed=7)
+    leaves = [Leaf(("w",), "model", torch.full((2, d), 3.0), torch.float32, (d,), ("w",), torch.full((d,), 3.0))]
+    noised, _ = local.client_encode(leaves, [None, None], [(3, 0), (3, 1)])
+    noise = noised[0].data - 3.0
+    assert [n.std().item() == pytest.approx(sigma * clip, rel=0.01) for n in noise] == [True, True]
+    assert abs(torch.corrcoef(noise)[0, 1].item()) < 0.01
+    alone, _ = local.client_encode([Leaf(("w",), "model", torch.full((1, d), 3.0), torch.float32, (d,), ("w",),
+                                         torch.full((d,), 3.0))], [None], [(3, 1)])
+    assert torch.equal(alone[0].data[0], noised[0].data[1])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # Opacus's PRV takes log(0) at q = 1 on its way
+def test_epsilon_matches_opacus_like_with_like():
+    """The unamplified Gaussian mechanism composed 50 times (sigma 1.2, delta 1e-5): dp-accounting's RDP against
+    Opacus's RDP analysis at q = 1, and dp-accounting's PLD against Opacus's PRV accountant, each within 1 %."""
+    from opacus.accountants import PRVAccountant
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    cfg = tiny_config(privacy__mechanism="central", privacy__noise_multiplier=1.2, system__devices="uniform")
+    assert not amplification(cfg)[0]  # the simulated system decides who arrives
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+    theirs = opacus_rdp.get_privacy_spent(orders=orders, rdp=opacus_rdp.compute_rdp(
+        q=1.0, noise_multiplier=1.2, steps=50, orders=orders), delta=1e-5)[0]
+    assert epsilon(cfg, 50) == pytest.approx(theirs, rel=0.01)
+    prv = PRVAccountant()
+    prv.history = [(1.2, 1.0, 50)]
+    pld = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"accountant": "pld"})})
+    assert epsilon(pld, 50) == pytest.approx(prv.get_epsilon(delta=1e-5, eps_error=0.01), rel=0.01)
+
+
+def test_amplification_only_for_a_uniform_fixed_size_cohort_and_the_replace_one_sensitivity():
+    """6 of 60 clients drawn uniformly a round: amplified (replace-one, the relation sampling without replacement
+    assumes), and cheaper than every client every round; local noise and a full cohort are not amplified; epsilon
+    grows with the steps from 0."""
+    base = dict(privacy__mechanism="central", privacy__noise_multiplier=2.0)
+    sampled = tiny_config(**base, data__num_clients=60, federation__clients_per_round=6)
+    assert amplification(sampled) == (True, amplification(sampled)[1]) and "replace-one" in amplification(sampled)[1]
+    every = tiny_config(**base, data__num_clients=6, federation__clients_per_round=6)
+    assert not amplification(every)[0]
+    assert not amplification(tiny_config(**{**base, "privacy__mechanism": "local"}))[0]
+    assert epsilon(sampled, 10) < epsilon(every, 10)
+    assert [epsilon(sampled, t) for t in (0, 1, 2)] == sorted(epsilon(sampled, t) for t in (0, 1, 2))
+    assert epsilon(sampled, 0) == 0.0
+
+
+def test_target_epsilon_stops_the_run_finished_after_the_last_round_within_it(tmp_path):
+    """A target between epsilon after 2 and after 3 rounds: 2 rounds of 5 run, the second evaluated as the last, the
+    run's folder finished with its epsilon column."""
+    cfg = tiny_config(privacy__mechanism="central", privacy__noise_multiplier=3.0, federation__rounds=5,
+                      federation__eval_every=5)
+    target = (epsilon(cfg, 2) + epsilon(cfg, 3)) / 2
+    cfg = validate_experiment(tiny_config(privacy__mechanism="central", privacy__noise_multiplier=3.0,
+                                          federation__rounds=5, federation__eval_every=5,
+                                          privacy__target_epsilon=target))
+    assert last_round(cfg) == 2
+    result = run_experiment(cfg, tmp_path / "run", progress=False)
+    assert [r["round"] for r in result.history] == [1, 2]
+    assert result.history[-1]["eval/accuracy"] is not None and result.history[0]["eval/accuracy"] is None
+    assert [r["privacy/epsilon"] for r in result.history] == [epsilon(cfg, 1), epsilon(cfg, 2)]
+    assert (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("mechanism", ["central", "local"])
+def test_a_private_run_resumed_gives_the_uninterrupted_history(mechanism, tmp_path):
+    cfg = tiny_config(privacy__mechanism=mechanism, privacy__clip=0.5, privacy__noise_multiplier=0.01,
+                      federation__rounds=3, runtime__checkpoint_every=1)
+    whole = run_experiment(cfg, progress=False)
+    with pytest.raises(_Crash):
+        run_experiment(cfg, tmp_path / "run", progress=False, hooks=[CrashAfter(2)])
+    resumed = run_experiment(cfg, tmp_path / "run", progress=False, resume_from=tmp_path / "run")
+    assert _figures(resumed.history) == _figures(whole.history)
+    plain = run_experiment(tiny_config(federation__rounds=3), progress=False)
+    assert whole.history[-1]["eval/accuracy"] != plain.history[-1]["eval/accuracy"] or \
+        whole.history[-1]["train/loss"] != plain.history[-1]["train/loss"]  # the mechanism changed the run
+
+
+def test_central_noise_is_refused_where_a_mean_is_not_of_updates_from_the_model_sent():
+    for overrides, key in [({"algorithm__name": "scaffold"}, "privacy.mechanism"),
+                           ({"algorithm__report_model": "oca"}, "privacy.mechanism")]:
+        with pytest.raises(ConfigError) as e:
+            validate_experiment(tiny_config(privacy__mechanism="central", **overrides))
+        assert e.value.key == key and "privacy.mechanism=local" in str(e.value) and "\n" not in str(e.value)
+    assert math.isinf(epsilon(tiny_config(privacy__mechanism="local", privacy__noise_multiplier=0.0), 1))
+
+
+@pytest.mark.parametrize("case", ["fedavg", "fedprox", "feddistill", "fedcd", "fedd3a", "fedkf", "dafkd",
+                                  "dafkd-private"])
+def test_the_methods_run_two_rounds_with_local_noise_on_every_upload(case):
+    """Local noise protects every message a method sends through the channel (models, logits, generators,
+    discriminators); a loose clip and little noise, so the runs stay finite: every upload arrives and is kept."""
+    from tests.conftest import method_config
+
+    history = run_experiment(method_config(case, federation__rounds=2, federation__local_steps=1,
+                                           privacy__mechanism="local", privacy__clip=10.0,
+                                           privacy__noise_multiplier=1e-4), progress=False).history
+    assert [r["health/rejected_updates"] for r in history] == [0.0, 0.0]
+    assert [r["privacy/epsilon"] > 0 for r in history] == [True, True]
