@@ -147,7 +147,7 @@ class EvalIndex:
     "right" prediction there is the attack's success). Holds indices only (the driver uses it to turn per-sample
     results from the Ray workers into metrics, without a copy of the images)."""
 
-    def __init__(self, data: FederatedData, backdoor: Backdoor | None = None):
+    def __init__(self, data: FederatedData, backdoor: Backdoor | None = None, members: np.ndarray | None = None):
         idx = [np.asarray(t, dtype=np.int64) for t in data.client_test]
         self.num_test = len(data.test_y)
         self.num_val = data.num_val
@@ -164,7 +164,10 @@ class EvalIndex:
         self.triggered = (None if backdoor is None
                           else np.flatnonzero(np.asarray(data.test_y) != backdoor.target).astype(np.int64))
         self.target = None if backdoor is None else backdoor.target
-        self.size = self.local_stop + (0 if self.triggered is None else len(self.triggered))
+        self.trigger_stop = self.local_stop + (0 if self.triggered is None else len(self.triggered))
+        #: the membership audit's members (rows of data.train_x the clients train on), samples trigger_stop:size
+        self.members = members
+        self.size = self.trigger_stop + (0 if members is None else len(members))
         # Multi-domain data: the global test set's accuracy per domain too (eval/acc_<domain>)
         self.test_domain = None if data.test_domain is None else np.asarray(data.test_domain)
         self.domains = data.domains
@@ -175,11 +178,21 @@ class EvalIndex:
         Fixed so that however the batches are spread over processes, every sample is scored in the same batch and
         gets the same logits."""
         return (_ranges(0, self.num_test, batch_size) + _ranges(self.num_test, self.val_stop, batch_size)
-                + _ranges(self.val_stop, self.local_stop, batch_size) + self.triggered_chunks(batch_size))
+                + _ranges(self.val_stop, self.local_stop, batch_size) + self.triggered_chunks(batch_size)
+                + _ranges(self.trigger_stop, self.size, batch_size))
 
     def triggered_chunks(self, batch_size: int) -> list[tuple[int, int]]:
         """The fixed batches of the triggered test set (none without a backdoor)."""
-        return _ranges(self.local_stop, self.size, batch_size)
+        return _ranges(self.local_stop, self.trigger_stop, batch_size)
+
+    def membership(self, loss: np.ndarray) -> dict[str, float]:
+        """``diag/mia_auc`` from every sample's cross-entropy: the members' against the global test set's
+        (:mod:`fedray.privacy.audit`); none without an audit."""
+        if self.members is None:
+            return {}
+        from fedray.privacy.audit import membership_auc
+
+        return {"diag/mia_auc": membership_auc(loss[self.trigger_stop:self.size], loss[:self.num_test])}
 
     def metrics(self, ok: np.ndarray) -> dict[str, float]:
         """``eval/accuracy`` (and ``eval/acc_<domain>``), AMP, FM and WLP, ``val/accuracy`` with a validation set
@@ -195,7 +208,7 @@ class EvalIndex:
         total = np.bincount(self.client_of, minlength=self.num_clients)
         metrics.update(client_metrics(correct, total))
         if self.triggered is not None:  # predicted the target on a triggered image of another class
-            hit = ok[self.local_stop :]
+            hit = ok[self.local_stop : self.trigger_stop]
             metrics["eval/attack_success"] = float(hit.mean()) if hit.size else math.nan
         return metrics
 
@@ -228,20 +241,24 @@ class Evaluator:
     """
 
     def __init__(self, data: FederatedData, model: torch.nn.Module | None, device: torch.device, batch_size: int,
-                 cache_bytes: int = EVAL_CACHE_BYTES, backdoor: Backdoor | None = None):
+                 cache_bytes: int = EVAL_CACHE_BYTES, backdoor: Backdoor | None = None,
+                 members: np.ndarray | None = None):
         self.model = model
         self.device = device
         self.batch_size = min(batch_size, CPU_EVAL_BATCH) if device.type == "cpu" else batch_size
         self.mean, self.std = data.mean, data.std
-        self.index = EvalIndex(data, backdoor)
+        self.index = EvalIndex(data, backdoor, members)
         # One uint8 copy (also off Ray's read-only object store, which torch warns about).
         val_x, val_y = ([np.asarray(data.val_x)], [np.asarray(data.val_y)]) if data.num_val else ([], [])
         trig_x, trig_y = [], []
         if backdoor is not None:  # the triggered test set, labelled the target (stamped here, as in training)
             trig_x = [backdoor.stamp(np.asarray(data.test_x)[self.index.triggered])]
             trig_y = [np.full(len(self.index.triggered), backdoor.target, dtype=np.asarray(data.test_y).dtype)]
-        self.x = np.concatenate([np.asarray(data.test_x), *val_x, data.train_x[self.index.client_rows], *trig_x])
-        self.y = np.concatenate([np.asarray(data.test_y), *val_y, data.train_y[self.index.client_rows], *trig_y])
+        mem_x, mem_y = ([data.train_x[members]], [data.train_y[members]]) if members is not None else ([], [])
+        self.x = np.concatenate([np.asarray(data.test_x), *val_x, data.train_x[self.index.client_rows], *trig_x,
+                                 *mem_x])
+        self.y = np.concatenate([np.asarray(data.test_y), *val_y, data.train_y[self.index.client_rows], *trig_y,
+                                 *mem_y])
         self.cache_bytes = cache_bytes
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
         self._cached = 0
@@ -306,7 +323,8 @@ class Evaluator:
         """(triggered test images ``model`` classifies as the backdoor's target, triggered test images); (0, 0)
         without a backdoor."""
         ranges = self.index.triggered_chunks(self.batch_size)
-        return int(sum(ok.sum() for ok in self.correct(model.eval(), ranges))), self.index.size - self.index.local_stop
+        return (int(sum(ok.sum() for ok in self.correct(model.eval(), ranges))),
+                self.index.trigger_stop - self.index.local_stop)
 
     def load(self, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
         assert self.model is not None, "scoring a global model: build the Evaluator with one"
@@ -323,7 +341,7 @@ class Evaluator:
         scored = self.score(self.load(weights), self.chunks())
         ok = np.concatenate([o for o, _ in scored]) if scored else np.zeros(0, bool)
         ce = np.concatenate([c for _, c in scored]) if scored else np.zeros(0, np.float32)
-        return self.index.metrics(ok), self.index.client_scores(ok, ce)
+        return {**self.index.metrics(ok), **self.index.membership(ce)}, self.index.client_scores(ok, ce)
 
 
 def rounds_to_target(rounds: Sequence[int], values: Sequence[float | None], target: float) -> int | None:

@@ -161,6 +161,9 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
         takes = "only the mean" if rules == ("mean",) else f"the rules {', '.join(rules)}"
         raise ConfigError("aggregation.rule", f"'{method.name}' takes {takes} here: {why}; methods that take {rule} "
                           f"(with their defaults): {able or 'none'}")
+    if cfg.privacy.mia_samples and method.personalised:
+        raise ConfigError("privacy.mia_samples", f"'{method.name}' is personalised: the membership audit scores the "
+                          "global model, and of personal models it is not built; set privacy.mia_samples=0")
     if cfg.privacy.mechanism == "central":
         # central noise replaces the hook's mean by a noised sum of updates from the model sent: every call of the
         # server step must be such a mean (the methods taking the rules of updates), and nothing the server keeps

@@ -14,9 +14,9 @@ from fedray.errors import ConfigError, refuse_unread_keys
 
 #: The keys each mechanism reads; any other key set away from its default is refused (it would change nothing).
 MECHANISM_KEYS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon"),
-    "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon"),
+    "none": ("mia_samples",),
+    "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples"),
+    "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples"),
 }
 
 
@@ -38,6 +38,9 @@ class PrivacyConfig(BaseModel):
         "model)")
     target_epsilon: float | None = Field(default=None, gt=0, description="the run stops, finished, before the round "
                                          "whose epsilon would pass it")
+    mia_samples: int = Field(default=0, ge=0, description="the membership-inference audit (diag/mia_auc, with DP or "
+                             "without): this many of the clients' training examples, a seeded sample, scored against "
+                             "the global test set at every evaluation; 0: no audit")
 
     @property
     def enabled(self) -> bool:

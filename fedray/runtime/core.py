@@ -22,6 +22,7 @@ from fedray.adversary.collude import Colluder
 from fedray.adversary.config import COLLUDING_ATTACKS
 from fedray.adversary.data import backdoor, data_attack
 from fedray.adversary.forge import forged_setup_counts
+from fedray.privacy.audit import membership_rows
 from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
@@ -247,7 +248,7 @@ class ClientWorkerCore:
     def _worker_evaluator(self) -> Evaluator:
         if self._evaluator is None:
             self._evaluator = Evaluator(self.data, None, self.device, self.cfg.federation.eval_batch_size,
-                                        backdoor=backdoor(self.cfg))
+                                        backdoor=backdoor(self.cfg), members=membership_rows(self.cfg, self.data))
         return self._evaluator
 
     def _eval_model(self, architecture: str) -> torch.nn.Module:
@@ -417,7 +418,7 @@ class ServerCore:
         if self._evaluator is None:
             model = eval_model(self.cfg, self.algo, self.device)
             self._evaluator = Evaluator(self.data, model, self.device, self.cfg.federation.eval_batch_size,
-                                        backdoor=backdoor(self.cfg))
+                                        backdoor=backdoor(self.cfg), members=membership_rows(self.cfg, self.data))
         return self._evaluator
 
     def eval_models(self) -> tuple[dict[str, Weights], dict[str, str]]:

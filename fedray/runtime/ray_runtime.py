@@ -50,6 +50,7 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.errors import RunFailure
 from fedray.adversary.data import backdoor
+from fedray.privacy.audit import membership_rows
 from fedray.evaluation import ClientScores, EvalIndex
 from fedray.runtime.base import Runtime, RuntimeState
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
@@ -156,7 +157,7 @@ class RayRuntime(Runtime):
         self.algo = self.experiment.build(data_spec(data))  # the driver's copy: reads client states, builds nothing
         self.client_cost = client_costs(self.cfg, data.input_shape, data.num_classes, data.client_sizes())
         self.one_actor_per_client = self.pool_size >= self.num_clients
-        self.eval_index = EvalIndex(data, backdoor(self.cfg))
+        self.eval_index = EvalIndex(data, backdoor(self.cfg), membership_rows(self.cfg, data))
 
     def _deal(self, client_ids: list[int]) -> list[tuple[int, int]]:
         if self.one_actor_per_client:
@@ -347,6 +348,7 @@ class RayRuntime(Runtime):
                         loss[start:stop] = ce
             scored[suffix] = self.eval_index.metrics(ok)
             if loss is not None:
+                scored[suffix].update(self.eval_index.membership(loss))
                 clients = self.eval_index.client_scores(ok, loss)
         return report_eval(scored, report), clients
 

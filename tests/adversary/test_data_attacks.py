@@ -217,11 +217,12 @@ def test_config_errors_name_the_key():
 def test_a_backdoor_run_under_fltrust_and_local_noise_on_ray_gives_the_in_process_figures(ray_local):
     """Poisoned on the workers, clipped and noised there (privacy.mechanism=local), aggregated by FLTrust in the
     server's own actor (its root data and g_0's training there), scored on two workers (the triggered test set among
-    the fixed batches): the in-process figures exactly, each round's trust figures included."""
+    the fixed batches, the membership audit's members after them): the in-process figures exactly, each round's
+    trust figures included."""
     cfg = validate_experiment(tiny_config(**BACKDOOR, federation__local_steps=2, aggregation__rule="fltrust",
                                           data__server_data__kind="holdout", data__server_data__per_class=5,
                                           privacy__mechanism="local", privacy__clip=1.0,
-                                          privacy__noise_multiplier=0.01))
+                                          privacy__noise_multiplier=0.01, privacy__mia_samples=50))
     ray_cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
         update={"backend": "ray", "num_workers": 2, "server_in_driver": False})})
     data = build_federated_data(cfg.data, cfg.seed)
@@ -234,5 +235,5 @@ def test_a_backdoor_run_under_fltrust_and_local_noise_on_ray_gives_the_in_proces
             rounds = [({k: v for k, v in o.server_metrics.items() if k != "health/dropped_clients"},
                        [{k: v for k, v in i.items() if k != "pid"} for i in o.client_infos]) for o in outcomes]
             figures.append((rounds, rt.evaluate()))
-    assert "eval/attack_success" in figures[0][1] and figures[0] == figures[1]
+    assert {"eval/attack_success", "diag/mia_auc"} <= set(figures[0][1]) and figures[0] == figures[1]
     assert all("agg/fltrust_mean_trust" in metrics for metrics, _ in figures[0][0])
