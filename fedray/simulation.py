@@ -69,8 +69,11 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     summary["comm/bytes_down"] = float(sum(row["comm/bytes_down"] for row in history))
     if bytes_setup:  # one-time, before round 1 (e.g. FedCD's shared validation images to every client)
         summary["comm/bytes_setup"] = float(bytes_setup)
-    if history and "privacy/epsilon" in history[-1]:  # client-level DP's epsilon after the last round
+    if history and "privacy/epsilon" in history[-1]:  # client-level DP's epsilon after the last round, its sigma
+        from fedray.privacy.accounting import noise_multiplier
+
         summary["privacy/epsilon"] = float(history[-1]["privacy/epsilon"])
+        summary["privacy/noise_multiplier"] = noise_multiplier(cfg)
     if history and "sim/clock_s" in history[-1]:  # the simulated system's clock at the end
         summary["sim/clock_s"] = float(history[-1]["sim/clock_s"])
     if traces := trace_digests(cfg.system):
@@ -251,9 +254,9 @@ def privacy_rounds(cfg: ExperimentConfig) -> int:
     run); with privacy on, one line saying what the accountant assumes."""
     if not cfg.privacy.enabled:
         return cfg.federation.rounds
-    from fedray.privacy.accounting import amplification, last_round
+    from fedray.privacy.accounting import amplification, last_round, noise_multiplier
 
-    log.info("privacy: %s", amplification(cfg)[1])
+    log.info("privacy: noise multiplier %.4g; %s", noise_multiplier(cfg), amplification(cfg)[1])
     end = last_round(cfg)
     if end < cfg.federation.rounds:
         log.info("privacy.target_epsilon=%g: the run stops after round %d, before the round that would pass it",

@@ -154,18 +154,21 @@ def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
         stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed, setup_counts))
     p = cfg.privacy
     if p.enabled:
+        from fedray.privacy.accounting import noise_multiplier
         from fedray.privacy.stages import CentralNoise, Clip, LocalNoise
+
+        sigma = noise_multiplier(cfg)
 
         stages.append(Clip(p.clip))
         if p.mechanism == "local":
-            stages.append(LocalNoise(p.clip, p.noise_multiplier, cfg.seed))
+            stages.append(LocalNoise(p.clip, sigma, cfg.seed))
     if cfg.channel.compresses:
         stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":
         stages.append(Precision(cfg.channel.precision))
     a = cfg.aggregation
     if p.mechanism == "central":  # the hook's one rule: the noised sum (aggregation.rule=mean, checked)
-        return Channel(stages, CentralNoise(p.clip, p.noise_multiplier, cfg.federation.buffer(), cfg.seed))
+        return Channel(stages, CentralNoise(p.clip, sigma, cfg.federation.buffer(), cfg.seed))
     return Channel(stages, build_rule(a.rule, beta=a.beta, f=a.f, m=a.m, max_norm=a.max_norm))
 
 

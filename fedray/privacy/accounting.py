@@ -44,39 +44,70 @@ def amplification(cfg: Any) -> tuple[bool, str]:
                   "replacement (RDP, replace-one relation, sensitivity 2C)")
 
 
+def noise_multiplier(cfg: Any) -> float:
+    """sigma: ``privacy.noise_multiplier``, or with ``auto`` the smallest that keeps epsilon after
+    ``federation.rounds`` steps within ``privacy.target_epsilon`` (dp-accounting's ``calibrate_dp_mechanism``)."""
+    p = cfg.privacy
+    if p.noise_multiplier != "auto":
+        return float(p.noise_multiplier)
+    return _calibrated(_key(cfg, math.nan), cfg.federation.rounds, float(p.target_epsilon))
+
+
 def epsilon(cfg: Any, steps: int) -> float:
     """Epsilon at ``privacy.delta`` after ``steps`` server steps (0 steps: 0; no noise: inf)."""
+    sigma = noise_multiplier(cfg)
     if steps <= 0:
         return 0.0
-    if cfg.privacy.noise_multiplier == 0:
+    if sigma == 0:
         return math.inf
-    return _epsilon(_key(cfg), steps)
+    return _epsilon(_key(cfg, sigma), steps)
 
 
-def _key(cfg: Any) -> tuple:
+def _key(cfg: Any, sigma: float) -> tuple:
     p = cfg.privacy
-    return (p.mechanism, p.noise_multiplier, p.delta, p.accountant, amplification(cfg)[0], cfg.data.num_clients,
+    return (p.mechanism, sigma, p.delta, p.accountant, amplification(cfg)[0], cfg.data.num_clients,
             cfg.federation.clients_per_round)
 
 
-@functools.lru_cache(maxsize=4096)
-def _epsilon(key: tuple, steps: int) -> float:
-    from dp_accounting import NeighboringRelation, dp_event
-    from dp_accounting.pld import pld_privacy_accountant
-    from dp_accounting.rdp import rdp_privacy_accountant
+def _event(key: tuple, sigma: float, steps: int):
+    """A run of ``steps`` server steps at noise multiplier ``sigma`` as a dp-accounting event (module docstring)."""
+    from dp_accounting import dp_event
 
-    mechanism, sigma, delta, accountant, amplified, n, m = key
+    mechanism, _, _, _, amplified, n, m = key
     if amplified:
         event = dp_event.SampledWithoutReplacementDpEvent(n, m, dp_event.GaussianDpEvent(sigma / 2))
     else:
         event = dp_event.GaussianDpEvent(sigma / 2 if mechanism == "local" else sigma)
+    return dp_event.SelfComposedDpEvent(event, steps)
+
+
+def _accountant(key: tuple):
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import pld_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    _, _, _, accountant, amplified, _, _ = key
     if accountant == "pld":
-        acc = pld_privacy_accountant.PLDAccountant()
-    else:
-        relation = NeighboringRelation.REPLACE_ONE if amplified else NeighboringRelation.ADD_OR_REMOVE_ONE
-        acc = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
-    acc.compose(dp_event.SelfComposedDpEvent(event, steps))
-    return float(acc.get_epsilon(delta))
+        return pld_privacy_accountant.PLDAccountant()
+    relation = NeighboringRelation.REPLACE_ONE if amplified else NeighboringRelation.ADD_OR_REMOVE_ONE
+    return rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon(key: tuple, steps: int) -> float:
+    acc = _accountant(key)
+    acc.compose(_event(key, key[1], steps))
+    return float(acc.get_epsilon(key[2]))
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrated(key: tuple, steps: int, target: float) -> float:
+    from dp_accounting import calibrate_dp_mechanism
+    from dp_accounting.mechanism_calibration import LowerEndpointAndGuess
+
+    # searched up from a small positive sigma: at 0 the Gaussian's RDP divides by zero
+    return float(calibrate_dp_mechanism(lambda: _accountant(key), lambda sigma: _event(key, sigma, steps), target,
+                                        key[2], bracket_interval=LowerEndpointAndGuess(1e-3, 1.0), tol=1e-4))
 
 
 def last_round(cfg: Any) -> int:
@@ -105,4 +136,4 @@ def check_budget(cfg: Any) -> None:
                           "privacy.noise_multiplier")
 
 
-__all__ = ["amplification", "check_budget", "epsilon", "last_round"]
+__all__ = ["amplification", "check_budget", "epsilon", "last_round", "noise_multiplier"]

@@ -30,7 +30,9 @@ class PrivacyConfig(BaseModel):
         "clipped and noised before it leaves its client")
     clip: float = Field(default=1.0, gt=0, description="C: the L2 norm each client's whole upload a round (its model "
                         "fields as updates from what it was sent, its values as they are) is clipped to")
-    noise_multiplier: float = Field(default=1.0, ge=0, description="sigma: the Gaussian noise's std over the clip")
+    noise_multiplier: float | Literal["auto"] = Field(
+        default=1.0, description="sigma: the Gaussian noise's std over the clip, >= 0; auto: the smallest sigma whose "
+        "epsilon after federation.rounds rounds is within privacy.target_epsilon (dp-accounting's calibration)")
     delta: float = Field(default=1e-5, gt=0, lt=1, description="the delta epsilon is reported at")
     accountant: Literal["rdp", "pld"] = Field(
         default="rdp", description="dp-accounting's accountant: rdp (Renyi DP; uniform sampling without replacement "
@@ -53,6 +55,12 @@ class PrivacyConfig(BaseModel):
             raise ConfigError("privacy.mechanism", f"central noise is the aggregation hook's rule, which "
                               f"aggregation.rule={rule} would replace; use aggregation.rule=mean, or "
                               "privacy.mechanism=local with the robust rule")
+        if self.noise_multiplier != "auto" and self.noise_multiplier < 0:
+            raise ConfigError("privacy.noise_multiplier", f"{self.noise_multiplier:g} is negative; allowed: >= 0, "
+                              "or auto")
+        if self.noise_multiplier == "auto" and self.target_epsilon is None:
+            raise ConfigError("privacy.noise_multiplier", "auto derives sigma from privacy.target_epsilon and "
+                              "federation.rounds: set privacy.target_epsilon")
         if self.enabled and self.noise_multiplier == 0 and self.target_epsilon is not None:
             raise ConfigError("privacy.target_epsilon", "without noise (privacy.noise_multiplier=0) epsilon is "
                               "infinite from the first round; set a noise multiplier > 0")

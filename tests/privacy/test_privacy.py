@@ -170,3 +170,16 @@ def test_the_membership_audit_sees_an_overfitted_model_and_not_one_trained_under
         validate_experiment(tiny_config(algorithm__name="fedcd", data__server_data__kind="holdout",
                                         data__server_data__per_class=2, privacy__mia_samples=10))
     assert e.value.key == "privacy.mia_samples" and "\n" not in str(e.value)
+
+
+def test_an_auto_noise_multiplier_is_the_smallest_that_keeps_the_run_within_its_target():
+    from fedray.privacy.accounting import noise_multiplier
+
+    cfg = validate_experiment(tiny_config(privacy__mechanism="central", privacy__noise_multiplier="auto",
+                                          privacy__target_epsilon=4.0, federation__rounds=20, data__num_clients=60,
+                                          federation__clients_per_round=6))
+    sigma = noise_multiplier(cfg)
+    fixed = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"noise_multiplier": sigma * 0.99})})
+    assert epsilon(cfg, 20) <= 4.0 < epsilon(fixed, 20) and last_round(cfg) == 20
+    with pytest.raises(ConfigError, match="privacy.noise_multiplier: auto derives sigma"):
+        tiny_config(privacy__mechanism="central", privacy__noise_multiplier="auto")
