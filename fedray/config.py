@@ -352,7 +352,7 @@ class ExperimentConfig(_Strict):
         self.aggregation.check(fed.buffer(), self.data.server_data)  # the uploads of one server step, FLTrust's root
         # its classes and images: with the method's checks (methods/registry.py)
         self.adversary.check(self.data.num_clients, availability=self.system.availability)
-        self.privacy.check(self.aggregation.rule)
+        self.privacy.check(self.aggregation.rule, fed.mode)
         if self.privacy.target_epsilon is not None:
             from fedray.privacy.accounting import check_budget
 

@@ -25,6 +25,8 @@ class Packet:
 
     skeleton: Any
     leaves: list[Leaf]
+    #: what listening stages say beside the message (:meth:`Stage.announce` down, :meth:`Stage.tell` up): counted
+    side: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class Channel:
@@ -61,9 +63,12 @@ class Channel:
         return self.encode_up_many([upload], payload, [state], [client_id], round_)[0]
 
     def encode_up_many(self, uploads: list[Any], payload: Any, states: list[dict[str, Any] | None],
-                       client_ids: list[int], round_: int) -> list[tuple[Any, dict[str, Any] | None]]:
+                       client_ids: list[int], round_: int,
+                       heard: dict[str, float] | None = None) -> list[tuple[Any, dict[str, Any] | None]]:
         """:meth:`encode_up` for the clients of a round trained from one payload: uploads of the same layout (their
-        leaves' paths, shapes and dtypes) go through each stage stacked, one row a client."""
+        leaves' paths, shapes and dtypes) go through each stage stacked, one row a client. ``heard``: what the
+        payload's packet announced (:meth:`heard`), read by listening stages."""
+        heard = heard or {}
         if not self.stages:
             return list(zip(uploads, states))
         states = [dict(s) if s is not None else self.init_state(c) for s, c in zip(states, client_ids)]
@@ -80,14 +85,20 @@ class Channel:
             leaves = [dataclasses.replace(leaf, data=torch.stack([parts[i][1][j].data for i in members]))
                       for j, leaf in enumerate(first)]
             keys = [(round_, client_ids[i]) for i in members]
+            told: list[dict[str, float]] = [{} for _ in members]
             for stage in self.stages:
                 own = [states[i].get(stage.name) if stage.per_client else None for i in members]
-                leaves, own = stage.client_encode(leaves, own, keys)
+                if stage.listens:
+                    for said, more in zip(told, stage.tell(leaves, keys, heard)):
+                        said.update(more)
+                    leaves, own = stage.client_encode(leaves, own, keys, heard=heard)
+                else:
+                    leaves, own = stage.client_encode(leaves, own, keys)
                 if stage.per_client:
                     for i, state in zip(members, own):
                         states[i][stage.name] = state
             for r, i in enumerate(members):
-                sent[i] = Packet(parts[i][0], [_row(leaf, r) for leaf in leaves])
+                sent[i] = Packet(parts[i][0], [_row(leaf, r) for leaf in leaves], told[r])
         return list(zip(sent, states))
 
     def decode_up(self, sent: Any, payload: Any = None) -> Any:
@@ -108,7 +119,30 @@ class Channel:
             leaves, own = stage.server_encode(leaves, own, [(version,)])
             if stage.per_server:
                 state[stage.name] = own[0]
-        return Packet(skeleton, [_row(leaf, 0) for leaf in leaves]), state
+        side = {k: v for s in self.stages if s.listens for k, v in s.announce(state.get(s.name)).items()}
+        return Packet(skeleton, [_row(leaf, 0) for leaf in leaves], side), state
+
+    def announce(self, state: dict[str, Any] | None) -> dict[str, float]:
+        """What the listening stages would announce from the server's channel state ``state`` (the current clip)."""
+        state = state if state is not None else self.init_server_state() or {}
+        return {k: v for s in self.stages if s.listens for k, v in s.announce(state.get(s.name)).items()}
+
+    @staticmethod
+    def heard(sent: Any) -> dict[str, float]:
+        """Client side: what a payload's packet announced (empty without listening stages)."""
+        return dict(sent.side) if isinstance(sent, Packet) else {}
+
+    def hear(self, state: dict[str, Any] | None, uploads: list[Any], round_: int) -> dict[str, Any] | None:
+        """Server side, after a step: the listening stages' new server state from what the step's uploads (their
+        packets as they arrived) told."""
+        if not any(s.listens for s in self.stages):
+            return state
+        state = dict(state) if state is not None else self.init_server_state()
+        told = [dict(u.side) if isinstance(u, Packet) else {} for u in uploads]
+        for s in self.stages:
+            if s.listens:
+                state[s.name] = s.hear(state.get(s.name), told, round_)
+        return state
 
     def decode_down(self, sent: Any) -> Any:
         """Client side: the payload as the client decoded it."""
@@ -133,7 +167,7 @@ class Channel:
     def nbytes(sent: Any) -> int:
         """The bytes of a message as sent: after the stages (:func:`~fedray.channel.compression.wire_bytes`)."""
         if isinstance(sent, Packet):
-            return nbytes(sent.skeleton) + sum(wire_bytes(leaf.data) for leaf in sent.leaves)
+            return nbytes(sent.skeleton) + sum(wire_bytes(leaf.data) for leaf in sent.leaves) + 8 * len(sent.side)
         return nbytes(sent)
 
 
@@ -154,12 +188,13 @@ def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
         stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed, setup_counts))
     p = cfg.privacy
     if p.enabled:
-        from fedray.privacy.accounting import noise_multiplier
-        from fedray.privacy.stages import CentralNoise, Clip, LocalNoise
+        from fedray.privacy.accounting import count_noise, noise_multiplier, update_noise_multiplier
+        from fedray.privacy.stages import Adaptive, CentralNoise, Clip, LocalNoise
 
         sigma = noise_multiplier(cfg)
-
-        stages.append(Clip(p.clip))
+        adaptive = (Adaptive(p.target_quantile, p.clip_lr, count_noise(cfg), cfg.federation.buffer(), cfg.seed)
+                    if p.adaptive_clip else None)
+        stages.append(Clip(p.clip, adaptive))
         if p.mechanism == "local":
             stages.append(LocalNoise(p.clip, sigma, cfg.seed))
     if cfg.channel.compresses:
@@ -168,7 +203,7 @@ def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
         stages.append(Precision(cfg.channel.precision))
     a = cfg.aggregation
     if p.mechanism == "central":  # the hook's one rule: the noised sum (aggregation.rule=mean, checked)
-        return Channel(stages, CentralNoise(p.clip, sigma, cfg.federation.buffer(), cfg.seed))
+        return Channel(stages, CentralNoise(p.clip, update_noise_multiplier(cfg), cfg.federation.buffer(), cfg.seed))
     return Channel(stages, build_rule(a.rule, beta=a.beta, f=a.f, m=a.m, max_norm=a.max_norm))
 
 

@@ -44,6 +44,10 @@ class Stage:
     per_client: bool = False
     #: True when the server side keeps state of its own (:meth:`init_state`, threaded through :meth:`server_encode`).
     per_server: bool = False
+    #: True when the client side reads what the server announced with the payload (:meth:`announce`: the stage's
+    #: ``client_encode`` then takes ``heard``) and tells the server a figure a message (:meth:`tell`), which the
+    #: server's side reads after the step (:meth:`hear`): the adaptive clip's current clip and clipped-or-not bit.
+    listens: bool = False
 
     def init_state(self, client_id: int) -> Any:
         """A client's state before its first upload (and the server's before its first broadcast)."""
@@ -70,6 +74,19 @@ class Stage:
 
     def client_decode(self, leaves: list[Leaf]) -> list[Leaf]:
         return leaves
+
+    # --- what a listening stage says beside the messages (a few numbers, 8 bytes each on the wire) ----------------
+    def announce(self, state: Any) -> dict[str, float]:
+        """Server side: what every client receives with a payload, from the stage's server state."""
+        return {}
+
+    def tell(self, leaves: list[Leaf], keys: list[tuple[int, ...]], heard: dict[str, float]) -> list[dict[str, float]]:
+        """Client side, before :meth:`client_encode`: what each message of the batch tells the server."""
+        return [{} for _ in keys]
+
+    def hear(self, state: Any, told: list[dict[str, float]], round_: int) -> Any:
+        """Server side, after a server step: the stage's new server state from what the step's uploads told."""
+        return state
 
 
 class Identity(Stage):

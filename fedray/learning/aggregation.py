@@ -47,9 +47,10 @@ class Aggregation:
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         raise NotImplementedError
 
-    def start_step(self, round_: int) -> None:
+    def start_step(self, round_: int, announced: dict[str, float] | None = None) -> None:
         """A server step of ``round_`` begins (before the method's server update): a rule whose draws are keyed by the
-        step (central DP noise) starts its stream here."""
+        step (central DP noise) starts its stream here; ``announced``: what the channel's listening stages announced
+        with the payload the step's uploads answer (the adaptive clip's clip)."""
 
     def begin_step(self, root: RootUpdate) -> None:
         """A server step begins, with the server's update on its root data (called only for a rule that

@@ -164,6 +164,10 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
     if cfg.privacy.mia_samples and method.personalised:
         raise ConfigError("privacy.mia_samples", f"'{method.name}' is personalised: the membership audit scores the "
                           "global model, and of personal models it is not built; set privacy.mia_samples=0")
+    if cfg.privacy.adaptive_clip:
+        from fedray.privacy.accounting import update_noise_multiplier
+
+        update_noise_multiplier(cfg)  # refuses a count noise that leaves the updates none
     if cfg.privacy.mechanism == "central":
         # central noise replaces the hook's mean by a noised sum of updates from the model sent: every call of the
         # server step must be such a mean (the methods taking the rules of updates), and nothing the server keeps

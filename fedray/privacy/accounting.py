@@ -53,6 +53,30 @@ def noise_multiplier(cfg: Any) -> float:
     return _calibrated(_key(cfg, math.nan), cfg.federation.rounds, float(p.target_epsilon))
 
 
+def count_noise(cfg: Any) -> float:
+    """sigma_b of the adaptive clip's count: ``privacy.count_noise``, or the expected uploads of a step / 20."""
+    p = cfg.privacy
+    return float(p.count_noise) if p.count_noise is not None else cfg.federation.buffer() / 20
+
+
+def update_noise_multiplier(cfg: Any) -> float:
+    """The noise multiplier of the model updates' sum. With the adaptive clip its count is a second Gaussian query
+    on the same clients (sensitivity 1/2, noise sigma_b); the two together are one Gaussian mechanism of multiplier
+    z when the update's is z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al. 2021, Thm. 1), so the
+    accountant's z (``privacy.noise_multiplier``) covers both. ConfigError naming ``privacy.count_noise`` when
+    2 sigma_b <= z (no z_Delta exists)."""
+    from fedray.errors import ConfigError
+
+    z = noise_multiplier(cfg)
+    if not cfg.privacy.adaptive_clip or z == 0:
+        return z
+    sb = count_noise(cfg)
+    if 2 * sb <= z:
+        raise ConfigError("privacy.count_noise", f"sigma_b = {sb:g} leaves no noise for the updates at "
+                          f"noise_multiplier {z:.4g}: it needs 2 sigma_b > z; raise privacy.count_noise")
+    return (z ** -2 - (2 * sb) ** -2) ** -0.5
+
+
 def epsilon(cfg: Any, steps: int) -> float:
     """Epsilon at ``privacy.delta`` after ``steps`` server steps (0 steps: 0; no noise: inf)."""
     sigma = noise_multiplier(cfg)
@@ -136,4 +160,5 @@ def check_budget(cfg: Any) -> None:
                           "privacy.noise_multiplier")
 
 
-__all__ = ["amplification", "check_budget", "epsilon", "last_round", "noise_multiplier"]
+__all__ = ["amplification", "check_budget", "count_noise", "epsilon", "last_round", "noise_multiplier",
+           "update_noise_multiplier"]

@@ -15,9 +15,14 @@ from fedray.errors import ConfigError, refuse_unread_keys
 #: The keys each mechanism reads; any other key set away from its default is refused (it would change nothing).
 MECHANISM_KEYS: dict[str, tuple[str, ...]] = {
     "none": ("mia_samples",),
-    "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples"),
+    "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "adaptive_clip",
+                "target_quantile", "clip_lr", "count_noise"),
     "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples"),
 }
+
+
+#: The adaptive clip's own keys (read only with ``adaptive_clip``).
+ADAPTIVE_KEYS = ("target_quantile", "clip_lr", "count_noise")
 
 
 class PrivacyConfig(BaseModel):
@@ -40,6 +45,15 @@ class PrivacyConfig(BaseModel):
         "model)")
     target_epsilon: float | None = Field(default=None, gt=0, description="the run stops, finished, before the round "
                                          "whose epsilon would pass it")
+    adaptive_clip: bool = Field(default=False, description="central only: the clip follows a quantile of the "
+                                "clients' update norms (Andrew et al. 2021), privacy.clip its start; the count of "
+                                "clients within the clip is noised and its noise accounted")
+    target_quantile: float = Field(default=0.5, gt=0, lt=1, description="adaptive_clip: gamma, the quantile of the "
+                                   "update norms the clip follows")
+    clip_lr: float = Field(default=0.2, gt=0, description="adaptive_clip: eta, the geometric step of the clip a round")
+    count_noise: float | None = Field(default=None, gt=0, description="adaptive_clip: sigma_b, the std of the noise "
+                                      "on the count of clients within the clip; null: the expected uploads / 20 "
+                                      "(Andrew et al.)")
     mia_samples: int = Field(default=0, ge=0, description="the membership-inference audit (diag/mia_auc, with DP or "
                              "without): this many of the clients' training examples, a seeded sample, scored against "
                              "the global test set at every evaluation; 0: no audit")
@@ -48,9 +62,17 @@ class PrivacyConfig(BaseModel):
     def enabled(self) -> bool:
         return self.mechanism != "none"
 
-    def check(self, rule: str) -> None:
-        """The keys' agreement with each other and with ``aggregation.rule`` (``rule``); ConfigError naming the key."""
+    def check(self, rule: str, mode: str = "sync") -> None:
+        """The keys' agreement with each other, with ``aggregation.rule`` (``rule``) and ``federation.mode``
+        (``mode``); ConfigError naming the key."""
         refuse_unread_keys(self, "privacy", "mechanism", MECHANISM_KEYS)
+        default = PrivacyConfig()
+        for key in ADAPTIVE_KEYS:
+            if not self.adaptive_clip and getattr(self, key) != getattr(default, key):
+                raise ConfigError(f"privacy.{key}", "is only read with privacy.adaptive_clip=true")
+        if self.adaptive_clip and mode != "sync":
+            raise ConfigError("privacy.adaptive_clip", f"with federation.mode={mode} a step's uploads were clipped at "
+                              "the clips of older payloads, above the one the noise is scaled to; use mode=sync")
         if self.mechanism == "central" and rule != "mean":
             raise ConfigError("privacy.mechanism", f"central noise is the aggregation hook's rule, which "
                               f"aggregation.rule={rule} would replace; use aggregation.rule=mean, or "

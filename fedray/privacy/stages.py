@@ -9,6 +9,8 @@ per client as McMahan et al., ICLR 2018, DP-FedAvg Alg. 1 does), so its directio
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
@@ -44,18 +46,57 @@ def clip_factors(leaves: Sequence[Leaf], n: int, clip: float) -> torch.Tensor:
     return torch.where(norms > clip, clip / torch.where(norms > 0, norms, 1.0), torch.ones_like(norms))
 
 
+@dataclass(frozen=True)
+class Adaptive:
+    """Andrew et al., NeurIPS 2021 ("Differentially Private Learning with Adaptive Clipping", Alg. 1): the clip
+    follows the ``quantile`` gamma of the clients' update norms. Each client tells whether its update was within
+    the clip, b_k = 1[||u_k|| <= C]; the server counts them with noise, b = (sum_k (b_k - 1/2) + N(0, sigma_b^2)) / m
+    + 1/2 (centred: one client moves the sum by 1/2), and moves the clip geometrically, C <- C exp(-eta (b - gamma)),
+    with ``lr`` = eta over ``expected`` = m uploads a step; the count's noise comes from the stream of (run seed,
+    round)."""
+
+    quantile: float
+    lr: float
+    count_std: float
+    expected: int
+    seed: int
+
+
 class Clip(Stage):
-    """``privacy.clip``: each message's whole update scaled to L2 norm at most C, direction kept."""
+    """``privacy.clip``: each message's whole update scaled to L2 norm at most C, direction kept; with ``adaptive``
+    C is the server's (announced with every payload) and follows a quantile of the norms (:class:`Adaptive`)."""
 
     name = "clip"
     order = ORDER["clip"]
 
-    def __init__(self, clip: float):
-        self.clip = clip
+    def __init__(self, clip: float, adaptive: Adaptive | None = None):
+        self.clip, self.adaptive = clip, adaptive
+        self.per_server = self.listens = adaptive is not None
 
-    def client_encode(self, leaves, states, keys):
+    def init_state(self, client_id: int) -> dict[str, float] | None:
+        return {"clip": self.clip} if self.adaptive is not None else None
+
+    def _now(self, heard: dict[str, float] | None) -> float:
+        return heard["clip"] if heard and "clip" in heard else self.clip
+
+    def announce(self, state: dict[str, float] | None) -> dict[str, float]:
+        return {"clip": (state or self.init_state(-1))["clip"]}
+
+    def tell(self, leaves, keys, heard):
+        within = clip_factors(leaves, len(keys), self._now(heard)) == 1.0
+        return [{"clip/within": float(w)} for w in within.tolist()]
+
+    def hear(self, state: dict[str, float] | None, told: list[dict[str, float]], round_: int) -> dict[str, float]:
+        a = self.adaptive
+        assert a is not None
+        clip = (state or self.init_state(-1))["clip"]
+        total = sum(t["clip/within"] - 0.5 for t in told if "clip/within" in t)
+        share = (total + float(gaussian(1, a.count_std, derive_seed(a.seed, "privacy/clip", round_)))) / a.expected
+        return {"clip": clip * math.exp(-a.lr * (share + 0.5 - a.quantile))}
+
+    def client_encode(self, leaves, states, keys, heard=None):
         n = len(keys)
-        scale = clip_factors(leaves, n, self.clip).unsqueeze(1)
+        scale = clip_factors(leaves, n, self._now(heard)).unsqueeze(1)
         for leaf in leaves:
             _put(leaf, n, _rows(leaf, n) * scale)
         return leaves, states
@@ -100,11 +141,15 @@ class CentralNoise(Aggregation):
     weighted: ClassVar[bool] = False
 
     def __init__(self, clip: float, sigma: float, denominator: int, seed: int):
-        self.std, self.denominator, self.seed = sigma * clip, denominator, seed
+        self.clip, self.sigma, self.denominator, self.seed = clip, sigma, denominator, seed
+        self.std = sigma * clip
         self.round, self.calls = 0, 0
 
-    def start_step(self, round_: int) -> None:
+    def start_step(self, round_: int, announced: dict[str, float] | None = None) -> None:
+        """The step's stream; the noise's scale from the clip the step's uploads were clipped at (announced by the
+        adaptive clip, else the fixed one)."""
         self.round, self.calls = round_, 0
+        self.std = self.sigma * (announced or {}).get("clip", self.clip)
 
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         if not items:
@@ -119,4 +164,4 @@ class CentralNoise(Aggregation):
         return from_vector(r + (total + noise) / self.denominator, items[0])
 
 
-__all__ = ["CentralNoise", "Clip", "LocalNoise", "clip_factors", "gaussian"]
+__all__ = ["Adaptive", "CentralNoise", "Clip", "LocalNoise", "clip_factors", "gaussian"]

@@ -123,10 +123,12 @@ class ClientWorkerCore:
               wire: Any = None) -> Done:
         """One client's work: ``payload`` as it came over the wire (decoded here, where the client runs), its
         update, and its upload encoded for the wire with its channel state ``wire``."""
-        return self._train(round_, client_id, self.channel.decode_down(payload), state, wire)
+        return self._train(round_, client_id, self.channel.decode_down(payload), state, wire,
+                           self.channel.heard(payload))
 
-    def _train(self, round_: int, client_id: int, payload: Any, state: ClientState | None, wire: Any) -> Done:
-        return self._outcomes([self._trained(round_, client_id, payload, state)], payload, [wire])[0]
+    def _train(self, round_: int, client_id: int, payload: Any, state: ClientState | None, wire: Any,
+               heard: dict[str, float] | None = None) -> Done:
+        return self._outcomes([self._trained(round_, client_id, payload, state)], payload, [wire], heard)[0]
 
     def _trained(self, round_: int, client_id: int, payload: Any,
                  state: ClientState | None) -> tuple[ClientContext, ClientResult]:
@@ -156,11 +158,11 @@ class ClientWorkerCore:
         state and channel state. With ``runtime.vectorize`` on, the clients whose ``client_update`` returns a
         training plan and that share a module and a loss are trained in lockstep as one batched computation
         (:mod:`fedray.vectorized.engine`); otherwise one by one."""
-        payload = self.channel.decode_down(payload)
+        heard, payload = self.channel.heard(payload), self.channel.decode_down(payload)
         wires = wires if wires is not None else [None] * len(client_ids)
         if not self.vectorize or len(client_ids) < self.vectorize_min:
             done = [self._trained(round_, c, payload, s) for c, s in zip(client_ids, states)]
-            return self._outcomes(done, payload, wires)
+            return self._outcomes(done, payload, wires, heard)
         ctxs, plans, results = [], [], {}
         for cid, state in zip(client_ids, states):
             ctx, state = self._context(round_, cid, state)
@@ -182,13 +184,16 @@ class ClientWorkerCore:
                                            pad=self.cfg.runtime.vectorize_pad, cuda_graphs=self.cfg.runtime.cuda_graphs)
                 for i, result in zip(part, trained):
                     results[ctxs[i].client_id] = ctxs[i], result
-        return self._outcomes([results[c] for c in client_ids], payload, wires)
+        return self._outcomes([results[c] for c in client_ids], payload, wires, heard)
 
-    def _outcomes(self, done: list[tuple[ClientContext, ClientResult]], payload: Any, wires: list[Any]) -> list[Done]:
+    def _outcomes(self, done: list[tuple[ClientContext, ClientResult]], payload: Any, wires: list[Any],
+                  heard: dict[str, float] | None = None) -> list[Done]:
         """The clients' uploads through the channel's client side (here, where the clients run; stacked, one row a
-        client), their new states, their infos (``bytes_up``: what the channel sent) and their new channel states."""
+        client), their new states, their infos (``bytes_up``: what the channel sent) and their new channel states.
+        ``heard``: what the payload's packet announced (the adaptive clip's clip)."""
         encoded = self.channel.encode_up_many([result.upload for _, result in done], payload, wires,
-                                              [ctx.client_id for ctx, _ in done], done[0][0].round if done else 0)
+                                              [ctx.client_id for ctx, _ in done], done[0][0].round if done else 0,
+                                              heard)
         out = []
         for (ctx, result), (sent, wire) in zip(done, encoded):
             info = {"client": ctx.client_id, "num_samples": ctx.num_samples, "bytes_up": self.channel.nbytes(sent),
@@ -342,6 +347,9 @@ class ServerCore:
             arrived = [self.algo.rebase(u, self.sent[v].decoded, self.state, w)
                        for u, v, w in zip(arrived, versions, weights)]
         metrics = self.aggregate(round_, arrived, client_ids)
+        # the listening stages' server state from what the uploads told (the adaptive clip's next clip), after the
+        # step, whose central noise used the clip its uploads were clipped at
+        self.wire_state = self.channel.hear(self.wire_state, uploads, round_)
         self.sent = {v: p for v, p in self.sent.items() if v in set(live)}
         return metrics
 
@@ -375,9 +383,12 @@ class ServerCore:
         ctx = ServerContext(round=round_, seed=derive_seed(self.cfg.seed, "server", round_), device=self.device,
                             modules=self.modules, cuda_graphs=self.cfg.runtime.cuda_graphs,
                             aggregation=self.channel.aggregation)
-        self.channel.aggregation.start_step(round_)
+        announced = self.channel.announce(self.wire_state)
+        self.channel.aggregation.start_step(round_, announced)
         root = self._root_update(round_) if self.channel.aggregation.needs_root else None
         self.state, metrics = self.algo.server_update(self.state, kept, ctx)
+        if "clip" in announced:  # the adaptive clip the step's uploads were clipped at
+            metrics["privacy/clip"] = announced["clip"]
         if self.malicious:
             metrics["adv/malicious_uploads"] = float(sum(c in self.malicious for c in kept_ids))
             chosen = ctx.aggregation.kept  # Krum's choice, as indices of the uploads (client-id order)

@@ -108,10 +108,12 @@ def test_target_epsilon_stops_the_run_finished_after_the_last_round_within_it(tm
     assert (tmp_path / "run" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("mechanism", ["central", "local"])
-def test_a_private_run_resumed_gives_the_uninterrupted_history(mechanism, tmp_path):
+@pytest.mark.parametrize("mechanism,adaptive", [("central", True), ("local", False)])
+def test_a_private_run_resumed_gives_the_uninterrupted_history(mechanism, adaptive, tmp_path):
+    """The noise's streams and the adaptive clip's server state (checkpointed with the channel's) resume exactly."""
+    extra = {"privacy__adaptive_clip": True, "privacy__count_noise": 1.0} if adaptive else {}
     cfg = tiny_config(privacy__mechanism=mechanism, privacy__clip=0.5, privacy__noise_multiplier=0.01,
-                      federation__rounds=3, runtime__checkpoint_every=1)
+                      federation__rounds=3, runtime__checkpoint_every=1, **extra)
     whole = run_experiment(cfg, progress=False)
     with pytest.raises(_Crash):
         run_experiment(cfg, tmp_path / "run", progress=False, hooks=[CrashAfter(2)])
@@ -183,3 +185,42 @@ def test_an_auto_noise_multiplier_is_the_smallest_that_keeps_the_run_within_its_
     assert epsilon(cfg, 20) <= 4.0 < epsilon(fixed, 20) and last_round(cfg) == 20
     with pytest.raises(ConfigError, match="privacy.noise_multiplier: auto derives sigma"):
         tiny_config(privacy__mechanism="central", privacy__noise_multiplier="auto")
+
+
+def test_the_adaptive_clip_moves_by_the_noised_count_of_clients_within_it():
+    """Andrew et al.'s step by hand: 3 of 4 uploads within the clip, no count noise: b = (3 - 4/2) / 4 + 1/2 = 0.75,
+    C' = C exp(-0.2 (0.75 - 0.5)); each message tells whether its norm is within the clip the payload announced."""
+    from fedray.privacy.stages import Adaptive
+
+    clip = Clip(2.0, Adaptive(quantile=0.5, lr=0.2, count_std=0.0, expected=4, seed=0))
+    assert clip.announce(None) == {"clip": 2.0}
+    told = [{"clip/within": b} for b in (1.0, 1.0, 1.0, 0.0)]
+    assert clip.hear({"clip": 3.0}, told, 1)["clip"] == pytest.approx(3.0 * math.exp(-0.2 * 0.25))
+    leaves = _leaves([[3.0, 0.0], [0.3, 0.0]], [[4.0], [0.4]], [10.0, -1.0])
+    assert clip.tell(leaves, [(1, 0), (1, 1)], {"clip": 1.0}) == [{"clip/within": 0.0}, {"clip/within": 1.0}]
+    assert clip.tell(leaves, [(1, 0), (1, 1)], {"clip": 6.0}) == [{"clip/within": 1.0}, {"clip/within": 1.0}]
+    out, _ = clip.client_encode(leaves, [None, None], [(1, 0), (1, 1)], heard={"clip": 0.25})
+    # the announced clip, not the start's: norms 5 and 0.5 scaled to 0.25, their values leaf 4 x 0.05, 0.4 x 0.5
+    assert torch.allclose(out[1].data, torch.tensor([[0.2], [0.2]]))
+
+
+def test_with_every_update_within_a_large_clip_the_clip_falls_geometrically_to_the_norms():
+    """From C = 100, above every update: each round the count says all within (b ~ 1), so C shrinks by about
+    exp(-eta / 2) a round until it meets the updates' norms; the clip the uploads met is logged (privacy/clip)."""
+    cfg = tiny_config(privacy__mechanism="central", privacy__noise_multiplier=0.001, privacy__clip=100.0,
+                      privacy__adaptive_clip=True, privacy__clip_lr=1.0, privacy__count_noise=0.01, federation__rounds=4)
+    clips = [r["privacy/clip"] for r in run_experiment(cfg, progress=False).history]
+    assert clips[0] == 100.0 and all(0.59 < b / a < 0.63 for a, b in zip(clips, clips[1:]))  # exp(-1/2) = 0.607
+
+
+@pytest.mark.ray
+def test_on_ray_the_adaptive_clip_and_central_noise_give_the_in_process_history(ray_local):
+    """The clip announced with each payload reaches the workers, their clipped-or-not bits the server's actor, and the
+    noise is drawn there: every figure of the in-process run, the clips included."""
+    cfg = tiny_config(privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
+                      privacy__adaptive_clip=True, privacy__count_noise=1.0, federation__rounds=2)
+    ray_cfg = tiny_config(privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
+                          privacy__adaptive_clip=True, privacy__count_noise=1.0, federation__rounds=2,
+                          runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
+    here, there = (run_experiment(c, progress=False).history for c in (cfg, ray_cfg))
+    assert _figures(there) == _figures(here) and here[1]["privacy/clip"] != here[0]["privacy/clip"]
