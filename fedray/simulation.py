@@ -69,6 +69,8 @@ def summarise(cfg: ExperimentConfig, history: list[dict[str, Any]], runtime: str
     summary["comm/bytes_down"] = float(sum(row["comm/bytes_down"] for row in history))
     if bytes_setup:  # one-time, before round 1 (e.g. FedCD's shared validation images to every client)
         summary["comm/bytes_setup"] = float(bytes_setup)
+    if history and "privacy/sample_epsilon" in history[-1]:
+        summary["privacy/sample_epsilon"] = float(history[-1]["privacy/sample_epsilon"])
     if history and "privacy/epsilon" in history[-1]:  # client-level DP's epsilon after the last round, its sigma
         from fedray.privacy.accounting import noise_multiplier
 
@@ -168,9 +170,12 @@ def _run(exp: Experiment, output_dir: str | Path | None, progress: bool, data: F
                     getattr(hook, "on_resume", lambda h: None)(history)
             title = f"{cfg.algorithm.name} on {cfg.data.dataset}"
             end = privacy_rounds(cfg)
+            sample_dp = sample_accounting(cfg, data)
             with ConsoleReporter(end, title, enabled=progress, done=len(history)) as bar:
                 for r in range(len(history) + 1, end + 1):
                     row = _round(cfg, runtime, r, schedule, client_history, event_history, end)
+                    if sample_dp is not None:
+                        row["privacy/sample_epsilon"] = sample_dp(r)
                     history.append(row)
                     bar.update(row)
                     if every and (r % every == 0 or r == end):  # the last one too: a run may be extended
@@ -262,6 +267,18 @@ def privacy_rounds(cfg: ExperimentConfig) -> int:
         log.info("privacy.target_epsilon=%g: the run stops after round %d, before the round that would pass it",
                  cfg.privacy.target_epsilon, end)
     return end
+
+
+def sample_accounting(cfg: ExperimentConfig, data: FederatedData):
+    """With DP-SGD (``privacy.sample_clip``): rounds -> the sample-level epsilon after them
+    (:mod:`fedray.privacy.dpsgd`); else None."""
+    p = cfg.privacy
+    if p.sample_clip is None:
+        return None
+    from fedray.privacy.dpsgd import batches_per_example, sample_epsilon
+
+    per_round = batches_per_example(cfg.federation, data.client_sizes().tolist())
+    return lambda rounds: sample_epsilon(p.sample_noise, p.delta, rounds * per_round)
 
 
 def _round(cfg: ExperimentConfig, runtime: Runtime, r: int, schedule: Schedule,

@@ -48,6 +48,7 @@ CASES = [
     (["privacy.mechanism=central", "privacy.clip=0"], "privacy.clip", "greater than 0"),
     (["privacy.mechanism=local", "privacy.delta=1"], "privacy.delta", "less than 1"),
     (["privacy.mechanism=local", "privacy.noise_multiplier=-1"], "privacy.noise_multiplier", "allowed: >= 0, or auto"),
+    (["privacy.sample_noise=2"], "privacy.sample_noise", "only read with privacy.sample_clip"),
     (["privacy.mechanism=central", "aggregation.rule=median"], "privacy.mechanism", "aggregation.rule=mean"),
     (["privacy.mechanism=central", "privacy.target_epsilon=0.5"], "privacy.target_epsilon", "first round already"),
     (["privacy.mechanism=central", "algorithm.name=scaffold"], "privacy.mechanism", "privacy.mechanism=local"),

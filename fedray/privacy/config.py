@@ -13,11 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedray.errors import ConfigError, refuse_unread_keys
 
 #: The keys each mechanism reads; any other key set away from its default is refused (it would change nothing).
+SAMPLE_KEYS = ("sample_clip", "sample_noise", "mia_samples")  # read whatever the mechanism
 MECHANISM_KEYS: dict[str, tuple[str, ...]] = {
-    "none": ("mia_samples",),
+    "none": ("delta", *SAMPLE_KEYS),
     "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "adaptive_clip",
-                "target_quantile", "clip_lr", "count_noise"),
-    "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples"),
+                "target_quantile", "clip_lr", "count_noise", "sample_clip", "sample_noise"),
+    "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "sample_clip",
+              "sample_noise"),
 }
 
 
@@ -54,6 +56,10 @@ class PrivacyConfig(BaseModel):
     count_noise: float | None = Field(default=None, gt=0, description="adaptive_clip: sigma_b, the std of the noise "
                                       "on the count of clients within the clip; null: the expected uploads / 20 "
                                       "(Andrew et al.)")
+    sample_clip: float | None = Field(default=None, gt=0, description="sample-level DP of the clients' local "
+                                      "training (DP-SGD): each example's gradient clipped to this L2 norm; null: off")
+    sample_noise: float = Field(default=1.0, ge=0, description="sample_clip: sigma_s, DP-SGD's noise std over the "
+                                "example clip")
     mia_samples: int = Field(default=0, ge=0, description="the membership-inference audit (diag/mia_auc, with DP or "
                              "without): this many of the clients' training examples, a seeded sample, scored against "
                              "the global test set at every evaluation; 0: no audit")
@@ -67,6 +73,8 @@ class PrivacyConfig(BaseModel):
         (``mode``); ConfigError naming the key."""
         refuse_unread_keys(self, "privacy", "mechanism", MECHANISM_KEYS)
         default = PrivacyConfig()
+        if self.sample_clip is None and self.sample_noise != default.sample_noise:
+            raise ConfigError("privacy.sample_noise", "is only read with privacy.sample_clip set (DP-SGD)")
         for key in ADAPTIVE_KEYS:
             if not self.adaptive_clip and getattr(self, key) != getattr(default, key):
                 raise ConfigError(f"privacy.{key}", "is only read with privacy.adaptive_clip=true")

@@ -23,6 +23,7 @@ from fedray.adversary.config import COLLUDING_ATTACKS
 from fedray.adversary.data import backdoor, data_attack
 from fedray.adversary.forge import forged_setup_counts
 from fedray.privacy.audit import membership_rows
+from fedray.privacy.dpsgd import run_private_training
 from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
@@ -149,6 +150,13 @@ class ClientWorkerCore:
         return update
 
     def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
+        p = self.cfg.privacy
+        if p.sample_clip is not None:  # DP-SGD in place of the plain step, where the client runs
+            if not isinstance(update, LocalTraining):
+                raise RunFailure(f"privacy.sample_clip: {self.cfg.algorithm.name}'s local training is not one "
+                                 "model's loss over its batches (a LocalTraining plan), which DP-SGD is built for; "
+                                 "drop privacy.sample_clip")
+            return run_private_training(ctx, update, p.sample_clip, p.sample_noise)
         return run_alone(ctx, update, self.cfg.runtime.cuda_graphs)
 
     @at_local_precision
@@ -160,7 +168,7 @@ class ClientWorkerCore:
         (:mod:`fedray.vectorized.engine`); otherwise one by one."""
         heard, payload = self.channel.heard(payload), self.channel.decode_down(payload)
         wires = wires if wires is not None else [None] * len(client_ids)
-        if not self.vectorize or len(client_ids) < self.vectorize_min:
+        if not self.vectorize or len(client_ids) < self.vectorize_min or self.cfg.privacy.sample_clip is not None:
             done = [self._trained(round_, c, payload, s) for c, s in zip(client_ids, states)]
             return self._outcomes(done, payload, wires, heard)
         ctxs, plans, results = [], [], {}

@@ -224,3 +224,57 @@ def test_on_ray_the_adaptive_clip_and_central_noise_give_the_in_process_history(
                           runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
     here, there = (run_experiment(c, progress=False).history for c in (cfg, ray_cfg))
     assert _figures(there) == _figures(here) and here[1]["privacy/clip"] != here[0]["privacy/clip"]
+
+
+def test_dp_sgd_clips_each_examples_gradient_by_hand_and_adds_noise_of_sigma_c_over_b():
+    """A linear model under cross-entropy: with no noise, the DP-SGD gradient is the mean of the examples' own
+    gradients (autograd one example at a time), each scaled to norm at most C; with a clip above every norm, the
+    plain batch gradient. With zero inputs every example's gradient of the weight is 0 and the noise alone is left:
+    std sigma C / B."""
+    import torch.nn.functional as F
+
+    from fedray.privacy.dpsgd import private_gradients
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 4, bias=False)
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 2, 3, 0])
+
+    def loss(m, xb, yb):
+        return F.cross_entropy(m(xb), yb)
+
+    own = []
+    for i in range(5):
+        model.zero_grad()
+        loss(model, x[i:i + 1], y[i:i + 1]).backward()
+        own.append(model.weight.grad.clone())
+    clip = 0.5
+    expected = sum(g * min(1.0, clip / g.norm().item()) for g in own) / 5
+    got = private_gradients(model, loss, x, y, (), clip, 0.0, torch.Generator().manual_seed(0))["weight"]
+    assert torch.allclose(got, expected, atol=1e-6) and min(g.norm().item() for g in own) > clip  # every one clipped
+    model.zero_grad()
+    loss(model, x, y).backward()
+    plain = private_gradients(model, loss, x, y, (), 1e6, 0.0, torch.Generator())["weight"]
+    assert torch.allclose(plain, model.weight.grad, atol=1e-6)
+    wide = torch.nn.Linear(500, 400, bias=False)
+    noise = private_gradients(wide, loss, torch.zeros(8, 500), torch.zeros(8, dtype=torch.long), (), 2.0, 3.0,
+                              torch.Generator().manual_seed(1))["weight"]
+    assert noise.std().item() == pytest.approx(3.0 * 2.0 / 8, rel=0.01)
+
+
+def test_dp_sgd_runs_where_the_client_runs_and_accounts_each_examples_batches():
+    """4 steps of 16 a round: an example of a client of 100 is in one batch a round, of 50 in one (4 batches a pass),
+    of 10 in four (one batch a pass): the most, 4, a round. FedAvg with DP-SGD accounts r rounds as r x that many
+    Gaussian releases; a method whose local training is not one model's loss (FedKF's generator steps) stops in one
+    line."""
+    from fedray.data import build_federated_data
+    from fedray.errors import RunFailure
+    from fedray.privacy.dpsgd import batches_per_example, sample_epsilon
+    from tests.conftest import method_config
+
+    cfg = tiny_config(privacy__sample_clip=1.0, privacy__sample_noise=2.0)
+    assert batches_per_example(cfg.federation, [100, 50, 10]) == 4 and batches_per_example(cfg.federation, [100]) == 1
+    k = batches_per_example(cfg.federation, build_federated_data(cfg.data, cfg.seed).client_sizes().tolist())
+    history = run_experiment(cfg, progress=False).history
+    assert [r["privacy/sample_epsilon"] for r in history] == [sample_epsilon(2.0, 1e-5, r * k) for r in (1, 2)]
+    with pytest.raises(RunFailure, match=r"^privacy.sample_clip: fedkf's local training is not one model's loss"):
+        run_experiment(method_config("fedkf", privacy__sample_clip=1.0, federation__rounds=1), progress=False)
