@@ -119,8 +119,7 @@ class Channel:
             leaves, own = stage.server_encode(leaves, own, [(version,)])
             if stage.per_server:
                 state[stage.name] = own[0]
-        side = {k: v for s in self.stages if s.listens for k, v in s.announce(state.get(s.name)).items()}
-        return Packet(skeleton, [_row(leaf, 0) for leaf in leaves], side), state
+        return Packet(skeleton, [_row(leaf, 0) for leaf in leaves], self.announce(state)), state
 
     def announce(self, state: dict[str, Any] | None) -> dict[str, float]:
         """What the listening stages would announce from the server's channel state ``state`` (the current clip)."""
