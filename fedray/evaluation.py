@@ -168,6 +168,11 @@ class EvalIndex:
         #: the membership audit's members (rows of data.train_x the clients train on), samples trigger_stop:size
         self.members = members
         self.size = self.trigger_stop + (0 if members is None else len(members))
+        if members is not None:  # each member's client, for the audit of personal models
+            owner = np.full(len(data.train_y), -1, dtype=np.int64)
+            for k, rows in enumerate(data.client_train):
+                owner[np.asarray(rows, dtype=np.int64)] = k
+            self.member_client = owner[members]
         # Multi-domain data: the global test set's accuracy per domain too (eval/acc_<domain>)
         self.test_domain = None if data.test_domain is None else np.asarray(data.test_domain)
         self.domains = data.domains
@@ -318,6 +323,24 @@ class Evaluator:
                     stop - start]
         loss_sum = float(np.concatenate([ce for _, ce in own]).astype(np.float64).sum()) if own else 0.0
         return tuple(row), loss_sum
+
+    def membership_pairs(self, model: torch.nn.Module, client_id: int) -> tuple[float, float]:
+        """The audit of client ``client_id``'s own ``model`` (:func:`fedray.privacy.audit.membership_u`): its members
+        against the global test set; (0, 0) without an audit or without members of its own."""
+        if self.index.members is None:
+            return 0.0, 0.0
+        from fedray.privacy.audit import membership_u
+
+        own = self.index.trigger_stop + np.flatnonzero(self.index.member_client == client_id)
+        if own.size == 0:
+            return 0.0, 0.0
+        model.eval()
+        test = np.concatenate([ce for _, ce in self.score(model, _ranges(0, self.index.num_test, self.batch_size))])
+        with torch.inference_mode():
+            x = to_float(torch.from_numpy(self.x[own]).to(self.device), self.mean, self.std)
+            y = torch.from_numpy(np.asarray(self.y[own], dtype=np.int64)).to(self.device)
+            member = F.cross_entropy(model(x).float(), y, reduction="none").cpu().numpy()
+        return membership_u(member, test)
 
     def attack_counts(self, model: torch.nn.Module) -> tuple[int, int]:
         """(triggered test images ``model`` classifies as the backdoor's target, triggered test images); (0, 0)

@@ -161,9 +161,6 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
         takes = "only the mean" if rules == ("mean",) else f"the rules {', '.join(rules)}"
         raise ConfigError("aggregation.rule", f"'{method.name}' takes {takes} here: {why}; methods that take {rule} "
                           f"(with their defaults): {able or 'none'}")
-    if cfg.privacy.mia_samples and method.personalised:
-        raise ConfigError("privacy.mia_samples", f"'{method.name}' is personalised: the membership audit scores the "
-                          "global model, and of personal models it is not built; set privacy.mia_samples=0")
     if cfg.privacy.adaptive_clip:
         from fedray.privacy.accounting import update_noise_multiplier
 

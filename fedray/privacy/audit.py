@@ -4,7 +4,9 @@ model and guesses "member" above a threshold; over every threshold its success i
 (a seeded sample of the clients' training examples, ``privacy.mia_samples``) against non-members (the global test
 set, from the same distribution and never trained on): ``diag/mia_auc``, 0.5 when the model does not tell them
 apart. The members are extra rows of the evaluation set (:class:`fedray.evaluation.EvalIndex`), scored in its fixed
-batches, so the figure is the same in process and on Ray."""
+batches, so the figure is the same in process and on Ray. A personalised method's clients are each audited on their
+own model: its own members against the global test set, the pairs pooled over the clients (sum of U / sum of
+pairs)."""
 
 from __future__ import annotations
 
@@ -24,14 +26,22 @@ def membership_rows(cfg, data) -> np.ndarray | None:
     return np.sort(rng.choice(rows, size=min(n, len(rows)), replace=False))
 
 
-def membership_auc(member_loss: np.ndarray, nonmember_loss: np.ndarray) -> float:
-    """P(a member's score > a non-member's), ties counted half: the Mann-Whitney U of the scores -loss over the
-    pairs (scipy)."""
+def membership_u(member_loss: np.ndarray, nonmember_loss: np.ndarray) -> tuple[float, float]:
+    """(the pairs (member, non-member) whose member scores higher, ties counted half; the pairs): the Mann-Whitney U
+    of the scores -loss (scipy). Personal models pool these over their clients: sum U / sum pairs."""
     from scipy.stats import mannwhitneyu
 
+    if len(member_loss) == 0 or len(nonmember_loss) == 0:
+        return 0.0, 0.0
     u = mannwhitneyu(-np.asarray(member_loss, np.float64), -np.asarray(nonmember_loss, np.float64),
                      alternative="greater").statistic
-    return float(u) / (len(member_loss) * len(nonmember_loss))
+    return float(u), float(len(member_loss) * len(nonmember_loss))
 
 
-__all__ = ["membership_auc", "membership_rows"]
+def membership_auc(member_loss: np.ndarray, nonmember_loss: np.ndarray) -> float:
+    """P(a member's score > a non-member's), ties counted half (:func:`membership_u`)."""
+    u, pairs = membership_u(member_loss, nonmember_loss)
+    return u / pairs
+
+
+__all__ = ["membership_auc", "membership_rows", "membership_u"]

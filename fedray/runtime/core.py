@@ -245,8 +245,8 @@ class ClientWorkerCore:
         """Personalised evaluation: each client's own model on its own test split and on the global test
         set (rows of :func:`fedray.evaluation.personal_metrics`, then the cross-entropy summed over the own
         test split, then under a backdoor the triggered test images it classifies as the target and their number:
-        (0, 0) for a malicious client, whose own model is the attacker's, and without a backdoor). A client that
-        never trained is scored with its initial model, which is built here and not kept."""
+        (0, 0) for a malicious client, whose own model is the attacker's, and without a backdoor; then the membership
+        audit's U and pairs, (0, 0) without one). A client that never trained is scored with its initial model, which is built here and not kept."""
         evaluator = self._worker_evaluator()
         rows = []
         for cid, state in zip(client_ids, states):
@@ -255,7 +255,7 @@ class ClientWorkerCore:
             model.load_state_dict(own.weights)
             counts, loss_sum = evaluator.personal_scores(model, cid)
             attack = evaluator.attack_counts(model) if cid not in self.malicious else (0, 0)
-            rows.append((*counts, loss_sum, *attack))
+            rows.append((*counts, loss_sum, *attack, *evaluator.membership_pairs(model, cid)))
         return rows
 
     def _worker_evaluator(self) -> Evaluator:

@@ -12,10 +12,10 @@ from fedray.methods import Algorithm
 from fedray.methods.api import ClientState
 from fedray.evaluation import ClientScores, personal_attack_success, personal_metrics, personal_scores
 
-#: A :meth:`ClientWorkerCore.evaluate_clients` row: personal_metrics' six counts, the own-split loss sum, then the
-#: triggered test images classified as the backdoor's target and their number.
+#: A :meth:`ClientWorkerCore.evaluate_clients` row: personal_metrics' six counts, the own-split loss sum, the
+#: triggered test images classified as the backdoor's target and their number, the membership audit's U and pairs.
 COUNTS = 6
-ROW = COUNTS + 3
+ROW = COUNTS + 5
 
 
 def personal_evaluation(rows: list[tuple], backdoor: bool = False) -> tuple[dict[str, float], ClientScores]:
@@ -24,7 +24,10 @@ def personal_evaluation(rows: list[tuple], backdoor: bool = False) -> tuple[dict
     table = np.array(rows, dtype=np.float64).reshape(-1, ROW)
     metrics = personal_metrics(table[:, :COUNTS])
     if backdoor:
-        metrics["eval/attack_success"] = personal_attack_success(table[:, COUNTS + 1 :])
+        metrics["eval/attack_success"] = personal_attack_success(table[:, COUNTS + 1 : COUNTS + 3])
+    pairs = table[:, COUNTS + 4].sum()
+    if pairs > 0:  # the audit of the clients' own models, pooled (fedray.privacy.audit)
+        metrics["diag/mia_auc"] = float(table[:, COUNTS + 3].sum() / pairs)
     return metrics, personal_scores(table[:, :COUNTS], table[:, COUNTS])
 
 

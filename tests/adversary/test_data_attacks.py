@@ -16,7 +16,7 @@ from fedray.evaluation import EvalIndex, Evaluator, personal_attack_success
 from fedray.methods import validate_experiment
 from fedray.runtime import make_runtime
 from fedray.runtime.core import ClientWorkerCore, ServerCore
-from fedray.runtime.personal import personal_evaluation
+from fedray.runtime.personal import COUNTS, personal_evaluation
 from fedray.runtime.server_inputs import client_label_counts
 from fedray.seeding import sample_clients
 from tests.conftest import DAFKD_TINY, tiny_config
@@ -181,9 +181,12 @@ def test_attack_success_by_hand():
     assert ev.attack_counts(model) == (round(want * other.sum()), int(other.sum()))
     # personalised: the honest clients' own models, averaged; a malicious client's row is (0, 0)
     assert personal_attack_success(np.array([[3, 10], [0, 0], [5, 10]])) == pytest.approx(0.4)
-    rows = [(1, 2, 3, 4, 0, 0, 0.5, 3, 10), (1, 2, 3, 4, 0, 0, 0.5, 0, 0)]
+    rows = [(1, 2, 3, 4, 0, 0, 0.5, 3, 10, 0, 0), (1, 2, 3, 4, 0, 0, 0.5, 0, 0, 0, 0)]
     assert personal_evaluation(rows, backdoor=True)[0]["eval/attack_success"] == pytest.approx(0.3)
     assert "eval/attack_success" not in personal_evaluation(rows)[0]
+    # the membership audit's pairs pooled over the clients: (3 + 1) / (4 + 4); none without an audit
+    audited = [(*r[:-2], u, n) for r, (u, n) in zip(rows, ((3.0, 4.0), (1.0, 4.0)))]
+    assert personal_evaluation(audited)[0]["diag/mia_auc"] == 0.5 and "diag/mia_auc" not in personal_evaluation(rows)[0]
 
 
 def test_personalised_attack_success_scores_the_honest_clients_own_models():
@@ -192,7 +195,7 @@ def test_personalised_attack_success_scores_the_honest_clients_own_models():
     rows = worker.evaluate_clients(list(range(6)), [None] * 6)
     bad = malicious_clients(cfg)
     triggered = int((data.test_y != cfg.adversary.target).sum())
-    assert [r[-1] for r in rows] == [0 if c in bad else triggered for c in range(6)]
+    assert [r[COUNTS + 2] for r in rows] == [0 if c in bad else triggered for c in range(6)]  # then the audit's
 
 
 def test_a_backdoor_run_reports_attack_success():
