@@ -62,8 +62,8 @@ class PrivacyConfig(BaseModel):
                                 "example clip")
     mia_samples: int = Field(default=0, ge=0, description="the membership-inference audit (diag/mia_auc, with DP or "
                              "without): this many of the clients' training examples, a seeded sample, scored against "
-                             "the global test set at every evaluation (personalised methods: each client's own model on its own "
-                             "members, pooled); 0: no audit")
+                             "the global test set at every evaluation (personalised methods: each client's own "
+                             "model on its own members, pooled); 0: no audit")
 
     @property
     def enabled(self) -> bool:
