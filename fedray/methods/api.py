@@ -65,6 +65,7 @@ from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, 
 from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
                                        StepwiseTraining, Trained, Update, is_weights_only, make_optimizer, module_dict,
                                        row_mean, run_update, split_loss, weights_only)
+from fedray.learning.aggregation import WeightedMean
 from fedray.learning.robust import ALL_RULES, VALUE_RULES
 from fedray.learning.weights import Weights, clone_weights, weighted_average
 from fedray.models import build_model
@@ -170,6 +171,18 @@ class Algorithm(ABC, Generic[Params, Modules]):
         if cls.robust_means:
             return ALL_RULES, ""
         return ("mean",), cls.mean_only_because
+
+    @classmethod
+    def central_noise_refused(cls, params: BaseModel) -> str | None:
+        """Why a run with ``params`` cannot take ``privacy.mechanism=central`` (the hook's mean replaced by the
+        noised sum of the clipped uploads over a fixed denominator), or None when it can. By default it can when every
+        hook call is a mean of models trained from the broadcast model (the rules of updates apply) and no cache of
+        uploads outlives the step (the OCA model would average them unnoised)."""
+        if "norm_bound" not in cls.robust_rules(params)[0]:
+            return "its server step's means are not all of updates from the model it sent"
+        if cls.keeps_cache and getattr(params, "report_model", None) == "oca":
+            return "its cache's OCA model would average the clipped uploads unnoised"
+        return None
 
     @classmethod
     def sends_label_counts(cls, params: BaseModel) -> bool:
@@ -377,5 +390,5 @@ SHARED = ["CacheParams", "ConditionalGenerator", "DAFLGenerator", "DCGANGenerato
           "init_cache", "input_spec", "kd_kl", "kl_rows", "label_counts", "label_shares",
           "normalised_entropy", "optim", "projection_cosine", "projector", "run_in_batches",
           "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights", "teacher_logits",
-          "to_device", "to_float", "update_cache", "VALUE_RULES"]
+          "to_device", "to_float", "update_cache", "VALUE_RULES", "WeightedMean"]
 __all__ = CONTRACT + SHARED

@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedray.methods.api import (ClientContext, ClientResult, ConfigError, ExperimentConfig, LocalTraining, Payload,
                                 PersonalModel, PersonalisedAlgorithm, ServerContext, ServerState, Upload, counts_field,
-                                derive_rng, input_spec, kd_kl, normalised_entropy, to_float, values_field, VALUE_RULES)
+                                derive_rng, input_spec, kd_kl, normalised_entropy, to_float, values_field, VALUE_RULES,
+                                WeightedMean)
 
 
 class FedCDParams(BaseModel):
@@ -135,6 +136,13 @@ class FedCD(PersonalisedAlgorithm):
                            "not by a mean a rule could replace; set algorithm.ensemble=uniform for a robust rule")
 
     @classmethod
+    def central_noise_refused(cls, params: BaseModel) -> str | None:
+        # the uniform teacher is the one mean of the uploads (their clipped logit tables), which the server then
+        # broadcasts; Eq. 4 reads each client's logits to fit its weights
+        return None if params.ensemble == "uniform" else ("Eq. 4 fits its weights on each client's logits one by one; "
+                                                          "set algorithm.ensemble=uniform")
+
+    @classmethod
     def check_config(cls, cfg: ExperimentConfig, params: FedCDParams) -> None:
         sd = cfg.data.server_data
         if sd.kind == "none" or not sd.is_labelled():
@@ -213,7 +221,7 @@ class FedCD(PersonalisedAlgorithm):
         # robust rule (ensemble=uniform only) replaces the uniform teacher: over the clients' (B, C) logit tables, one
         # vote each; server/uniform_* still score the plain average
         avg = torch.einsum("n,nbc->bc", uniform, z)
-        if self.cfg.aggregation.rule != "mean":
+        if not isinstance(ctx.aggregation, WeightedMean):  # a robust rule, or central DP noise on the clipped tables
             teacher = ctx.aggregation.mean(list(z.unbind(0)), [1.0] * n)
         else:
             teacher = torch.einsum("n,nbc->bc", gamma, z)

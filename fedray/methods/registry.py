@@ -166,16 +166,14 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
 
         update_noise_multiplier(cfg)  # refuses a count noise that leaves the updates none
     if cfg.privacy.mechanism == "central":
-        # central noise replaces the hook's mean by a noised sum of updates from the model sent: every call of the
-        # server step must be such a mean (the methods taking the rules of updates), and nothing the server keeps
-        # may come from the uploads unnoised (the cache's slots)
-        if "norm_bound" not in rules or (method.keeps_cache and params.report_model == "oca"):
+        # central noise replaces the hook's mean by a noised sum of the clipped uploads: every call of the server
+        # step must be such a mean, and nothing the server keeps may come from the uploads unnoised
+        why = method.central_noise_refused(params)
+        if why is not None:
             able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.__module__.startswith("fedray.")
-                             and "norm_bound" in c.robust_rules(c.parse_params({}))[0])
-            why = ("its cache's OCA model would average the clipped uploads unnoised" if "norm_bound" in rules
-                   else "its server step's means are not all of updates from the model it sent")
+                             and c.central_noise_refused(c.parse_params({})) is None)
             raise ConfigError("privacy.mechanism", f"'{method.name}' cannot take central noise: {why}; use "
-                              f"privacy.mechanism=local (methods that take central: {able})")
+                              f"privacy.mechanism=local (methods that take central with their defaults: {able})")
     if method.keeps_cache:
         if rule not in VALUE_RULES and params.report_model == "oca":
             raise ConfigError("algorithm.report_model", f"the cache's OCA model averages slots trained from the models "

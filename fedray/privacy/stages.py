@@ -131,7 +131,7 @@ class LocalNoise(Stage):
 
 class CentralNoise(Aggregation):
     """``privacy.mechanism=central`` at the aggregation hook: r + (sum_k (x_k - r) + N(0, (sigma C)^2 I)) / m, the
-    unweighted sum of the clipped updates, noised once, over a fixed denominator m, the uploads a server step expects
+    unweighted sum of the clipped updates (of values such as logits, r = 0), noised once, over a fixed denominator m, the uploads a server step expects
     (``federation.clients_per_round``; FedBuff's ``buffer_size``): DP-FedAvg's fixed-denominator estimator (McMahan
     et al., ICLR 2018, Alg. 1 with w_k = 1). Sample counts are not used: a count is the client's own, and weighing by
     it would need it private too. The noise of each hook call of a step comes from the stream of (run seed, round,
@@ -154,10 +154,8 @@ class CentralNoise(Aggregation):
     def mean(self, items: Sequence[T], weights: Sequence[float], reference: T | None = None) -> T:
         if not items:
             raise ValueError("aggregation over no uploads")
-        if reference is None:
-            raise ValueError("privacy.mechanism=central adds its noise to the sum of updates, so it needs the model "
-                             "the clients started from: call ctx.aggregation.mean(items, weights, reference=...)")
-        r = as_vector(reference)
+        # models are summed as their updates from the model sent (``reference``); values (logits) as they are
+        r = as_vector(reference) if reference is not None else torch.zeros((), dtype=torch.float64)
         total = (torch.stack([as_vector(item) for item in items]) - r).sum(0)
         noise = gaussian(total.numel(), self.std, derive_seed(self.seed, "privacy/central", self.round, self.calls))
         self.calls += 1

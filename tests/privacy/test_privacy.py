@@ -277,3 +277,20 @@ def test_dp_sgd_runs_where_the_client_runs_and_accounts_each_examples_batches():
     assert [r["privacy/sample_epsilon"] for r in history] == [sample_epsilon(2.0, 1e-5, r * k) for r in (1, 2)]
     with pytest.raises(RunFailure, match=r"^privacy.sample_clip: fedkf's local training is not one model's loss"):
         run_experiment(method_config("fedkf", privacy__sample_clip=1.0, federation__rounds=1), progress=False)
+
+
+def test_fedcd_with_the_uniform_teacher_takes_central_noise_on_the_clipped_logit_tables():
+    """FedCD's uniform teacher is the one mean of its uploads: under central noise, (sum of the clipped tables + noise)
+    / m; with no noise and a clip above every table's norm, the plain average's figures; Eq. 4's teacher refuses."""
+    fedcd = dict(algorithm__name="fedcd", algorithm__ensemble="uniform", data__server_data__kind="holdout",
+                 data__server_data__per_class=2, algorithm__shared_batch=8, federation__clients_per_round=6,
+                 federation__rounds=2)
+    plain = run_experiment(tiny_config(**fedcd), progress=False).history
+    loose = run_experiment(tiny_config(**fedcd, privacy__mechanism="central", privacy__clip=1e9,
+                                       privacy__noise_multiplier=0.0), progress=False).history
+    noisy = run_experiment(tiny_config(**fedcd, privacy__mechanism="central", privacy__clip=1.0,
+                                       privacy__noise_multiplier=5.0), progress=False).history
+    assert loose[-1]["server/teacher_acc"] == plain[-1]["server/teacher_acc"]
+    assert noisy[-1]["server/teacher_ce"] != plain[-1]["server/teacher_ce"]
+    with pytest.raises(ConfigError, match="Eq. 4 fits its weights"):
+        validate_experiment(tiny_config(**{**fedcd, "algorithm__ensemble": "optimal"}, privacy__mechanism="central"))
