@@ -178,10 +178,12 @@ class Algorithm(ABC, Generic[Params, Modules]):
         noised sum of the clipped uploads over a fixed denominator), or None when it can. By default it can when every
         hook call is a mean of models trained from the broadcast model (the rules of updates apply) and no cache of
         uploads outlives the step (the OCA model would average them unnoised)."""
-        if "norm_bound" not in cls.robust_rules(params)[0]:
-            return "its server step's means are not all of updates from the model it sent"
-        if cls.keeps_cache and getattr(params, "report_model", None) == "oca":
+        if cls.keeps_cache and (getattr(params, "report_model", None) == "oca"
+                                or "norm_bound" not in cls.robust_rules(params)[0]):
             return "its cache's OCA model would average the clipped uploads unnoised"
+        if "norm_bound" not in cls.robust_rules(params)[0]:
+            return ("its server step reads the uploads beyond one mean of updates (a teacher, per-sample weights, a "
+                    "ratio of sums, control variates), which the noise would not cover")
         return None
 
     @classmethod

@@ -76,6 +76,11 @@ class FedDistill(PersonalisedAlgorithm):
         return ("mean", "median", "trimmed_mean"), ("it aggregates per-label logit rows over the clients holding each "
                                                     "label, not models")
 
+    @classmethod
+    def central_noise_refused(cls, params: BaseModel) -> str | None:
+        return ("each label's row is a mean over the clients holding that label, a denominator read from their label "
+                "counts (sent in the clear), not a fixed one")
+
     def init_server_state(self, modules: None) -> LabelLogits:
         return LabelLogits()
 
