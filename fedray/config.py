@@ -353,10 +353,6 @@ class ExperimentConfig(_Strict):
         # its classes and images: with the method's checks (methods/registry.py)
         self.adversary.check(self.data.num_clients, availability=self.system.availability)
         self.privacy.check(self.aggregation.rule, fed.mode)
-        if self.privacy.target_epsilon is not None:
-            from fedray.privacy.accounting import check_budget
-
-            check_budget(self)
         schedule_class(fed.mode).check(self)
         check_traces(self.system, self.data.num_clients)
         return self

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedray.methods.api import (VALUE_RULES, DistillSettings, ExperimentConfig, ServerContext, derive_seed, distil,
+from fedray.methods.api import (VALUE_RULES, DistillSettings, WeightedMean, ExperimentConfig, ServerContext, derive_seed, distil,
                                 require_server_data, soft_targets, teacher_logits)
 from fedray.methods.fedavg import FedAvg, ModelState, ModelUpload
 
@@ -77,7 +77,7 @@ class FedDF(FedAvg):
         # Under the mean a float32 mean (the hook's float64 sum would change its bits); under a robust rule the rule
         # over the clients' (server samples x classes) logit tables, one vote each (the median per sample and class,
         # Krum's choice among the tables)
-        if self.cfg.aggregation.rule == "mean":
+        if isinstance(ctx.aggregation, WeightedMean):
             ensemble = logits.mean(0)
         else:
             ensemble = ctx.aggregation.mean(list(logits.unbind(0)), [1.0] * len(uploads))

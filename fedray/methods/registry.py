@@ -161,10 +161,11 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
         takes = "only the mean" if rules == ("mean",) else f"the rules {', '.join(rules)}"
         raise ConfigError("aggregation.rule", f"'{method.name}' takes {takes} here: {why}; methods that take {rule} "
                           f"(with their defaults): {able or 'none'}")
-    if cfg.privacy.adaptive_clip:
-        from fedray.privacy.accounting import update_noise_multiplier
+    if cfg.privacy.enabled:  # the accountant's refusals: a budget the first round passes, a count noise too small
+        from fedray.privacy.accounting import check_budget, update_noise_multiplier
 
-        update_noise_multiplier(cfg)  # refuses a count noise that leaves the updates none
+        check_budget(cfg)
+        update_noise_multiplier(cfg)
     if cfg.privacy.mechanism == "central":
         # central noise replaces the hook's mean by a noised sum of the clipped uploads: every call of the server
         # step must be such a mean, and nothing the server keeps may come from the uploads unnoised
