@@ -275,10 +275,9 @@ def sample_accounting(cfg: ExperimentConfig, data: FederatedData):
     p = cfg.privacy
     if p.sample_clip is None:
         return None
-    from fedray.privacy.dpsgd import batches_per_example, sample_epsilon
+    from fedray.privacy.dpsgd import sample_accountant
 
-    per_round = batches_per_example(cfg.federation, data.client_sizes().tolist())
-    return lambda rounds: sample_epsilon(p.sample_noise, p.delta, rounds * per_round)
+    return sample_accountant(cfg.federation, data.client_sizes().tolist(), p.sample_noise, p.delta, p.sample_batches)
 
 
 def _round(cfg: ExperimentConfig, runtime: Runtime, r: int, schedule: Schedule,

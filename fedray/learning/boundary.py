@@ -156,6 +156,8 @@ class ClientContext(Generic[M]):
     models: ModelBank | None = None  # one built module per architecture, shared by the worker's clients
     server_x: torch.Tensor | None = None  # the server data's images, for methods whose clients hold them
     pooled: "PooledImages | None" = None  # every client's images: simulation-only diagnostics (wants_pooled_images)
+    #: each step's batch a Poisson sample of the client's data (DP-SGD's ``privacy.sample_batches=poisson``)
+    poisson_batches: bool = False
 
     def own_model(self) -> torch.nn.Module:
         """A module of this client's architecture (weights are whatever the last user left: load first)."""
@@ -179,9 +181,14 @@ class ClientContext(Generic[M]):
 
     def batch_plan(self) -> ClientBatches:
         """The batches of :meth:`batches` as rows of this client's data, drawn up front. The permutations are
-        drawn on the CPU from this client's seed, so they are the same on every device."""
+        drawn on the CPU from this client's seed, so they are the same on every device. With ``poisson_batches``
+        each step's batch is every row with probability min(1, batch_size / n), independently (its size varies)."""
         g = self.generator()
         n, bs = self.num_samples, self.fed.batch_size
+        if self.poisson_batches:
+            q = min(1.0, bs / max(n, 1))
+            index = [torch.nonzero(torch.rand(n, generator=g) < q).flatten() for _ in range(self.num_local_steps())]
+            return ClientBatches(self.x, self.y, index, self.spec.mean, self.spec.std)
         perm, pos, index = torch.randperm(n, generator=g), 0, []
         for _ in range(self.num_local_steps()):
             if pos >= n:

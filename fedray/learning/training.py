@@ -51,6 +51,8 @@ from fedray.data.federated import ClientBatches
 IGNORE_LABEL = -100  # F.cross_entropy's default ignore_index: a padded row's label
 #: The key of a :class:`StepwiseTraining` step's inputs under which its ``client_inputs`` reach every loss
 CLIENT_INPUTS = "client"
+#: The key of a step's inputs that, under DP-SGD's per-example calls, holds the batch's size (an int; absent otherwise)
+EXAMPLES = "examples"
 LossOut = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 
 
@@ -116,11 +118,20 @@ class Update:
     """One optimizer update inside a local step: ``loss(modules, inputs, flags)`` moves the parameters of the
     modules named in ``groups`` (each with its optimizer settings); the other modules' parameters stay as they
     are. ``trains(flags)``: the groups this step's loss reaches (default: all), so that an unused module is
-    skipped as ``torch.optim`` skips a parameter without a gradient."""
+    skipped as ``torch.optim`` skips a parameter without a gradient.
+
+    ``reads_examples``: the loss reads the client's examples (the ``x`` and ``y`` inputs). Under sample-level DP
+    (DP-SGD, :mod:`fedray.privacy.dpsgd`) such an update's gradient is the clipped and noised sum of its examples'
+    own gradients: the runtime calls the loss once per example, ``x`` and ``y`` that example alone and
+    ``inputs[EXAMPLES]`` the batch's size (the other inputs as they are), so the loss must be the mean over its
+    examples of the loss on each alone (a row mean of per-example terms plus terms of the other inputs; a count it
+    pairs with the batch's reads ``EXAMPLES``). False (a generator's step against the trained modules): it learns
+    from the examples only through what DP-SGD released, and runs as usual."""
 
     loss: Callable[[torch.nn.ModuleDict, dict[str, torch.Tensor], tuple], LossOut]
     groups: dict[str, OptimSpec]
     trains: Callable[[tuple], set[str]] | None = None
+    reads_examples: bool = True
 
 
 @dataclass

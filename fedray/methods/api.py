@@ -62,7 +62,7 @@ from fedray.learning.boundary import (ClientContext, ClientResult, ClientState, 
                                       Payload, PersonalModel, PooledImages, ServerContext, ServerSideData, ServerState,
                                       Upload, batch_plan_rows, counts_field, local_step_count, model_field,
                                       values_field)
-from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
+from fedray.learning.training import (CLIENT_INPUTS, EXAMPLES, IGNORE_LABEL, ClientUpdate, LocalTraining, OptimSpec,
                                        StepwiseTraining, Trained, Update, is_weights_only, make_optimizer, module_dict,
                                        row_mean, run_update, split_loss, weights_only)
 from fedray.learning.aggregation import WeightedMean
@@ -378,7 +378,7 @@ def require_server_data(name: str, cfg: ExperimentConfig) -> None:
 # The contract: the base classes and what crosses the boundary (with the declarations of its fields), the contexts,
 # the training plans and their parts, weights and their arithmetic, the config and its error.
 CONTRACT = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "ClientState", "ClientUpdate", "ConfigError",
-            "DataSpec", "DiagnosticProbe", "ExperimentConfig", "IGNORE_LABEL", "LocalTraining", "ModelBank",
+            "DataSpec", "DiagnosticProbe", "EXAMPLES", "ExperimentConfig", "IGNORE_LABEL", "LocalTraining", "ModelBank",
             "NoParams", "OptimSpec", "Payload", "PersonalModel", "PersonalisedAlgorithm", "PooledImages",
             "ServerContext", "ServerSideData", "ServerState", "StepwiseTraining", "Trained", "Update", "Upload",
             "Weights", "batch_plan_rows", "clone_weights", "counts_field", "derive_rng", "derive_seed",

@@ -290,7 +290,8 @@ class FedKF(FedAvg):
             modules=module_dict(self, model=mods.model, generator=mods.generator),
             start={"model": payload.weights, "generator": state.weights},
             updates=[Update(student_loss, {"model": OptimSpec.of(ctx.fed)}),
-                     Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)})],
+                     Update(generator_loss, {"generator": OptimSpec("adam", p.generator_lr)},
+                            reads_examples=False)],  # the teacher and the student on generated samples only
             steps=ctx.num_local_steps(), inputs=inputs, finish=finish, optimizer_state=kept,
             batches=ctx.batch_plan(), paddable=True,  # the batch is read only by the cross-entropy, as above
             alone=lambda: self.distill_alone(ctx, payload, received))

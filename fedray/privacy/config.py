@@ -13,13 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedray.errors import ConfigError, refuse_unread_keys
 
 #: The keys each mechanism reads; any other key set away from its default is refused (it would change nothing).
-SAMPLE_KEYS = ("sample_clip", "sample_noise", "mia_samples")  # read whatever the mechanism
+SAMPLE_KEYS = ("sample_clip", "sample_noise", "sample_batches", "mia_samples")  # read whatever the mechanism
 MECHANISM_KEYS: dict[str, tuple[str, ...]] = {
     "none": ("delta", *SAMPLE_KEYS),
     "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "adaptive_clip",
-                "target_quantile", "clip_lr", "count_noise", "sample_clip", "sample_noise"),
+                "target_quantile", "clip_lr", "count_noise", "sample_clip", "sample_noise", "sample_batches"),
     "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "sample_clip",
-              "sample_noise"),
+              "sample_noise", "sample_batches"),
 }
 
 
@@ -60,6 +60,10 @@ class PrivacyConfig(BaseModel):
                                       "training (DP-SGD): each example's gradient clipped to this L2 norm; null: off")
     sample_noise: float = Field(default=1.0, ge=0, description="sample_clip: sigma_s, DP-SGD's noise std over the "
                                 "example clip")
+    sample_batches: Literal["passes", "poisson"] = Field(
+        default="passes", description="sample_clip: the local batches: passes (reshuffled passes over the client's "
+        "data, no amplification claimed) or poisson (each step every example with probability batch_size / n, "
+        "the sum over the expected size; accounted with amplification by sampling)")
     mia_samples: int = Field(default=0, ge=0, description="the membership-inference audit (diag/mia_auc, with DP or "
                              "without): this many of the clients' training examples, a seeded sample, scored against "
                              "the global test set at every evaluation (personalised methods: each client's own "
@@ -74,8 +78,9 @@ class PrivacyConfig(BaseModel):
         (``mode``); ConfigError naming the key."""
         refuse_unread_keys(self, "privacy", "mechanism", MECHANISM_KEYS)
         default = PrivacyConfig()
-        if self.sample_clip is None and self.sample_noise != default.sample_noise:
-            raise ConfigError("privacy.sample_noise", "is only read with privacy.sample_clip set (DP-SGD)")
+        for key in ("sample_noise", "sample_batches"):
+            if self.sample_clip is None and getattr(self, key) != getattr(default, key):
+                raise ConfigError(f"privacy.{key}", "is only read with privacy.sample_clip set (DP-SGD)")
         for key in ADAPTIVE_KEYS:
             if not self.adaptive_clip and getattr(self, key) != getattr(default, key):
                 raise ConfigError(f"privacy.{key}", "is only read with privacy.adaptive_clip=true")

@@ -1,100 +1,102 @@
-"""Sample-level DP for a client's local training: DP-SGD (Abadi et al., CCS 2016, Alg. 1) on a
-:class:`~fedray.learning.training.LocalTraining` plan, run by the runtime in place of the plain step, so that no method
-changes.
+"""Sample-level DP for a client's local training: DP-SGD (Abadi et al., CCS 2016, Alg. 1) on every update of its
+training plan that reads its examples, run by the runtime's engine (:mod:`fedray.vectorized.engine`, one client alone
+or a worker's clients batched) in place of the plain gradient, so that no method changes.
 
-Each step computes every example's gradient of the plan's own loss on that example alone (``torch.func``: ``grad``
-of a ``functional_call`` over the plan's module, ``vmap``-ed over the batch's rows), clips each to L2 norm C_s
-(``privacy.sample_clip``) over all trained parameters, sums them, adds N(0, (sigma_s C_s)^2) to every coordinate
-(``privacy.sample_noise``), divides by the batch's size and hands that to the method's optimizer as the gradient. The
-noise comes from the client's own stream of (run seed, round, client, "dp_sgd"). Per-sample gradients need layers
-that do not mix a batch's examples: a model with BatchNorm is refused.
+Each such update's step computes every example's gradient of the update's own loss on that example alone
+(``torch.func``: ``grad`` of a ``functional_call``, ``vmap``-ed over the batch's rows, and over the clients when
+batched), clips each to L2 norm C_s (``privacy.sample_clip``) over all the parameters the update moves, sums them,
+adds N(0, (sigma_s C_s)^2) to every coordinate (``privacy.sample_noise``), divides by the batch's size (Poisson
+batches: the expected size) and hands that to the method's optimizer as the gradient. The noise comes from the
+client's own stream of (run seed, round, client, "dp_sgd"), so a client's draws do not depend on who it is batched
+with. An update that does not read the examples (a generator's step against a discriminator DP-SGD trained:
+DaFKD's, FedKF's) is post-processing and runs as usual (:class:`~fedray.learning.training.Update`'s
+``reads_examples``). Per-example gradients need layers that do not mix a batch's examples: a module with BatchNorm
+that such an update trains is refused.
 
-Accounting (:func:`sample_epsilon`): the batches are passes over the client's data, reshuffled each pass
-(:meth:`~fedray.learning.boundary.ClientContext.batch_plan`), not independent draws, so no amplification by sampling
-is claimed: within a pass an example is in exactly one batch, and each of its batches is one Gaussian release of
-multiplier sigma_s (add or remove one example: the clipped sum moves by at most C_s). Epsilon is that Gaussian
-composed over the most batches any example of any client can have been in after the run's rounds, if its client took
-part in every one.
+A loss that also reads other inputs (generated samples, a teacher's logits on them) keeps them in every example's
+term: each example's gradient carries its share of them, clipped with it, which bounds what one example moves the
+sum by C_s all the same (Opacus's DP-GAN clips the generated rows as examples too).
+
+Accounting (:func:`sample_epsilon`), per client over its own local steps, the worst client's reported:
+
+- ``privacy.sample_batches=passes`` (the plain runner's batches): passes over the client's data, reshuffled each
+  pass, not independent draws, so no amplification is claimed: within a pass an example is in exactly one batch,
+  each of its batches one Gaussian release of multiplier sigma_s (add or remove one example moves the clipped sum
+  by at most C_s), composed over the most batches any example of any client can have been in after the run's
+  rounds, had its client taken part in every one (:func:`batches_per_example`).
+- ``poisson``: each step's batch takes every example of the client independently with probability
+  q = min(1, B / n) (B ``federation.batch_size``, n the client's examples), the sum divided by the expected size qn;
+  each step is dp-accounting's ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma_s))`` (amplification by sampling,
+  Mironov et al. 2019's sampled Gaussian under add or remove one), composed over the client's steps in every round.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.func import functional_call, grad, vmap
 
-from fedray.learning.training import LocalTraining, Trained, make_optimizer, split_loss
+from fedray.errors import RunFailure
 
 
-class _LossOf(torch.nn.Module):
-    """The plan's loss as a module whose only submodule is the plan's model, so that ``functional_call`` can run the
-    loss with other parameters (one example's gradient) without the method knowing."""
+@dataclass
+class DPSGD:
+    """DP-SGD's settings for a worker's clients of a round: clip C_s, multiplier sigma_s, and per client (by id) its
+    noise stream and, with Poisson batches, the expected batch size its sums are divided by."""
 
-    def __init__(self, model: torch.nn.Module, loss):
-        super().__init__()
-        self.model, self.loss = model, loss
+    clip: float
+    noise: float
+    generators: dict[int, torch.Generator]
+    denominators: dict[int, float] | None = None  # None: each batch's own size
+    method: str = ""
+    _checked: set = field(default_factory=set)
 
-    def forward(self, x, y, *own):
-        return split_loss(self.loss(self.model, x, y, *own))[0]
+    @classmethod
+    def of(cls, cfg: Any, ctxs: list[Any]) -> "DPSGD":
+        """The clients ``ctxs``' DP-SGD under ``cfg.privacy``."""
+        p = cfg.privacy
+        denominators = None
+        if p.sample_batches == "poisson":
+            denominators = {c.client_id: float(min(cfg.federation.batch_size, c.num_samples)) for c in ctxs}
+        return cls(p.sample_clip, p.sample_noise, {c.client_id: c.generator("dp_sgd") for c in ctxs}, denominators,
+                   cfg.algorithm.name)
+
+    def check(self, modules: torch.nn.Module, updates: list[Any]) -> None:
+        """Refuses (RunFailure naming the key) a module with BatchNorm that an update reading the examples trains."""
+        for u in updates:
+            for name in u.groups:
+                if has_batch_norm(modules[name]):
+                    raise RunFailure(f"privacy.sample_clip: {self.method}'s {name} has BatchNorm, whose batch "
+                                     "statistics mix a batch's examples, so DP-SGD cannot bound one example's "
+                                     "gradient; use a model without BatchNorm (lenet5, resnet8, mlp)")
+
+    def noised_mean(self, per: dict[str, torch.Tensor], client_ids: list[int], rows: int) -> dict[str, torch.Tensor]:
+        """(sum_i g_i min(1, C / ||g_i||) + N(0, (sigma C)^2 I)) / denominator for each client: ``per`` holds each
+        parameter's per-example gradients (clients, examples, ...), ``rows`` the batch's size."""
+        n = len(client_ids)
+        first = next(iter(per.values()))
+        norms = torch.sqrt(sum(g.reshape(n, rows, -1).pow(2).sum(-1) for g in per.values()))
+        factor = torch.where(norms > self.clip, self.clip / norms.clamp_min(1e-12), torch.ones_like(norms))
+        if self.denominators is None:
+            denom = torch.full((n,), float(max(rows, 1)))
+        else:
+            denom = torch.tensor([self.denominators[c] for c in client_ids])
+        denom = denom.to(first)
+        out = {}
+        for name, g in per.items():
+            shape = g.shape[2:]
+            total = (g * factor.view(n, rows, *([1] * len(shape)))).sum(1)
+            draws = torch.stack([torch.randn(shape, generator=self.generators[c], dtype=torch.float32)
+                                 for c in client_ids]).to(total)
+            out[name] = (total + self.noise * self.clip * draws) / denom.view(n, *([1] * len(shape)))
+        return out
 
 
 def has_batch_norm(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
-
-
-def private_gradients(model: torch.nn.Module, loss, x: torch.Tensor, y: torch.Tensor, own: tuple, clip: float,
-                      noise: float, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """The DP-SGD gradient of one batch, by parameter name: (sum_i g_i min(1, C / ||g_i||) + N(0, (sigma C)^2 I)) / B,
-    g_i the i-th example's gradient of ``loss`` (module docstring)."""
-    wrapper = _LossOf(model, loss)
-    params = {f"model.{n}": p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    buffers = {f"model.{n}": b for n, b in model.named_buffers()}
-
-    def one(p: dict[str, torch.Tensor], xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-        return functional_call(wrapper, {**p, **buffers}, (xi.unsqueeze(0), yi.unsqueeze(0), *own))
-
-    per = vmap(grad(one), in_dims=(None, 0, 0), randomness="different")(params, x, y)
-    norms = torch.sqrt(sum(g.reshape(len(x), -1).pow(2).sum(1) for g in per.values()))
-    factor = torch.where(norms > clip, clip / norms.clamp_min(1e-12), torch.ones_like(norms))
-    out = {}
-    for name, g in per.items():
-        total = (g * factor.view(-1, *([1] * (g.dim() - 1)))).sum(0)
-        draw = torch.randn(total.shape, generator=gen, dtype=torch.float32).to(total)
-        out[name[len("model."):]] = (total + noise * clip * draw) / len(x)
-    return out
-
-
-def run_private_training(ctx: Any, plan: LocalTraining, clip: float, noise: float) -> Any:
-    """:func:`~fedray.learning.training.run_local_training` with DP-SGD's gradient in place of the batch loss's; the
-    figures are the batch losses as the plain runner computes them (without a gradient)."""
-    model = plan.model
-    if has_batch_norm(model):
-        from fedray.errors import RunFailure
-
-        raise RunFailure("privacy.sample_clip: DP-SGD needs per-example gradients, which BatchNorm's batch "
-                         "statistics mix; use a model without BatchNorm (lenet5, resnet8, mlp)")
-    model.load_state_dict(plan.start)
-    model.train()
-    opt = make_optimizer(model.parameters(), ctx.fed)
-    gen = ctx.generator("dp_sgd")
-    own = () if plan.client_inputs is None else (plan.client_inputs,)
-    named = dict(model.named_parameters())
-    sums: dict[str, torch.Tensor] = {}
-    steps = 0
-    for x, y in ctx.batches():
-        opt.zero_grad()
-        for name, g in private_gradients(model, plan.loss, x, y, own, clip, noise, gen).items():
-            named[name].grad = g
-        opt.step()
-        with torch.no_grad():
-            loss, aux = split_loss(plan.loss(model, x, y, *own))
-        for key, value in {"train/loss": loss, **aux}.items():
-            sums[key] = sums.get(key, 0.0) + value.detach()
-        steps += 1
-    return plan.finish(model, Trained({key: float(total) for key, total in sums.items()}, steps))
 
 
 def batches_per_example(fed: Any, sizes: list[int]) -> int:
@@ -110,23 +112,66 @@ def batches_per_example(fed: Any, sizes: list[int]) -> int:
     return most
 
 
-def sample_epsilon(noise: float, delta: float, releases: int) -> float:
-    """Epsilon at ``delta`` of ``releases`` Gaussian releases of multiplier ``noise`` (RDP, add or remove one)."""
+def sample_accountant(fed: Any, sizes: list[int], noise: float, delta: float, batches: str):
+    """rounds -> the sample-level epsilon at ``delta`` of the worst client after that many rounds, had it taken part
+    in every one (module docstring: ``batches`` is ``privacy.sample_batches``)."""
+    if batches == "passes":
+        per_round = batches_per_example(fed, sizes)
+        return lambda rounds: sample_epsilon(noise, delta, rounds * per_round)
+    from fedray.learning.boundary import local_step_count
+
+    pairs = {(min(1.0, fed.batch_size / n), local_step_count(fed, n)) for n in sizes if n > 0}
+    # a client whose rate and steps are both at most another's has the smaller epsilon: only the others are computed
+    worst = [(q, t) for q, t in pairs if not any(q2 >= q and t2 >= t and (q2, t2) != (q, t) for q2, t2 in pairs)]
+    return lambda rounds: max((sample_epsilon(noise, delta, rounds * t, q) for q, t in worst), default=0.0)
+
+
+def sample_noise_for(fed: Any, sizes: list[int], delta: float, batches: str, target: float, rounds: int) -> float:
+    """The smallest sigma_s whose sample-level epsilon (:func:`sample_accountant`) after ``rounds`` rounds is within
+    ``target``: dp-accounting's ``calibrate_dp_mechanism`` on the worst client's composition (each client of the
+    accountant's frontier calibrated, the largest sigma kept)."""
+    from dp_accounting import calibrate_dp_mechanism, dp_event
+    from dp_accounting.mechanism_calibration import LowerEndpointAndGuess
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    from fedray.learning.boundary import local_step_count
+
+    if batches == "passes":
+        worst = [(1.0, batches_per_example(fed, sizes))]
+    else:
+        pairs = {(min(1.0, fed.batch_size / n), local_step_count(fed, n)) for n in sizes if n > 0}
+        worst = [(q, t) for q, t in pairs if not any(q2 >= q and t2 >= t and (q2, t2) != (q, t) for q2, t2 in pairs)]
+
+    def event(sigma: float, q: float, t: int):
+        one = dp_event.GaussianDpEvent(sigma)
+        return dp_event.SelfComposedDpEvent(one if q >= 1 else dp_event.PoissonSampledDpEvent(q, one), rounds * t)
+
+    return max(float(calibrate_dp_mechanism(rdp_privacy_accountant.RdpAccountant, functools.partial(event, q=q, t=t),
+                                            target, delta, bracket_interval=LowerEndpointAndGuess(1e-2, 1.0),
+                                            tol=1e-4)) for q, t in worst)
+
+
+def sample_epsilon(noise: float, delta: float, releases: int, rate: float = 1.0) -> float:
+    """Epsilon at ``delta`` of ``releases`` Gaussian releases of multiplier ``noise``, each on a Poisson sample of
+    rate ``rate`` (1: every example; RDP, add or remove one)."""
     if releases <= 0:
         return 0.0
     if noise == 0:
         return math.inf
-    return _sample_epsilon(noise, delta, releases)
+    return _sample_epsilon(noise, delta, releases, rate)
 
 
 @functools.lru_cache(maxsize=4096)
-def _sample_epsilon(noise: float, delta: float, releases: int) -> float:
+def _sample_epsilon(noise: float, delta: float, releases: int, rate: float) -> float:
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
 
+    event = dp_event.GaussianDpEvent(noise)
+    if rate < 1:
+        event = dp_event.PoissonSampledDpEvent(rate, event)
     acc = rdp_privacy_accountant.RdpAccountant()
-    acc.compose(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(noise), releases))
+    acc.compose(dp_event.SelfComposedDpEvent(event, releases))
     return float(acc.get_epsilon(delta))
 
 
-__all__ = ["batches_per_example", "has_batch_norm", "private_gradients", "run_private_training", "sample_epsilon"]
+__all__ = ["DPSGD", "batches_per_example", "has_batch_norm", "sample_accountant", "sample_epsilon", "sample_noise_for"]

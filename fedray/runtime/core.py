@@ -23,7 +23,7 @@ from fedray.adversary.config import COLLUDING_ATTACKS
 from fedray.adversary.data import backdoor, data_attack
 from fedray.adversary.forge import forged_setup_counts
 from fedray.privacy.audit import membership_rows
-from fedray.privacy.dpsgd import run_private_training
+from fedray.privacy.dpsgd import DPSGD
 from fedray.channel.channel import Channel, build_channel
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
@@ -150,14 +150,18 @@ class ClientWorkerCore:
         return update
 
     def _alone(self, ctx: ClientContext, update: ClientUpdate) -> ClientResult:
-        p = self.cfg.privacy
-        if p.sample_clip is not None:  # DP-SGD in place of the plain step, where the client runs
-            if not isinstance(update, LocalTraining):
-                raise RunFailure(f"privacy.sample_clip: {self.cfg.algorithm.name}'s local training is not one "
-                                 "model's loss over its batches (a LocalTraining plan), which DP-SGD is built for; "
-                                 "drop privacy.sample_clip")
-            return run_private_training(ctx, update, p.sample_clip, p.sample_noise)
-        return run_alone(ctx, update, self.cfg.runtime.cuda_graphs)
+        return run_alone(ctx, update, self.cfg.runtime.cuda_graphs, self._dp([ctx], [update]))
+
+    def _dp(self, ctxs: list[ClientContext], updates: list[ClientUpdate]) -> DPSGD | None:
+        """DP-SGD for these clients' plans where ``privacy.sample_clip`` is set (in place of the plain step, where the
+        clients run); a client trained outside a plan is refused in one line."""
+        if self.cfg.privacy.sample_clip is None:
+            return None
+        if any(isinstance(u, ClientResult) for u in updates):
+            raise RunFailure(f"privacy.sample_clip: {self.cfg.algorithm.name}'s client update trained outside a "
+                             "training plan (DaFKD's gradient penalty: algorithm.gp_weight > 0), where DP-SGD cannot "
+                             "reach its gradients; drop privacy.sample_clip or that option")
+        return DPSGD.of(self.cfg, ctxs)
 
     @at_local_precision
     def train_many(self, round_: int, client_ids: list[int], payload: Any, states: list[ClientState | None],
@@ -168,7 +172,7 @@ class ClientWorkerCore:
         (:mod:`fedray.vectorized.engine`); otherwise one by one."""
         heard, payload = self.channel.heard(payload), self.channel.decode_down(payload)
         wires = wires if wires is not None else [None] * len(client_ids)
-        if not self.vectorize or len(client_ids) < self.vectorize_min or self.cfg.privacy.sample_clip is not None:
+        if not self.vectorize or len(client_ids) < self.vectorize_min:
             done = [self._trained(round_, c, payload, s) for c, s in zip(client_ids, states)]
             return self._outcomes(done, payload, wires, heard)
         ctxs, plans, results = [], [], {}
@@ -176,6 +180,7 @@ class ClientWorkerCore:
             ctx, state = self._context(round_, cid, state)
             update = self._update(ctx, payload, state)
             if isinstance(update, ClientResult):  # not a plan (e.g. DaFKD with a gradient penalty): done already
+                self._dp([ctx], [update])  # refused under DP-SGD
                 results[cid] = ctx, update
             else:
                 ctxs.append(ctx)
@@ -188,8 +193,10 @@ class ClientWorkerCore:
         for members in groups.values():
             for s in range(0, len(members), chunk):
                 part = members[s : s + chunk]
-                trained = train_vectorized([ctxs[i] for i in part], [plans[i] for i in part],
-                                           pad=self.cfg.runtime.vectorize_pad, cuda_graphs=self.cfg.runtime.cuda_graphs)
+                chosen = [ctxs[i] for i in part]
+                trained = train_vectorized(chosen, [plans[i] for i in part], pad=self.cfg.runtime.vectorize_pad,
+                                           cuda_graphs=self.cfg.runtime.cuda_graphs,
+                                           dp=self._dp(chosen, [plans[i] for i in part]))
                 for i, result in zip(part, trained):
                     results[ctxs[i].client_id] = ctxs[i], result
         return self._outcomes([results[c] for c in client_ids], payload, wires, heard)
@@ -234,6 +241,7 @@ class ClientWorkerCore:
             models=self.models,
             server_x=self.server_x,
             pooled=self.pooled,
+            poisson_batches=self.cfg.privacy.sample_clip is not None and self.cfg.privacy.sample_batches == "poisson",
         )
         return ctx, state
 

@@ -31,20 +31,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.func import functional_call, vmap
+from torch.func import functional_call, grad, vmap
 
 from fedray.learning.boundary import ClientContext, ClientResult
-from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained,
-                                       Update, is_weights_only, run_update, split_loss, weights_only)
+from fedray.learning.training import (CLIENT_INPUTS, EXAMPLES, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining,
+                                       Trained, Update, is_weights_only, run_update, split_loss, weights_only)
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, row_masked_batchnorm
 from fedray.vectorized.phases import Tally, in_phases, reported
 from fedray.vectorized.round_batches import RoundBatches, pad_host_inputs
 from fedray.vectorized.stacked_optimizer import StackedOptimizer
 from fedray.vectorized.step_graph import StepGraph
+
+if TYPE_CHECKING:
+    from fedray.privacy.dpsgd import DPSGD
 
 #: A round of a BatchNorm model and a ``paddable`` loss is padded, its BatchNorm layers masked to the real rows, when
 #: more than this share of its steps would split by batch length: then one vmapped call (and one plain CUDA graph) a
@@ -96,35 +99,42 @@ def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[
         yield [p.inputs(s) if s < p.steps else None for p in plans]
 
 
-def run_alone(ctx: ClientContext, update: Any, cuda_graphs: bool = False) -> ClientResult:
+def run_alone(ctx: ClientContext, update: Any, cuda_graphs: bool = False, dp: "DPSGD | None" = None) -> ClientResult:
     """One client's update run by itself: a :class:`StepwiseTraining` without a run of its own goes through the
-    lockstep engine for this client alone, anything else through :func:`~fedray.learning.training.run_update`."""
+    lockstep engine for this client alone, anything else through :func:`~fedray.learning.training.run_update`.
+    With ``dp`` (DP-SGD) every training plan goes through the engine, which alone computes its gradients."""
+    if dp is not None and not isinstance(update, ClientResult):
+        return train_vectorized([ctx], [update], pad=False, dp=dp)[0]
     if isinstance(update, StepwiseTraining) and update.alone is None:
         return train_vectorized([ctx], [update], pad=False, cuda_graphs=cuda_graphs)[0]
     return run_update(ctx, update)
 
 
 def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining],
-                     pad: bool = True, cuda_graphs: bool = False) -> list[ClientResult]:
+                     pad: bool = True, cuda_graphs: bool = False, dp: "DPSGD | None" = None) -> list[ClientResult]:
     """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
     ``finish`` is called in order with the modules holding that client's trained weights (a ``weights_only`` one
     with a stand-in holding them on the host: all clients' weights leave the device in one copy). ``pad``: short batches
     of ``paddable`` plans are padded into the step's one batched call (``runtime.vectorize_pad``); ``cuda_graphs``:
     the usual step is replayed as a CUDA graph where :class:`StepGraph` allows (``runtime.cuda_graphs``).
-    Clients with fewer steps than others train in phases (:func:`~fedray.vectorized.phases.in_phases`)."""
+    Clients with fewer steps than others train in phases (:func:`~fedray.vectorized.phases.in_phases`). ``dp``:
+    DP-SGD's gradient for every update that reads the examples (:mod:`fedray.privacy.dpsgd`; no padding, no graphs).
+    """
     # a LocalTraining's finish takes no optimizer state: none is read out for it
     keeps_optimizer = [not isinstance(p, LocalTraining) for p in plans]
     plans = [as_stepwise(c, p) if isinstance(p, LocalTraining) else p for c, p in zip(ctxs, plans)]
+    if dp is not None:  # a padded row would be an example; a graph would replay one client's noise
+        pad = cuda_graphs = False
     ends = sorted({p.steps for p in plans})
     if len(ends) > 1 and ends[0] > 0:
         return in_phases(ctxs, plans, keeps_optimizer, ends,
-                         lambda c, p, k: _lockstep_round(c, p, k, pad, cuda_graphs))
-    results, tally = _lockstep_round(ctxs, plans, keeps_optimizer, pad, cuda_graphs)
+                         lambda c, p, k: _lockstep_round(c, p, k, pad, cuda_graphs, dp))
+    results, tally = _lockstep_round(ctxs, plans, keeps_optimizer, pad, cuda_graphs, dp)
     return reported(results, [tally])
 
 
 def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], keeps_optimizer: list[bool], pad: bool,
-                    cuda_graphs: bool) -> tuple[list[Any], Tally]:
+                    cuda_graphs: bool, dp: "DPSGD | None" = None) -> tuple[list[Any], Tally]:
     """One lockstep of ``plans`` from their starts (see :func:`train_vectorized`): the clients' ``finish`` results,
     and (vmapped calls, steps, steps replayed or None) for :func:`~fedray.vectorized.phases.reported`."""
     modules, device, n = plans[0].modules, ctxs[0].device, len(plans)
@@ -150,6 +160,11 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
     own = _stacked_client_inputs(plans, device)  # each client's own tensors, stacked once for the round
     wrappers = [_LossModule(modules, u.loss) for u in updates]
     calls = [vmap(_client_call(w), randomness="different") for w in wrappers]
+    private = [dp is not None and u.reads_examples for u in updates]
+    if any(private):
+        dp.check(modules, [u for u, p in zip(updates, private) if p])
+    examples_calls = [vmap(_examples_call(w), randomness="different") if p else None
+                      for w, p in zip(wrappers, private)]
     sums: dict[str, torch.Tensor] = {}
     group_count = step_count = client_steps = 0
     assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
@@ -193,6 +208,9 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
                     if batched is not None:
                         on_device[group].update(batched.inputs(s, members))
                 inp = on_device[group]
+                if private[u]:
+                    private_step(u, members, inp)
+                    continue
                 if everyone:
                     losses = call_everyone(u, inp if own is None else {**inp, CLIENT_INPUTS: own})
                 else:
@@ -206,8 +224,9 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
                     for key, value in aux.items():
                         sum_of(key).index_add_(0, index, value.detach().to(torch.float64))
                 losses_of_runs.append(losses.sum())
-            total = losses_of_runs[0] if len(losses_of_runs) == 1 else torch.stack(losses_of_runs).sum()
-            total.backward(inputs=list(moved[u].values()))
+            if losses_of_runs:
+                total = losses_of_runs[0] if len(losses_of_runs) == 1 else torch.stack(losses_of_runs).sum()
+                total.backward(inputs=list(moved[u].values()))
             active = None if everyone else _mask(n, [i for _, members in runs for i in members])
             per_key = None
             if updates[u].trains is not None:  # a module some clients' losses did not reach this step
@@ -215,6 +234,34 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
                                               for i in members]) for name in updates[u].groups}
                 per_key = {k: per_module[k.split(".", 1)[0]] for k in moved[u]}
             opt.step(active, per_key)
+
+    def private_step(u: int, members: list[int], inp: dict[str, torch.Tensor]) -> None:
+        """DP-SGD's gradient of update ``u`` for ``members`` (one group: one batch length) into their rows of the
+        parameters' ``.grad``: each example's gradient (the loss on it alone, ``examples_calls``), clipped, summed,
+        noised from each client's own stream, over its denominator. The step's figures (and BatchNorm statistics)
+        come from the usual batched call of the loss, without a gradient; an empty batch (Poisson) has none."""
+        index = to_device(torch.tensor(members), device)
+        if own is not None:
+            inp = {**inp, CLIENT_INPUTS: {k: v[index] for k, v in own.items()}}
+        sub_p = {k: v.detach()[index] for k, v in params.items()}
+        sub_b = {k: v[index] for k, v in buffers.items()}
+        mv = {k: sub_p.pop(k) for k in moved[u]}
+        rows = inp["x"].shape[1]
+        if rows:
+            per = examples_calls[u](mv, sub_p, {k: v.clone() for k, v in sub_b.items()}, inp)
+            with torch.no_grad():
+                _, aux = calls[u]({**sub_p, **mv}, sub_b, inp)
+            for k, v in sub_b.items():
+                buffers[k][index] = v
+            for key, value in aux.items():
+                sum_of(key).index_add_(0, index, value.detach().to(torch.float64))
+        else:
+            per = {k: v.new_zeros(len(members), 0, *v.shape[1:]) for k, v in mv.items()}
+        grads = dp.noised_mean(per, [ctxs[i].client_id for i in members], rows)
+        for k, g in grads.items():
+            if params[k].grad is None:
+                params[k].grad = torch.zeros_like(params[k])
+            params[k].grad[index] = g
 
     def graph_body(key: tuple, inp: dict[str, torch.Tensor]) -> None:
         """``eager_step`` of every client (one group, flags ``key[0]``) on the batches of ``inp["index"]`` and the
@@ -344,6 +391,25 @@ def _mask(n: int, members: list[int]) -> torch.Tensor | None:
     mask = torch.zeros(n, dtype=torch.bool)
     mask[members] = True
     return mask
+
+
+def _examples_call(wrapper: _LossModule):
+    """One client's per-example gradients of the update's loss (DP-SGD): for each row of its ``x``/``y``, the
+    gradient with respect to the moved parameters ``mv`` of the loss on that example alone, ``EXAMPLES`` the batch's
+    size (:class:`~fedray.learning.training.Update`'s ``reads_examples``). (B, ...) per parameter."""
+    def one_client(mv: dict, fixed: dict, b: dict, inputs: dict):
+        x, y = inputs["x"], inputs["y"]
+        rest = {k: v for k, v in inputs.items() if k not in ("x", "y")}
+
+        # the buffers are an argument, not captured: a module the loss runs in training (a generator's BatchNorm)
+        # updates them in place, which a grad transform allows only on its inputs (this copy is then dropped)
+        def one_example(m: dict, bb: dict, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
+            ex = {**rest, "x": xi.unsqueeze(0), "y": yi.unsqueeze(0), EXAMPLES: x.shape[0]}
+            out = functional_call(wrapper, ({f"modules_.{k}": v for k, v in {**fixed, **m}.items()},
+                                            {f"modules_.{k}": v for k, v in bb.items()}), (ex,))
+            return split_loss(out)[0]
+        return vmap(grad(one_example), in_dims=(None, None, 0, 0), randomness="different")(mv, b, x, y)
+    return one_client
 
 
 def _client_call(wrapper: _LossModule):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedray.methods.api import (ClientContext, ClientResult, IGNORE_LABEL, OptimSpec, StepwiseTraining, Trained,
+from fedray.methods.api import (ClientContext, ClientResult, EXAMPLES, IGNORE_LABEL, OptimSpec, StepwiseTraining, Trained,
                                 Update, batch_rows, clone_weights, frozen_bn_stats, label_counts, module_dict, optim,
                                 to_device, to_float, weights_only)
 
@@ -82,9 +82,10 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
         return DaFKDModules(model=mods["model"], generator=mods["generator"], disc=mods["disc"])
 
     def rows(inp: dict[str, torch.Tensor], noise: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The real rows of the step's batch and of its generated batch from ``inp[noise]`` (bool masks)."""
+        """The real rows of the step's batch and of its generated batch from ``inp[noise]`` (bool masks); under
+        DP-SGD's per-example calls the generated batch is the whole batch's (never padded)."""
         real = inp["y"] != IGNORE_LABEL
-        drawn = fake_count(real.sum())
+        drawn = fake_count(inp[EXAMPLES] if EXAMPLES in inp else real.sum())
         return real, torch.arange(inp[noise].shape[0], device=real.device) < drawn
 
     def classifier_loss(mods: nn.ModuleDict, inp: dict[str, torch.Tensor], flags: tuple):  # Eq. 9
@@ -100,7 +101,7 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
         else:
             with torch.no_grad(), batch_rows(fake_rows):
                 fake = mm.generator(inp["z_fake"], inp.get("labels_fake"))
-        adv, d_real, d_fake = disc_loss(p, mm, inp["x"], feats, fake, real, fake_rows)
+        adv, d_real, d_fake = disc_loss(p, mm, inp["x"], feats, fake, real, fake_rows, inp.get(EXAMPLES))
         return ce + adv, {"ce": ce, "adv": adv, "real_ok": ((d_real.detach() > 0) & real).sum().float(),
                           "fake_ok": ((d_fake.detach() < 0) & fake_rows).sum().float(), "n": real.sum().float()}
 
@@ -121,7 +122,7 @@ def batched_local_step(algo: DaFKDMethod, ctx: ClientContext, payload: "DaFKDPay
         start={"model": payload.weights, "generator": payload.generator, "disc": _disc_start(payload, state)},
         updates=[Update(classifier_loss, {"model": OptimSpec.of(fed), "disc": OptimSpec.of(fed, lr=p.disc_lr)},
                         trains=lambda flags: {"model", "disc"} if flags[2] else {"model"}),
-                 Update(generator_loss, {"generator": gen_spec})],
+                 Update(generator_loss, {"generator": gen_spec}, reads_examples=False)],  # against D: no example
         steps=ctx.num_local_steps(), inputs=inputs, finish=finish, batches=batches, paddable=True)
 
 

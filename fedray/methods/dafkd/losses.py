@@ -61,16 +61,22 @@ def bce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor | None) -
 
 def disc_loss(p: DaFKDParams, m: DaFKDModules, x: torch.Tensor, feats: torch.Tensor, fake: torch.Tensor,
               real_rows: torch.Tensor | None = None, fake_rows: torch.Tensor | None = None,
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              examples: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 9's adversarial part (Eq. 1 + Eq. 2): the discriminator's BCE on real ``x`` (features ``feats``), labelled
     1, against generated ``fake``, labelled 0 (through :func:`negative_logits`: detached from the extractor with
     ``disc_negatives_grad=detached``); (loss, real logits, fake logits). ``real_rows``/``fake_rows`` (bool): the rows
-    of padded batches that count; None: all of them."""
+    of padded batches that count; None: all of them. ``examples`` (DP-SGD's per-example call: ``x`` is one example
+    of a batch of that many): the example's share of the batch's loss, (B bce(real) + sum of bce(fake)) / (B + F),
+    so that its mean over the batch's examples is the batch's loss."""
     b = x.shape[0]
     with batch_rows(real_rows):
         d_real = disc_logits(p, m, x, feats)
     with frozen_bn_stats(m.model), batch_rows(fake_rows):  # generated images never enter the running statistics
         d_fake = negative_logits(p, m, fake)
+    if examples is not None:
+        real_term = F.binary_cross_entropy_with_logits(d_real, torch.ones_like(d_real))
+        fake_sum = F.binary_cross_entropy_with_logits(d_fake, torch.zeros_like(d_fake), reduction="sum")
+        return (examples * real_term + fake_sum) / (examples + fake.shape[0]), d_real, d_fake
     target = torch.cat([torch.ones(b, device=x.device), torch.zeros(fake.shape[0], device=x.device)])
     rows = None if real_rows is None else torch.cat([real_rows, fake_rows])
     return bce(torch.cat([d_real, d_fake]), target, rows), d_real, d_fake

@@ -113,6 +113,10 @@ class DaFKD(Algorithm):
                               "classifier's extractor); without sharing the discriminator is a whole network")
         if params.distill_data == "proxy":
             require_server_data(cls.name, cfg)
+        if params.gp_weight > 0 and cfg.privacy.sample_clip is not None:
+            raise ConfigError("algorithm.gp_weight", "the gradient penalty is a gradient inside the loss, which "
+                              "DP-SGD's per-example gradients (privacy.sample_clip) do not reach; set it 0 or drop "
+                              "privacy.sample_clip")
         if oracle:
             if params.distill_data == "generated" and params.generator != "conditional":
                 raise ConfigError("algorithm.alpha_source", f"{params.alpha_source} weighs a sample by its class, "
