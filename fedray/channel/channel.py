@@ -175,9 +175,10 @@ def _row(leaf: Leaf, i: int) -> Leaf:
     return dataclasses.replace(leaf.header(), data=row(leaf.data, i))
 
 
-def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
+def build_channel(cfg: Any, setup_counts: bool = False, histograms: bool = False) -> Channel:
     """The channel ``cfg.channel`` configures, holding the rule ``cfg.aggregation`` names (``cfg``: the
-    ExperimentConfig); ``setup_counts``: the method's clients send their label counts once at set-up."""
+    ExperimentConfig); ``setup_counts``: the method's clients send their label counts once at set-up; ``histograms``:
+    its uploads carry label histograms."""
     stages: list[Stage] = []
     if cfg.adversary.attack in (*UPDATE_ATTACKS, *MESSAGE_ATTACKS):
         from fedray.adversary import malicious_clients
@@ -187,15 +188,15 @@ def build_channel(cfg: Any, setup_counts: bool = False) -> Channel:
         stages.append(Forge(cfg.adversary, malicious_clients(cfg), input_spec(cfg.data)[1], cfg.seed, setup_counts))
     p = cfg.privacy
     if p.enabled:
-        from fedray.privacy.accounting import count_noise, noise_multiplier, update_noise_multiplier
+        from fedray.privacy.accounting import count_noise, histogram_noise, noise_multiplier, update_noise_multiplier
         from fedray.privacy.stages import Adaptive, CentralNoise, Clip, LocalNoise
 
-        sigma = noise_multiplier(cfg)
         adaptive = (Adaptive(p.target_quantile, p.clip_lr, count_noise(cfg), cfg.federation.buffer(), cfg.seed)
                     if p.adaptive_clip else None)
         stages.append(Clip(p.clip, adaptive))
         if p.mechanism == "local":
-            stages.append(LocalNoise(p.clip, sigma, cfg.seed))
+            stages.append(LocalNoise(p.clip, update_noise_multiplier(cfg, histograms), cfg.seed, p.histogram_clip,
+                                     histogram_noise(cfg) if histograms else None))
     if cfg.channel.compresses:
         stages.append(Compress(cfg.channel, cfg.seed))
     if cfg.channel.precision != "fp32":

@@ -27,7 +27,7 @@ runtime train the round's clients one at a time or batched (``runtime.vectorize`
 (``resolve_experiment``, the one place where the modes a method supports are checked) or the runtime: the class
 flags ``name``, ``Params``, ``shared_architecture``, ``personalised``, ``clients_hold_server_images``,
 ``asynchronous`` with ``synchronous_because``, ``keeps_cache`` and ``robust_means`` (the last three only for the class
-whose own body declares them), and the declaration hooks ``check_config``, ``sends_label_counts``, ``probe_size``,
+whose own body declares them), and the declaration hooks ``check_config``, ``uploads_label_counts``, ``sends_label_counts``, ``probe_size``,
 ``wants_pooled_images``, ``wants_reader``.
 
 **A method may override** (defaults below): ``init_client_state``, ``global_weights`` and ``extra_eval_models``
@@ -185,6 +185,12 @@ class Algorithm(ABC, Generic[Params, Modules]):
             return ("its server step reads the uploads beyond one mean of updates (a teacher, per-sample weights, a "
                     "ratio of sums, control variates), which the noise would not cover")
         return None
+
+    @classmethod
+    def uploads_label_counts(cls, params: BaseModel) -> bool:
+        """True when the clients' uploads carry label histograms (integer tensors of fields declared counts): under
+        local DP they are sent noised, a second release the accountant covers (docs/privacy.md)."""
+        return False
 
     @classmethod
     def sends_label_counts(cls, params: BaseModel) -> bool:

@@ -64,6 +64,10 @@ def label_means(logits: torch.Tensor, y: torch.Tensor, num_classes: int) -> tupl
 
 class FedDistill(PersonalisedAlgorithm):
     name = "feddistill"
+
+    @classmethod
+    def uploads_label_counts(cls, params: BaseModel) -> bool:
+        return True  # each client's samples per label (the logit average's weights)
     synchronous_because = "it averages one round's per-class logits"
     Params = FedDistillParams
     # each label's row of the table: a mean over the logit rows of the clients holding that label, values a

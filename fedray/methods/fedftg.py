@@ -99,6 +99,10 @@ def proportional_labels(totals: torch.Tensor, n: int, rng: torch.Generator) -> t
 
 class FedFTG(FedAvg):
     name = "fedftg"
+
+    @classmethod
+    def uploads_label_counts(cls, params: BaseModel) -> bool:
+        return True  # the clients' label counts (its label weights)
     synchronous_because = "it fine-tunes against one round's uploads as teachers"
     Params = FedFTGParams
     mean_only_because = ("its fine-tuning's teacher weighs each client's model per label by the label shares of the "

@@ -101,6 +101,10 @@ class FedGenModules:
 
 class FedGen(FedAvg):
     name = "fedgen"
+
+    @classmethod
+    def uploads_label_counts(cls, params: BaseModel) -> bool:
+        return True  # the clients' label counts (its generator's label weights)
     synchronous_because = "its generator learns from one round's heads together"
     Params = FedGenParams
     mean_only_because = ("its generator's teacher weighs each client's head per label by the label shares of the "

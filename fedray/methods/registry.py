@@ -165,7 +165,11 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
         from fedray.privacy.accounting import check_budget, update_noise_multiplier
 
         check_budget(cfg)
-        update_noise_multiplier(cfg)
+        update_noise_multiplier(cfg, method.uploads_label_counts(params))
+        if cfg.privacy.mechanism == "local" and method.sends_label_counts(params):
+            raise ConfigError("privacy.mechanism", f"'{method.name}' with these parameters reads every client's label "
+                              "counts once at set-up, a release outside the rounds' accountant; local noise cannot "
+                              "cover it (DaFKD: use alpha_source=discriminator)")
     if cfg.privacy.mechanism == "central":
         # central noise replaces the hook's mean by a noised sum of the clipped uploads: every call of the server
         # step must be such a mean, and nothing the server keeps may come from the uploads unnoised

@@ -59,16 +59,32 @@ def count_noise(cfg: Any) -> float:
     return float(p.count_noise) if p.count_noise is not None else cfg.federation.buffer() / 20
 
 
-def update_noise_multiplier(cfg: Any) -> float:
-    """The noise multiplier of the model updates' sum. With the adaptive clip its count is a second Gaussian query
-    on the same clients (sensitivity 1/2, noise sigma_b); the two together are one Gaussian mechanism of multiplier
-    z when the update's is z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al. 2021, Thm. 1), so the
-    accountant's z (``privacy.noise_multiplier``) covers both. ConfigError naming ``privacy.count_noise`` when
-    2 sigma_b <= z (no z_Delta exists)."""
+def histogram_noise(cfg: Any) -> float:
+    """sigma_k of the label histograms under local noise: ``privacy.histogram_noise``, or twice the multiplier."""
+    p = cfg.privacy
+    return float(p.histogram_noise) if p.histogram_noise is not None else 2 * noise_multiplier(cfg)
+
+
+def update_noise_multiplier(cfg: Any, histograms: bool = False) -> float:
+    """The noise multiplier of the model updates (their sum, or each under local noise). With the adaptive clip its
+    count is a second Gaussian query on the same clients (sensitivity 1/2, noise sigma_b); the two together are one
+    Gaussian mechanism of multiplier z when the update's is z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) (Andrew et al.
+    2021, Thm. 1), so the accountant's z (``privacy.noise_multiplier``) covers both. ConfigError naming
+    ``privacy.count_noise`` when 2 sigma_b <= z (no z_Delta exists). Likewise under local noise a method that uploads
+    label histogram(s) (``histograms``: :meth:`~fedray.methods.api.Algorithm.uploads_label_counts`) sends them as a
+    second Gaussian release of multiplier sigma_k (:func:`histogram_noise`): z_Delta = (z^-2 - sigma_k^-2)^(-1/2)."""
     from fedray.errors import ConfigError
 
     z = noise_multiplier(cfg)
-    if not cfg.privacy.adaptive_clip or z == 0:
+    if z == 0:
+        return z
+    if histograms and cfg.privacy.mechanism == "local":
+        sk = histogram_noise(cfg)
+        if sk <= z:
+            raise ConfigError("privacy.histogram_noise", f"sigma_k = {sk:g} leaves no noise for the updates at "
+                              f"noise_multiplier {z:.4g}: it needs sigma_k > z; raise privacy.histogram_noise")
+        return (z ** -2 - sk ** -2) ** -0.5
+    if not cfg.privacy.adaptive_clip:
         return z
     sb = count_noise(cfg)
     if 2 * sb <= z:
@@ -161,4 +177,4 @@ def check_budget(cfg: Any) -> None:
 
 
 __all__ = ["amplification", "check_budget", "count_noise", "epsilon", "last_round", "noise_multiplier",
-           "update_noise_multiplier"]
+           "histogram_noise", "update_noise_multiplier"]

@@ -19,7 +19,7 @@ MECHANISM_KEYS: dict[str, tuple[str, ...]] = {
     "central": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "adaptive_clip",
                 "target_quantile", "clip_lr", "count_noise", "sample_clip", "sample_noise", "sample_batches"),
     "local": ("clip", "noise_multiplier", "delta", "accountant", "target_epsilon", "mia_samples", "sample_clip",
-              "sample_noise", "sample_batches"),
+              "sample_noise", "sample_batches", "histogram_clip", "histogram_noise"),
 }
 
 
@@ -56,6 +56,13 @@ class PrivacyConfig(BaseModel):
     count_noise: float | None = Field(default=None, gt=0, description="adaptive_clip: sigma_b, the std of the noise "
                                       "on the count of clients within the clip; null: the expected uploads / 20 "
                                       "(Andrew et al.)")
+    histogram_clip: float = Field(default=1000.0, gt=0, description="local: the L2 norm a client's label histograms "
+                                  "of a round (all of its upload's, as one vector) are scaled to at most before "
+                                  "their noise (proportions kept)")
+    histogram_noise: float | None = Field(default=None, gt=0, description="local: sigma_k, the label histograms' "
+                                          "noise std over histogram_clip, for methods that upload them; null: twice "
+                                          "the noise multiplier. The updates' multiplier is lowered so that the "
+                                          "accountant's covers both")
     sample_clip: float | None = Field(default=None, gt=0, description="sample-level DP of the clients' local "
                                       "training (DP-SGD): each example's gradient clipped to this L2 norm; null: off")
     sample_noise: float = Field(default=1.0, ge=0, description="sample_clip: sigma_s, DP-SGD's noise std over the "

@@ -3,12 +3,14 @@ forgery and before compression: :data:`fedray.channel.stages.ORDER`), and centra
 
 A client's upload is one vector for the clip: every model leaf as its update from the payload it trained from (the
 leaf's reference), every values leaf (logits, scores, a model the payload does not carry) as it is; counts never
-reach a stage. Clipping scales the whole vector by min(1, C / ||u||) (Abadi et al. 2016's per-example clip, applied
+reach the clip. Under local noise a message's counts are handled before it is split (:meth:`LocalNoise.client_message`):
+its sample counts are not sent, its label histograms are sent noised. Clipping scales the whole vector by min(1, C / ||u||) (Abadi et al. 2016's per-example clip, applied
 per client as McMahan et al., ICLR 2018, DP-FedAvg Alg. 1 does), so its direction is kept.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -17,6 +19,7 @@ import torch
 
 from fedray.channel.message import Leaf
 from fedray.channel.stages import ORDER, Stage
+from fedray.learning.boundary import WIRE
 from fedray.learning.aggregation import Aggregation, T
 from fedray.learning.robust import as_vector, from_vector
 from fedray.seeding import derive_seed
@@ -102,6 +105,38 @@ class Clip(Stage):
         return leaves, states
 
 
+def _counts(obj: Any, path: tuple = (), counted: bool = False):
+    """(path, tensor) of every integer tensor of a message's fields declared counts (label histograms; booleans and
+    the header's ints are not histograms), depth first."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            declared = f.metadata.get(WIRE)
+            yield from _counts(getattr(obj, f.name), (*path, f.name),
+                               declared[0] == "counts" if declared is not None else counted)
+    elif counted and isinstance(obj, torch.Tensor) and not torch.is_floating_point(obj) and obj.dtype != torch.bool:
+        yield path, obj
+
+
+def _with_counts(obj: Any, path: tuple, noised: dict[tuple, torch.Tensor], counted: bool = False) -> Any:
+    """``obj`` with its histograms replaced by ``noised`` and every int of the header declared counts sent as 1."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {}
+        for f in dataclasses.fields(obj):
+            if not f.init:
+                continue
+            declared = f.metadata.get(WIRE)
+            inner = declared[0] == "counts" if declared is not None else counted
+            value = getattr(obj, f.name)
+            if inner and isinstance(value, int) and not isinstance(value, bool):
+                changes[f.name] = 1  # a sample count: not sent
+            elif (*path, f.name) in noised:
+                changes[f.name] = noised[(*path, f.name)]
+            elif dataclasses.is_dataclass(value):
+                changes[f.name] = _with_counts(value, (*path, f.name), noised, inner)
+        return dataclasses.replace(obj, **changes) if changes else obj
+    return obj
+
+
 def gaussian(shape: tuple[int, ...] | int, std: float, seed: int) -> torch.Tensor:
     """N(0, std^2) float64 draws from their own seeded generator: a function of ``seed`` alone, wherever it runs."""
     gen = torch.Generator().manual_seed(seed % (1 << 63))
@@ -111,13 +146,42 @@ def gaussian(shape: tuple[int, ...] | int, std: float, seed: int) -> torch.Tenso
 class LocalNoise(Stage):
     """``privacy.mechanism=local``: N(0, (sigma C)^2) added to every coordinate of each clipped upload before it leaves
     its client, drawn from the stream of (run seed, round, client, leaf): a client sends the same alone, batched, in
-    process or on Ray, and after a resume."""
+    process or on Ray, and after a resume.
+
+    A message's counts (fields declared counts, :func:`~fedray.learning.boundary.counts_field`) are not sent in the
+    clear: a sample count (an int of the header) is sent as 1, so the server weighs the uploads equally (DP-FedAvg's
+    w_k = 1); the label histograms (integer tensors), all of the message's as one vector, are clipped to L2 norm
+    ``counts_clip`` (scaled, so their proportions are kept) and sent with N(0, (sigma_k counts_clip)^2) added, rounded
+    and floored at 0 (post-processing): a second Gaussian release of the client's a round, which the accountant's
+    multiplier covers with the update's (:func:`~fedray.privacy.accounting.update_noise_multiplier`)."""
 
     name = "local_noise"
     order = ORDER["local_noise"]
 
-    def __init__(self, clip: float, sigma: float, seed: int):
+    def __init__(self, clip: float, sigma: float, seed: int, counts_clip: float = 1.0,
+                 counts_sigma: float | None = None):
         self.std, self.seed = sigma * clip, seed
+        # None: the method declares no histograms in its uploads (one found is refused)
+        self.counts_clip, self.counts_sigma = counts_clip, counts_sigma
+
+    def client_message(self, message: Any, key: tuple[int, ...]) -> Any:
+        histograms = list(_counts(message))
+        if histograms and self.counts_sigma is None:
+            from fedray.errors import RunFailure
+
+            raise RunFailure("privacy.mechanism=local: an upload carries label histograms its method does not declare "
+                             "(Algorithm.uploads_label_counts), so the accountant would not cover them; declare them")
+        if histograms:
+            flat = torch.cat([t.reshape(-1).to(torch.float64) for _, t in histograms])
+            norm = float(flat.norm())
+            flat = flat * min(1.0, self.counts_clip / norm) if norm > 0 else flat
+            flat = flat + gaussian(flat.numel(), self.counts_sigma * self.counts_clip,
+                                   derive_seed(self.seed, "privacy/counts", *key))
+            parts = iter(flat.round().clamp_min(0).split([t.numel() for _, t in histograms]))
+            noised = {path: next(parts).reshape(t.shape).to(t.dtype) for path, t in histograms}
+        else:
+            noised = {}
+        return _with_counts(message, (), noised)
 
     def client_encode(self, leaves, states, keys):
         n = len(keys)

@@ -72,7 +72,8 @@ def _to_device(modules: Any, device: torch.device, channels_last: bool = False) 
 
 def experiment_channel(exp: Experiment) -> Channel:
     """The channel of a run: the experiment's own when it brings one, else the one its config describes."""
-    return exp.channel if exp.channel is not None else build_channel(exp.cfg, exp.method.sends_label_counts(exp.params))
+    return exp.channel if exp.channel is not None else build_channel(exp.cfg, exp.method.sends_label_counts(exp.params),
+                                                                  exp.method.uploads_label_counts(exp.params))
 
 
 def cpu_channels_last(cfg: ExperimentConfig, device: torch.device) -> bool:

@@ -134,7 +134,7 @@ def test_central_noise_is_refused_where_a_mean_is_not_of_updates_from_the_model_
 
 
 @pytest.mark.parametrize("case", ["fedavg", "fedprox", "feddistill", "fedcd", "fedd3a", "fedkf", "dafkd",
-                                  "dafkd-private"])
+                                  "dafkd-private", "fedgen"])
 def test_the_methods_run_two_rounds_with_local_noise_on_every_upload(case):
     """Local noise protects every message a method sends through the channel (models, logits, generators,
     discriminators); a loose clip and little noise, so the runs stay finite: every upload arrives and is kept."""
@@ -145,6 +145,32 @@ def test_the_methods_run_two_rounds_with_local_noise_on_every_upload(case):
                                            privacy__noise_multiplier=1e-4), progress=False).history
     assert [r["health/rejected_updates"] for r in history] == [0.0, 0.0]
     assert [r["privacy/epsilon"] > 0 for r in history] == [True, True]
+
+
+def test_under_local_noise_sample_counts_are_not_sent_and_label_histograms_are_noised_as_counts():
+    """A FedGen upload through the local noise stage: its sample count leaves as 1; its label histogram (30, 40) is
+    scaled to norm K = 10 ((6, 8): proportions kept) and noised with std sigma_k K, rounded and floored at 0: over
+    4,000 labels of 2,500 each, within K = 10^6, the noise's std is sigma_k K = 500 within 2 %. The accountant's z
+    covers both releases: the updates' multiplier is (z^-2 - sigma_k^-2)^-1/2; a histogram of a method that does not
+    declare it is refused, as is DaFKD's Theorem 1 oracle (set-up counts)."""
+    from fedray.errors import RunFailure
+    from fedray.methods.fedavg import LabelCountUpload
+    from fedray.privacy.accounting import update_noise_multiplier
+
+    upload = LabelCountUpload(weights={}, num_samples=7, label_counts=torch.tensor([30, 40]))
+    quiet = LocalNoise(1.0, 1.0, seed=0, counts_clip=10.0, counts_sigma=1e-9).client_message(upload, (1, 0))
+    assert quiet.num_samples == 1 and quiet.label_counts.tolist() == [6, 8] and quiet.label_counts.dtype == torch.int64
+    big = LabelCountUpload(weights={}, num_samples=7, label_counts=torch.full((4000,), 2500))
+    sent = LocalNoise(1.0, 1.0, seed=0, counts_clip=1e6, counts_sigma=5e-4).client_message(big, (1, 0))
+    assert (sent.label_counts.double() - 2500).std().item() == pytest.approx(500, rel=0.02)
+    with pytest.raises(RunFailure, match="label histograms its method does not declare"):
+        LocalNoise(1.0, 1.0, seed=0).client_message(upload, (1, 0))
+    cfg = tiny_config(privacy__mechanism="local", privacy__noise_multiplier=2.0, privacy__histogram_noise=4.0)
+    assert update_noise_multiplier(cfg, histograms=True) == pytest.approx((2.0 ** -2 - 4.0 ** -2) ** -0.5)
+    assert update_noise_multiplier(cfg) == 2.0
+    with pytest.raises(ConfigError, match="^privacy.mechanism: 'dafkd' with these parameters reads every client's"):
+        validate_experiment(tiny_config(algorithm__name="dafkd", algorithm__generator="conditional",
+                                        algorithm__alpha_source="theorem1", privacy__mechanism="local"))
 
 
 def test_the_membership_auc_by_hand():

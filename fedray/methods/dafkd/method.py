@@ -128,6 +128,11 @@ class DaFKD(Algorithm):
                                   "the distillation itself never reads the labels")
 
     @classmethod
+    def uploads_label_counts(cls, params: DaFKDParams) -> bool:
+        """The label-share oracle's weights read each upload's label counts."""
+        return params.correlation and params.alpha_source == "label_share"
+
+    @classmethod
     def sends_label_counts(cls, params: DaFKDParams) -> bool:
         """Theorem 1's weights need every registered client's class distribution (the mixture p)."""
         return params.correlation and params.alpha_source == "theorem1"
