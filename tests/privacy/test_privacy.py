@@ -110,8 +110,10 @@ def test_target_epsilon_stops_the_run_finished_after_the_last_round_within_it(tm
 
 @pytest.mark.parametrize("mechanism,adaptive", [("central", True), ("local", False)])
 def test_a_private_run_resumed_gives_the_uninterrupted_history(mechanism, adaptive, tmp_path):
-    """The noise's streams and the adaptive clip's server state (checkpointed with the channel's) resume exactly."""
-    extra = {"privacy__adaptive_clip": True, "privacy__count_noise": 1.0} if adaptive else {}
+    """The noise's streams and the adaptive clip's server state (checkpointed with the channel's) resume exactly; the
+    local case with DP-SGD on Poisson batches too (their draws and noise are each round's client streams)."""
+    extra = ({"privacy__adaptive_clip": True, "privacy__count_noise": 1.0} if adaptive else
+             {"privacy__sample_clip": 1.0, "privacy__sample_noise": 0.5, "privacy__sample_batches": "poisson"})
     cfg = tiny_config(privacy__mechanism=mechanism, privacy__clip=0.5, privacy__noise_multiplier=0.01,
                       federation__rounds=3, runtime__checkpoint_every=1, **extra)
     whole = run_experiment(cfg, progress=False)
@@ -241,12 +243,12 @@ def test_with_every_update_within_a_large_clip_the_clip_falls_geometrically_to_t
 @pytest.mark.ray
 def test_on_ray_the_adaptive_clip_and_central_noise_give_the_in_process_history(ray_local):
     """The clip announced with each payload reaches the workers, their clipped-or-not bits the server's actor, and the
-    noise is drawn there: every figure of the in-process run, the clips included."""
-    cfg = tiny_config(privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
-                      privacy__adaptive_clip=True, privacy__count_noise=1.0, federation__rounds=2)
-    ray_cfg = tiny_config(privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
-                          privacy__adaptive_clip=True, privacy__count_noise=1.0, federation__rounds=2,
-                          runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
+    noise is drawn there: every figure of the in-process run, the clips included; DP-SGD's on the workers too."""
+    private = dict(privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
+                   privacy__adaptive_clip=True, privacy__count_noise=1.0, federation__rounds=2,
+                   privacy__sample_clip=1.0, privacy__sample_noise=0.5)
+    cfg = tiny_config(**private)
+    ray_cfg = tiny_config(**private, runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
     here, there = (run_experiment(c, progress=False).history for c in (cfg, ray_cfg))
     assert _figures(there) == _figures(here) and here[1]["privacy/clip"] != here[0]["privacy/clip"]
 
