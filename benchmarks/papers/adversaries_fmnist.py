@@ -434,17 +434,6 @@ def machines(res: dict) -> list[str]:
             + ".", ""]
 
 
-def stopped(planned_runs: list[Run]) -> list[str]:
-    """The runs an attack stopped (harness.FAILED_FILE: the model diverged until no upload was finite): outcomes,
-    left out of the cells' figures above (their seeds column counts the runs that finished)."""
-    failed = [(r, r.failure) for r in planned_runs if r.failure is not None]
-    if not failed:
-        return []
-    return (["## Runs the attack stopped", "", "Left out of the figures above: the model diverged until no upload "
-             "was finite, which ends a run (`health/rejected_updates` counts the rounds before).", ""]
-            + [f"- {r.method} {r.setting} seed {r.seed}: {why}" for r, why in failed] + [""])
-
-
 def markdown(res: dict, found: dict, meta: dict, runs_dir: Path, planned_runs: list[Run], seeds: int) -> str:
     lines = harness.header(f"Attacks and defences on Fashion-MNIST α = {ALPHA:g}, {FRACTION:.0%} malicious clients",
                            meta, NAME, runs_dir, planned_runs) + machines(res) + settings_of(found)
@@ -456,23 +445,17 @@ def markdown(res: dict, found: dict, meta: dict, runs_dir: Path, planned_runs: l
               "`adv/malicious_kept`, mean over rounds and seeds.", "", "## Each method's cells", ""]
     for m in METHODS:
         lines += method_table(res, m, seeds) + [""]
-    lines += stopped(planned_runs) + resistance(res) + defences(res) + refusals()
+    lines += harness.stopped(planned_runs, "the attack", " (`health/rejected_updates` counts the rounds before)")
+    lines += resistance(res) + defences(res) + refusals()
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     harness.grid_args(ap, NAME, list(METHODS), SETTINGS, rounds=30)
-    argv = sys.argv[1:] if argv is None else argv
-    args = ap.parse_args(argv)
     # an attack that makes a model diverge stops its run (every upload non-finite): an outcome of the cell, recorded
-    opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models,
-            "failures_are_results": True}
-    runs = planned(args.runs_dir, args.methods, args.settings, args.seeds)
-    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
-    seeds = sorted({*ap.get_default("seeds"), *args.seeds})
-    table_runs = planned(args.runs_dir, list(METHODS), SETTINGS, seeds)
-    found = harness.collect(table_runs)
+    args, meta, table_runs, found = harness.run_planned(NAME, ap, sys.argv[1:] if argv is None else argv, planned,
+                                                        build, failures_are_results=True)
     res = collect(found)
     md = markdown(res, found, meta, args.runs_dir, table_runs, len(ap.get_default("seeds")))
     harness.write(args.out, NAME, meta, {"grid": grid(), "refused_attacks": {f"{m}|{a}": why for (m, a), why

@@ -394,6 +394,18 @@ def shown(path: Path) -> str:
         return str(path)
 
 
+def stopped(runs: Sequence[Run], cause: str, after: str = "") -> list[str]:
+    """A section listing the ``runs`` that recorded a failure (:data:`FAILED_FILE`, ``failures_are_results``): outcomes
+    left out of the tables' figures (their seeds columns count the runs that finished). ``cause``: what stopped them
+    ("the attack"); ``after``: a further sentence."""
+    failed = [(r, r.failure) for r in runs if r.failure is not None]
+    if not failed:
+        return []
+    return ([f"## Runs {cause} stopped", "", "Left out of the figures above: the model diverged until no upload "
+             f"was finite, which ends a run{after}.", ""]
+            + [f"- {r.method} {r.setting} seed {r.seed}: {why}" for r, why in failed] + [""])
+
+
 def header(title: str, meta: dict, name: str, runs_dir: Path, planned: Sequence[Run] = ()) -> list[str]:
     """The first lines of every comparison table: what ran where, how to rebuild the tables, and which of the
     ``planned`` runs have not run."""
@@ -413,6 +425,22 @@ def run_grid(name: str, script_argv: Sequence[str], ap: argparse.ArgumentParser,
     return the record's meta and the runs its tables cover (:func:`tabled`)."""
     runs = plan(args.runs_dir, args.methods, args.settings, args.seeds)
     return run_and_record(name, script_argv, args, build, runs, options), tabled(ap, args)
+
+
+def run_planned(name: str, ap: argparse.ArgumentParser, argv: Sequence[str], planned: Callable[..., list[Run]],
+                build: Build, **options: Any) -> tuple[argparse.Namespace, dict, list[Run], dict]:
+    """A grid benchmark's main steps when its script plans its own grid (``planned(runs_dir, methods, settings,
+    seeds)``): parse ``argv`` (:func:`grid_args`' options), run what was asked (:func:`run_and_record`, ``options``
+    added to the runs' options), and return (the arguments, the record's meta, the runs the tables cover: every
+    method and setting at the default and asked seeds, and those of them finished: :func:`collect`)."""
+    args = ap.parse_args(argv)
+    opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models,
+            **options}
+    meta = run_and_record(name, argv, args, build, planned(args.runs_dir, args.methods, args.settings, args.seeds),
+                          opts)
+    seeds = sorted({*ap.get_default("seeds"), *args.seeds})
+    table_runs = planned(args.runs_dir, ap.get_default("methods"), ap.get_default("settings"), seeds)
+    return args, meta, table_runs, collect(table_runs)
 
 
 def run_and_record(name: str, script_argv: Sequence[str], args: argparse.Namespace, build: Build,

@@ -180,17 +180,6 @@ def method_table(res: dict, method: str, seeds: int) -> list[str]:
     return lines + [""]
 
 
-def stopped(planned_runs: list[Run]) -> list[str]:
-    """The runs the noise stopped (harness.FAILED_FILE: every upload of a round non-finite): outcomes, left out of
-    the figures above (their seeds column counts the runs that finished)."""
-    failed = [(r, r.failure) for r in planned_runs if r.failure is not None]
-    if not failed:
-        return []
-    return (["## Runs the noise stopped", "", "Left out of the figures above: the model diverged until no upload "
-             "of a round was finite, which ends a run.", ""]
-            + [f"- {r.method} {r.setting} seed {r.seed}: {why}" for r, why in failed] + [""])
-
-
 def dafkd_claim(res: dict, seeds: int) -> list[str]:
     """DaFKD Sec. 3.2: "the privacy risk ... can definitely be removed by combining it with differential privacy"
     without giving up the method: DaFKD's loss under each DP against FedAvg's under the same DP."""
@@ -255,23 +244,16 @@ def markdown(res: dict, found: dict, meta: dict, runs_dir: Path, planned_runs: l
     lines += ["## Each method", ""]
     for m in METHODS:
         lines += method_table(res, m, seeds)
-    lines += stopped(planned_runs) + dafkd_claim(res, seeds)
+    lines += harness.stopped(planned_runs, "the noise") + dafkd_claim(res, seeds)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     harness.grid_args(ap, NAME, list(METHODS), SETTINGS, rounds=30)
-    argv = sys.argv[1:] if argv is None else argv
-    args = ap.parse_args(argv)
     # noise that makes a model diverge stops its run (every upload non-finite): an outcome of the cell, recorded
-    opts = {"rounds": args.rounds, "device": args.device, "threads": args.threads, "keep_models": args.keep_models,
-            "failures_are_results": True}
-    runs = planned(args.runs_dir, args.methods, args.settings, args.seeds)
-    meta = harness.run_and_record(NAME, argv, args, build, runs, opts)
-    seeds = sorted({*ap.get_default("seeds"), *args.seeds})
-    table_runs = planned(args.runs_dir, list(METHODS), SETTINGS, seeds)
-    found = harness.collect(table_runs)
+    args, meta, table_runs, found = harness.run_planned(NAME, ap, sys.argv[1:] if argv is None else argv, planned,
+                                                        build, failures_are_results=True)
     res = collect(found)
     png = picture(res, args.out)
     md = markdown(res, found, meta, args.runs_dir, table_runs, len(ap.get_default("seeds")), png)
