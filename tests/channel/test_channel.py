@@ -165,12 +165,17 @@ def test_on_ray_the_stages_client_side_runs_in_the_workers_and_gives_the_in_proc
     """Top-10 % with error feedback both ways (its kept values at 8 bits by QSGD's seeded draws), fp16 and the
     counting stage's per-client state on Ray (two workers, the server in an actor), interrupted and resumed there
     (one worker, the server in the driver): every figure is the in-process run's, and each client's state was last
-    written by a worker process, never the driver."""
+    written by a worker process, never the driver. Under privacy too: the adaptive clip announced with each payload
+    reaches the workers, their clipped-or-not bits the server's actor, central noise is drawn there, and DP-SGD's on
+    the workers: the clips of every round included."""
     from fedray.record.checkpoint import load_checkpoint
     from tests.test_every_method import CrashAfter, _Crash
 
     wire = dict(channel__precision="fp16", channel__sparsify="topk", channel__fraction=0.1, channel__quantize="qsgd",
-                channel__error_feedback=True, channel__compress_on="both", runtime__checkpoint_every=1)
+                channel__error_feedback=True, channel__compress_on="both", runtime__checkpoint_every=1,
+                privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
+                privacy__adaptive_clip=True, privacy__count_noise=1.0, privacy__sample_clip=1.0,
+                privacy__sample_noise=0.5)
     cfg = _learnable(**wire)
     data = build_federated_data(cfg.data, cfg.seed)
     local = run_experiment(_counting(cfg), progress=False, data=data)
@@ -187,3 +192,4 @@ def test_on_ray_the_stages_client_side_runs_in_the_workers_and_gives_the_in_proc
                              data=data)
     assert _figures(resumed.history) == _figures(local.history)
     assert not math.isnan(resumed.history[-1]["eval/accuracy"])
+    assert local.history[1]["privacy/clip"] != local.history[0]["privacy/clip"]

@@ -240,19 +240,6 @@ def test_with_every_update_within_a_large_clip_the_clip_falls_geometrically_to_t
     assert clips[0] == 100.0 and all(0.59 < b / a < 0.63 for a, b in zip(clips, clips[1:]))  # exp(-1/2) = 0.607
 
 
-@pytest.mark.ray
-def test_on_ray_the_adaptive_clip_and_central_noise_give_the_in_process_history(ray_local):
-    """The clip announced with each payload reaches the workers, their clipped-or-not bits the server's actor, and the
-    noise is drawn there: every figure of the in-process run, the clips included; DP-SGD's on the workers too."""
-    private = dict(privacy__mechanism="central", privacy__clip=0.5, privacy__noise_multiplier=0.01,
-                   privacy__adaptive_clip=True, privacy__count_noise=1.0, federation__rounds=2,
-                   privacy__sample_clip=1.0, privacy__sample_noise=0.5)
-    cfg = tiny_config(**private)
-    ray_cfg = tiny_config(**private, runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
-    here, there = (run_experiment(c, progress=False).history for c in (cfg, ray_cfg))
-    assert _figures(there) == _figures(here) and here[1]["privacy/clip"] != here[0]["privacy/clip"]
-
-
 def _dp_step(model, x, y, clip, noise, batches="passes", seed=0):
     """One DP-SGD step of SGD lr 1 on a flat linear ``model`` through the runtime's engine (x: uint8 rows read as
     x / 255): the gradient it took, start - trained."""
