@@ -115,15 +115,20 @@ def batches_per_example(fed: Any, sizes: list[int]) -> int:
 def sample_accountant(fed: Any, sizes: list[int], noise: float, delta: float, batches: str):
     """rounds -> the sample-level epsilon at ``delta`` of the worst client after that many rounds, had it taken part
     in every one (module docstring: ``batches`` is ``privacy.sample_batches``)."""
+    worst = _worst_clients(fed, sizes, batches)
+    return lambda rounds: max((sample_epsilon(noise, delta, rounds * t, q) for q, t in worst), default=0.0)
+
+
+def _worst_clients(fed: Any, sizes: list[int], batches: str) -> list[tuple[float, int]]:
+    """The (sampling rate, releases a round) of the clients whose epsilon may be the largest: with passes, one
+    release a batch at rate 1, the most batches an example is in; with Poisson batches, each client's rate and local
+    steps, less those whose rate and steps are both at most another's (their epsilon is the smaller)."""
     if batches == "passes":
-        per_round = batches_per_example(fed, sizes)
-        return lambda rounds: sample_epsilon(noise, delta, rounds * per_round)
+        return [(1.0, batches_per_example(fed, sizes))]
     from fedray.learning.boundary import local_step_count
 
     pairs = {(min(1.0, fed.batch_size / n), local_step_count(fed, n)) for n in sizes if n > 0}
-    # a client whose rate and steps are both at most another's has the smaller epsilon: only the others are computed
-    worst = [(q, t) for q, t in pairs if not any(q2 >= q and t2 >= t and (q2, t2) != (q, t) for q2, t2 in pairs)]
-    return lambda rounds: max((sample_epsilon(noise, delta, rounds * t, q) for q, t in worst), default=0.0)
+    return [(q, t) for q, t in pairs if not any(q2 >= q and t2 >= t and (q2, t2) != (q, t) for q2, t2 in pairs)]
 
 
 def sample_noise_for(fed: Any, sizes: list[int], delta: float, batches: str, target: float, rounds: int) -> float:
@@ -134,21 +139,13 @@ def sample_noise_for(fed: Any, sizes: list[int], delta: float, batches: str, tar
     from dp_accounting.mechanism_calibration import LowerEndpointAndGuess
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    from fedray.learning.boundary import local_step_count
-
-    if batches == "passes":
-        worst = [(1.0, batches_per_example(fed, sizes))]
-    else:
-        pairs = {(min(1.0, fed.batch_size / n), local_step_count(fed, n)) for n in sizes if n > 0}
-        worst = [(q, t) for q, t in pairs if not any(q2 >= q and t2 >= t and (q2, t2) != (q, t) for q2, t2 in pairs)]
-
     def event(sigma: float, q: float, t: int):
         one = dp_event.GaussianDpEvent(sigma)
         return dp_event.SelfComposedDpEvent(one if q >= 1 else dp_event.PoissonSampledDpEvent(q, one), rounds * t)
 
     return max(float(calibrate_dp_mechanism(rdp_privacy_accountant.RdpAccountant, functools.partial(event, q=q, t=t),
                                             target, delta, bracket_interval=LowerEndpointAndGuess(1e-2, 1.0),
-                                            tol=1e-4)) for q, t in worst)
+                                            tol=1e-4)) for q, t in _worst_clients(fed, sizes, batches))
 
 
 def sample_epsilon(noise: float, delta: float, releases: int, rate: float = 1.0) -> float:

@@ -301,11 +301,12 @@ def test_dp_sgd_clips_each_examples_gradient_by_hand_and_adds_noise_of_sigma_c_o
 def test_poisson_batches_draw_each_example_at_rate_b_over_n_and_amplify_the_accountant():
     """poisson: each step's batch is every example with probability B / n (400 steps of 16 of 200: sizes average
     16, vary, and every step draws afresh); the accountant composes the Poisson-sampled Gaussian over the client's
-    steps, as Opacus's RDP analysis computes it (within 1 %), and far below the same steps without sampling."""
+    steps, as Opacus's RDP analysis computes it (within 1 %), and far below the same steps without sampling; the
+    noise calibrated for a target is the smallest that keeps the worst client within it."""
     from opacus.accountants.analysis import rdp as opacus_rdp
 
     from fedray.learning.boundary import ClientContext, DataSpec
-    from fedray.privacy.dpsgd import sample_accountant, sample_epsilon
+    from fedray.privacy.dpsgd import sample_accountant, sample_epsilon, sample_noise_for
 
     fed = tiny_config(federation__local_steps=400, federation__batch_size=16).federation
     ctx = ClientContext(client_id=0, round=1, seed=0, x=torch.zeros(200, 1, 1, 1, dtype=torch.uint8),
@@ -321,6 +322,10 @@ def test_poisson_batches_draw_each_example_at_rate_b_over_n_and_amplify_the_acco
     # clients of 200 and 50 with 16 a batch: rates 0.08 and 0.32, the smaller client the worst
     worst = sample_accountant(fed, [200, 50], 1.1, 1e-5, "poisson")
     assert worst(3) == sample_epsilon(1.1, 1e-5, 1200, 0.32) < sample_epsilon(1.1, 1e-5, 1200)
+    # sigma for a target: the smallest whose worst client ends within it (dp-accounting's calibration, to 1e-4)
+    sigma = sample_noise_for(fed, [200, 50], 1e-5, "poisson", 4.0, 3)
+    assert 3.99 < sample_accountant(fed, [200, 50], sigma, 1e-5, "poisson")(3) <= 4.0
+    assert sample_accountant(fed, [200, 50], sigma * 0.99, 1e-5, "poisson")(3) > 4.0
 
 
 @pytest.mark.parametrize("case", ["fedavg", "fedkf", "dafkd"])
