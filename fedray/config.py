@@ -77,11 +77,12 @@ class DataConfig(_Strict):
     cache_dir: str | None = Field(default=None, description="where the decoded datasets go; default "
                                   "$FEDRAY_CACHE_DIR or ~/.cache/fedray/decoded (an unwritable folder: a warning, "
                                   "and the run goes on without the cache)")
-    partition: Literal["dirichlet", "iid", "shards", "domain", "domain_dirichlet", "central"] = Field(
+    partition: Literal["dirichlet", "iid", "shards", "domain", "domain_dirichlet", "central", "on_demand"] = Field(
         default="dirichlet", description="domain: one client per domain (cross-silo); domain_dirichlet: each "
         "domain split over clients_per_domain clients by Dirichlet(alpha) over labels (cross-device); central: one "
         "client holding all the training data (sets num_clients and clients_per_round to 1): the centralised "
-        "baseline")
+        "baseline; on_demand: clients made when sampled or evaluated, each a seeded Dirichlet(alpha) class mixture "
+        "and size drawn over the training split with replacement (docs/scale.md)")
     alpha: float = Field(default=0.1, gt=0, description="Dirichlet concentration; smaller = more non-IID")
     num_clients: int = Field(default=20, ge=1)
     min_samples: int = Field(default=10, ge=2, description="Dirichlet: redraw until every client has this many")
@@ -100,8 +101,20 @@ class DataConfig(_Strict):
     server_data: ServerDataConfig = Field(default_factory=ServerDataConfig)
     emnist_split: Literal["balanced", "byclass", "bymerge", "digits", "letters", "mnist"] = "balanced"
     # synthetic: a learnable image-shaped dataset generated from the seed (for tests and scale runs)
+    client_size: int | None = Field(default=None, ge=2, description="on_demand: the mean examples of a client "
+                                    "(train and test; log-normal around it); default: the training split over "
+                                    "num_clients, at least 2")
+    client_size_sigma: float = Field(default=0.5, ge=0, description="on_demand: the log-std of the clients' sizes")
+    pseudo_base_clients: int | None = Field(
+        default=None, ge=1, description="pseudo-clients: the num_clients clients are made on demand from this many "
+        "base clients of the partition, client k being base client k mod this under its own seeded affine warp "
+        "(TFF's EMNIST pseudo-clients; docs/scale.md); null: off")
+    eval_clients: int = Field(default=100, ge=1, description="clients made on demand (on_demand, "
+                              "pseudo_base_clients): the per-client figures (AMP, FM, WLP) are over a seeded sample "
+                              "of this many clients, fixed for the run")
     synthetic_train_samples: int | None = Field(
-        default=None, ge=10, description="default: max(2000, 60 * num_clients)"
+        default=None, ge=10, description="default: max(2000, 60 * num_clients); with clients made on demand "
+        "20,000 (on_demand) or max(2000, 60 * pseudo_base_clients)"
     )
     synthetic_test_samples: int = Field(default=1000, ge=10)
     synthetic_num_classes: int = Field(default=10, ge=2)
@@ -120,6 +133,11 @@ class DataConfig(_Strict):
         """Recorded absolute: a run resumed from another folder, a sweep's trials (Tune runs each in a folder of
         its own) and ``config.yaml`` all mean the folder the user named, from wherever it was named."""
         return None if folder is None else absolute_path(folder)
+
+    @property
+    def on_demand(self) -> bool:
+        """Whether clients are made on demand (the scalable modes: ``partition=on_demand`` or pseudo-clients)."""
+        return self.partition == "on_demand" or self.pseudo_base_clients is not None
 
     def all_domains(self) -> list[str]:
         """The run's domains (``data.domains`` or all of the dataset's); empty for single-domain datasets."""
@@ -380,6 +398,18 @@ class ExperimentConfig(_Strict):
         elif sd.domain is not None:
             raise ConfigError("data.server_data.domain", "is only used with data.server_data.kind=domain")
         clients = d.client_domains()
+        if d.on_demand and known is not None:
+            raise ConfigError("data.partition" if d.partition == "on_demand" else "data.pseudo_base_clients",
+                              f"clients made on demand draw from one dataset; {d.dataset} has domains: use a "
+                              "single-domain data.dataset")
+        if d.pseudo_base_clients is not None:
+            if d.partition in ("on_demand", "central"):
+                raise ConfigError("data.pseudo_base_clients", f"pseudo-clients warp the base clients of a "
+                                  f"partition of the data; data.partition={d.partition} has none: use dirichlet, "
+                                  "iid or shards")
+            if d.pseudo_base_clients > d.num_clients:
+                raise ConfigError("data.pseudo_base_clients", f"{d.pseudo_base_clients} base clients for "
+                                  f"{d.num_clients} clients; allowed: 1..data.num_clients")
         if known is not None and not clients:
             raise ConfigError("data.domains", "no domain is left for clients once the server's domain is "
                               "taken; give data.domains at least two domains")

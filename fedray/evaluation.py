@@ -148,12 +148,13 @@ class EvalIndex:
     results from the Ray workers into metrics, without a copy of the images)."""
 
     def __init__(self, data: FederatedData, backdoor: Backdoor | None = None, members: np.ndarray | None = None):
-        idx = [np.asarray(t, dtype=np.int64) for t in data.client_test]
+        #: the clients whose local test splits are scored, in order: every client, or (clients made on demand) the
+        #: run's sample of them (``data.eval_clients``)
+        self.clients = np.asarray(data.evaluated_clients(), dtype=np.int64)
         self.num_test = len(data.test_y)
         self.num_val = data.num_val
-        self.num_clients = len(idx)
-        sizes = np.array([len(i) for i in idx], dtype=np.int64)
-        self.client_rows = np.concatenate(idx) if idx else np.zeros(0, np.int64)  # rows of data.train_x
+        self.num_clients = len(self.clients)
+        sizes = data.client_test_sizes()[self.clients] if self.num_clients else np.zeros(0, np.int64)
         self.client_of = np.repeat(np.arange(self.num_clients), sizes)
         #: the validation set is samples num_test:val_stop of the evaluation set
         self.val_stop = self.num_test + self.num_val
@@ -228,8 +229,21 @@ class EvalIndex:
                                                                   dtype=np.float64),
                                minlength=self.num_clients)
         has = total > 0
-        return ClientScores(client=np.flatnonzero(has), correct=correct[has], samples=total[has],
+        return ClientScores(client=self.clients[np.flatnonzero(has)], correct=correct[has], samples=total[has],
                             loss_sum=loss_sum[has])
+
+
+def local_test_set(data: FederatedData, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The local test splits of ``clients``, in order, as one array of images and one of labels: their rows of
+    ``data.train_x``, or made on demand (one derivation a client)."""
+    if not data.on_demand:
+        rows = [np.asarray(data.client_test[int(k)], dtype=np.int64) for k in clients]
+        rows_all = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        return data.train_x[rows_all], data.train_y[rows_all]
+    made = [data.client_test_data(int(k)) for k in clients]
+    if not made:
+        return data.train_x[:0], data.train_y[:0]
+    return np.concatenate([x for x, _ in made]), np.concatenate([y for _, y in made])
 
 
 def _ranges(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
@@ -260,10 +274,9 @@ class Evaluator:
             trig_x = [backdoor.stamp(np.asarray(data.test_x)[self.index.triggered])]
             trig_y = [np.full(len(self.index.triggered), backdoor.target, dtype=np.asarray(data.test_y).dtype)]
         mem_x, mem_y = ([data.train_x[members]], [data.train_y[members]]) if members is not None else ([], [])
-        self.x = np.concatenate([np.asarray(data.test_x), *val_x, data.train_x[self.index.client_rows], *trig_x,
-                                 *mem_x])
-        self.y = np.concatenate([np.asarray(data.test_y), *val_y, data.train_y[self.index.client_rows], *trig_y,
-                                 *mem_y])
+        local_x, local_y = local_test_set(data, self.index.clients)
+        self.x = np.concatenate([np.asarray(data.test_x), *val_x, local_x, *trig_x, *mem_x])
+        self.y = np.concatenate([np.asarray(data.test_y), *val_y, local_y, *trig_y, *mem_y])
         self.cache_bytes = cache_bytes
         self._floats: dict[tuple[int, int], torch.Tensor] = {}
         self._cached = 0
@@ -315,7 +328,9 @@ class Evaluator:
         """:meth:`personal_counts`' row, and the cross-entropy of ``model`` summed over the client's own test
         split (scored in the same fixed batches on every runtime, so the same float)."""
         model.eval()
-        lo, hi = int(self.index.local_start[client_id]), int(self.index.local_start[client_id + 1])
+        at = int(np.searchsorted(self.index.clients, client_id))  # its place among the clients scored
+        assert at < self.index.num_clients and self.index.clients[at] == client_id, "a client not evaluated"
+        lo, hi = int(self.index.local_start[at]), int(self.index.local_start[at + 1])
         own = self.score(model, _ranges(lo, hi, self.batch_size))
         row = [int(sum(ok.sum() for ok, _ in own)), hi - lo]
         for start, stop in ((0, self.index.num_test), (self.index.num_test, self.index.val_stop)):

@@ -17,11 +17,15 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="asking for a GPU 
 CASES = [
     # (extra argv for `run`, or a full argv starting with a command), key, a fragment of the message
     (["data.alpha=0"], "data.alpha", "greater than 0"),
+    (["data.partition=on_demand", "algorithm.name=fedcd"], "data.partition", "a personal model for every client"),
+    (["data.partition=on_demand", "privacy.mia_samples=10"], "privacy.mia_samples", "would make every client"),
+    (["data.pseudo_base_clients=9"], "data.pseudo_base_clients", "allowed: 1..data.num_clients"),
+    (["data.pseudo_base_clients=2", "data.partition=on_demand"], "data.pseudo_base_clients", "use dirichlet"),
     (["data.alpha=-1"], "data.alpha", "greater than 0"),
     (["data.alpha=abc"], "data.alpha", "valid number"),
     (["data.num_clients=0"], "data.num_clients", "greater than or equal to 1"),
     (["data.min_samples=1"], "data.min_samples", "greater than or equal to 2"),
-    (["data.partition=random"], "data.partition", "'dirichlet', 'iid', 'shards', 'domain', 'domain_dirichlet' or 'central'"),
+    (["data.partition=random"], "data.partition", "'dirichlet', 'iid', 'shards', 'domain', 'domain_dirichlet', 'central' or 'on_demand'"),
     (["data.dataset=imagenet"], "data.dataset", "'fashion_mnist'"),
     (["data.test_fraction=1.5"], "data.test_fraction", "less than 1"),
     (["data.dataset=fashion_mnist", "data.data_dir=/no/such/dir"], "data.data_dir", "--data-dir"),

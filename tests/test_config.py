@@ -40,7 +40,7 @@ def test_yaml_file(tmp_path):
         ("data.alpha=0", "data.alpha", "greater than 0"),
         ("data.alpha=-1", "data.alpha", "greater than 0"),
         ("data.alpha=abc", "data.alpha", "valid number"),
-        ("data.partition=random", "data.partition", "'dirichlet', 'iid', 'shards', 'domain', 'domain_dirichlet' or 'central'"),
+        ("data.partition=random", "data.partition", "'dirichlet', 'iid', 'shards', 'domain', 'domain_dirichlet', 'central' or 'on_demand'"),
         ("data.dataset=imagenet", "data.dataset", "fashion_mnist"),
         ("model.name=vgg", "model.name", "lenet5"),
         ("algorithm.name=fedfoo", "algorithm.name", "allowed: "),

@@ -24,6 +24,11 @@ Multi-domain partitions (FedD3A Sec. 4): ``domain`` gives each client domain to 
 ``domain_dirichlet`` splits each client domain over ``clients_per_domain`` clients by the Dirichlet label
 partition (cross-device). The label partitions (``dirichlet``, ``iid``, ``shards``) pool the client
 domains' images.
+
+Clients made on demand (``data.partition=on_demand``, ``data.pseudo_base_clients``; :mod:`fedray.data.on_demand`):
+``source`` derives a client's data from (seed, id) when it is asked for (:meth:`FederatedData.client_data`), and
+``client_train`` / ``client_test`` stay empty; what is kept per registered client is its two sizes. The per-client
+figures are over ``eval_sample``, a seeded sample of ``data.eval_clients`` clients fixed for the run.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +54,7 @@ from fedray.data.partition import (
     select_holdout,
     split_train_test,
 )
+from fedray.data.on_demand import PseudoClients, SampledClients
 from fedray.errors import DataError
 
 # Fixed purpose ids for the seed streams, so adding a random draw elsewhere never shifts the partition.
@@ -55,6 +62,7 @@ PARTITION_STREAM = 1
 SPLIT_STREAM = 2
 SERVER_STREAM = 3
 VALIDATION_STREAM = 4
+EVAL_SAMPLE_STREAM = 5
 
 
 @dataclass
@@ -108,6 +116,35 @@ class FederatedData:
     client_domain: np.ndarray | None = None
     val_x: np.ndarray | None = None
     val_y: np.ndarray | None = None
+    #: clients made on demand (fedray.data.on_demand's SampledClients or PseudoClients); None: the eager lists
+    source: Any = None
+    #: with a ``source``: the clients whose local test splits the per-client figures are over (sorted ids)
+    eval_sample: np.ndarray | None = None
+
+    @property
+    def on_demand(self) -> bool:
+        return self.source is not None
+
+    def client_data(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s training images (uint8 NCHW) and labels: its rows of ``train_x``, or made by ``source``
+        (one derivation)."""
+        if self.source is not None:
+            made = self.source.client(k)
+            return made.train_x, made.train_y
+        idx = self.client_train[k]
+        return self.train_x[idx], self.train_y[idx]
+
+    def client_test_data(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``k``'s local test images and labels (made by ``source``: one derivation)."""
+        if self.source is not None:
+            made = self.source.client(k)
+            return made.test_x, made.test_y
+        idx = self.client_test[k]
+        return self.train_x[idx], self.train_y[idx]
+
+    def evaluated_clients(self) -> np.ndarray:
+        """The clients whose local test splits the per-client figures are over: every client, or ``eval_sample``."""
+        return self.eval_sample if self.source is not None else np.arange(self.num_clients)
 
     @property
     def num_val(self) -> int:
@@ -116,7 +153,7 @@ class FederatedData:
 
     @property
     def num_clients(self) -> int:
-        return len(self.client_train)
+        return self.source.num_clients if self.source is not None else len(self.client_train)
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -125,14 +162,21 @@ class FederatedData:
 
     def client_sizes(self) -> np.ndarray:
         """Training sample count of each client (the |D_k| weights of FedAvg-style averaging)."""
+        if self.source is not None:
+            return self.source.train_sizes().astype(np.int64)
         return np.array([len(idx) for idx in self.client_train], dtype=np.int64)
 
     def client_test_sizes(self) -> np.ndarray:
         """Local test sample count of each client."""
+        if self.source is not None:
+            return self.source.test_sizes().astype(np.int64)
         return np.array([len(idx) for idx in self.client_test], dtype=np.int64)
 
     def label_counts(self) -> np.ndarray:
-        """(num_clients, num_classes) label counts over each client's train and test samples."""
+        """(num_clients, num_classes) label counts over each client's train and test samples (eager clients only:
+        made on demand, that would make every client)."""
+        if self.source is not None:
+            raise ValueError("label counts of every client: their clients are made on demand")
         k = self.num_clients
         sizes = self.client_sizes() + self.client_test_sizes()
         owner = np.repeat(np.arange(k, dtype=np.int64), sizes)
@@ -146,8 +190,18 @@ class FederatedData:
     def partition_digest(self) -> str:
         """A digest (16 hex digits of SHA-256) of every client's train and test index lists, in client order:
         two runs on the same split have the same digest, whatever their method; another seed or partition
-        gives another. It names the run's data in MLflow (:func:`fedray.record.tracking.dataset_entity`)."""
+        gives another. It names the run's data in MLflow (:func:`fedray.record.tracking.dataset_entity`).
+        Clients made on demand: a digest of what defines them (the source's kind and parameters, every client's
+        sizes and the training split), each client's data being a function of those and its id."""
         digest = hashlib.sha256()
+        if self.source is not None:
+            s = self.source
+            params = {k: v for k, v in vars(s).items() if isinstance(v, (int, float, str)) and k != "derivations"}
+            digest.update(f"{type(s).__name__}{sorted(params.items())}".encode())
+            digest.update(self.client_sizes().tobytes())
+            digest.update(self.client_test_sizes().tobytes())
+            digest.update(np.ascontiguousarray(self.train_y).tobytes())
+            return digest.hexdigest()[:16]
         for part in (*self.client_train, *self.client_test):
             idx = np.ascontiguousarray(part, dtype=np.int64)
             digest.update(np.int64(len(idx)).tobytes())  # lengths too: [1, 2][3] and [1][2, 3] differ
@@ -253,9 +307,25 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
                               "for validation")
         val_x, val_y = canonical(train_x[held], np.uint8), train_y[held]
         train_x, train_y, train_domain = _without(held, train_x, train_y, train_domain)
-    parts = partition(cfg, train_y, seed, train_domain, domain_ids, client_names)
+    source = None
+    if cfg.partition == "on_demand":
+        source = SampledClients(train_x, train_y, raw.num_classes, cfg.num_clients, seed, cfg.alpha, cfg.test_fraction,
+                                cfg.client_size, cfg.client_size_sigma)
+        parts = []
+    else:  # pseudo-clients: the partition's clients are their base clients
+        base = cfg if cfg.pseudo_base_clients is None else cfg.model_copy(update={"num_clients":
+                                                                                  cfg.pseudo_base_clients})
+        parts = partition(base, train_y, seed, train_domain, domain_ids, client_names)
     rng = np.random.default_rng([seed, SPLIT_STREAM])
     splits = [split_train_test(idx, cfg.test_fraction, rng) for idx in parts]
+    eval_sample = None
+    if cfg.pseudo_base_clients is not None:
+        source = PseudoClients(train_x, train_y, [tr for tr, _ in splits], [te for _, te in splits], cfg.num_clients,
+                               seed)
+        splits = []
+    if source is not None:
+        eval_sample = np.sort(np.random.default_rng([seed, EVAL_SAMPLE_STREAM]).choice(
+            cfg.num_clients, size=min(cfg.eval_clients, cfg.num_clients), replace=False)).astype(np.int64)
     return FederatedData(
         dataset=raw.name,
         train_x=train_x,
@@ -271,9 +341,11 @@ def build_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
         domains=domains,
         train_domain=train_domain,
         test_domain=test_domain,
-        client_domain=_client_domains(parts, train_domain),
+        client_domain=None if source is not None else _client_domains(parts, train_domain),
         val_x=val_x,
         val_y=val_y,
+        source=source,
+        eval_sample=eval_sample,
     )
 
 

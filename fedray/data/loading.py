@@ -13,6 +13,19 @@ from fedray.data.synthetic import make_synthetic
 from fedray.errors import DataError
 
 
+#: The synthetic training split of an ``on_demand`` run: fixed, however many clients it registers
+ON_DEMAND_SYNTHETIC = 20_000
+
+
+def synthetic_train_default(cfg: DataConfig) -> int:
+    """``data.synthetic_train_samples``' default: 60 images a client, at least 2,000; with clients made on demand,
+    of the base clients (pseudo-clients) or a fixed 20,000 (``on_demand``): the data does not grow with the clients
+    registered."""
+    if cfg.partition == "on_demand":
+        return ON_DEMAND_SYNTHETIC
+    return max(2000, 60 * (cfg.pseudo_base_clients or cfg.num_clients))
+
+
 def load_domains(cfg: DataConfig) -> DomainDataset:
     """Load the run's domains (``cfg.all_domains()``) of the multi-domain ``cfg.dataset``."""
     if cfg.dataset == "fmnist_domains":
@@ -29,7 +42,7 @@ def load_dataset(cfg: DataConfig, seed: int) -> RawDataset:
     if is_multi_domain(cfg.dataset):
         return load_domains(cfg).pooled(cfg.client_domains())
     if cfg.dataset == "synthetic":
-        num_train = cfg.synthetic_train_samples or max(2000, 60 * cfg.num_clients)
+        num_train = cfg.synthetic_train_samples or synthetic_train_default(cfg)
         return make_synthetic(
             num_train,
             cfg.synthetic_test_samples,

@@ -14,7 +14,8 @@ from fedray.config import ExperimentConfig
 from fedray.load import load_config
 from fedray.errors import ConfigError
 from fedray.learning.robust import VALUE_RULES
-from fedray.methods.api import Algorithm, CacheParams, ClientContext, ClientResult, DataSpec, ServerContext
+from fedray.methods.api import (Algorithm, CacheParams, ClientContext, ClientResult, DataSpec, PersonalisedAlgorithm,
+                               ServerContext)
 from fedray.models import MODEL_NAMES
 
 
@@ -143,6 +144,8 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
     ``robust_means``) against the run's config: the one place where the modes a method supports are checked."""
     mode = cfg.federation.mode
     stale = schedule_class(mode).stale  # the schedule steps over uploads trained from older models
+    if cfg.data.on_demand:
+        _check_on_demand(method, params, cfg)
     if stale and not method.asynchronous:
         able = ", ".join(n for n, c in sorted(ALGORITHMS.items()) if c.asynchronous and c.__module__.startswith(
             "fedray."))
@@ -196,6 +199,21 @@ def check_declarations(method: type[Algorithm], params: BaseModel, cfg: "Experim
 def algorithm_params(cfg: "ExperimentConfig") -> BaseModel:
     """The parsed ``algorithm.*`` of ``cfg``, checked as :func:`resolve_experiment` checks it."""
     return resolve_experiment(cfg).params
+
+
+def _check_on_demand(method: type[Algorithm], params: BaseModel, cfg: "ExperimentConfig") -> None:
+    """What clients made on demand do not give yet (each would read every registered client's data or keep a state
+    for every one): refused in one line naming the key, before any work."""
+    key = "data.partition" if cfg.data.partition == "on_demand" else "data.pseudo_base_clients"
+    if issubclass(method, PersonalisedAlgorithm):
+        raise ConfigError(key, f"'{method.name}' keeps a personal model for every client, which clients made on "
+                          "demand do not hold yet; use an eager partition")
+    if method.sends_label_counts(params):
+        raise ConfigError(key, f"'{method.name}' with these parameters reads every client's label counts at "
+                          "set-up, which would make every client; use an eager partition")
+    if cfg.privacy.mia_samples:
+        raise ConfigError("privacy.mia_samples", "the audit's members are drawn from every client's examples, "
+                          "which would make every client; set it 0 with clients made on demand")
 
 
 def validate_experiment(cfg: "ExperimentConfig") -> "ExperimentConfig":

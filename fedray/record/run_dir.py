@@ -272,8 +272,8 @@ def write_run_outputs(out: Path, cfg: "ExperimentConfig", data: "FederatedData",
     torch.save(weights, out / MODEL_FILE)
     title = f"{cfg.name}: {cfg.algorithm.name} on {cfg.data.dataset}"
     plot_learning_curve(history, out / CURVES_FILE, title=title)
-    plot_partition(data, out / PARTITION_FILE,
-                   title=f"{cfg.data.dataset}, {partition_label(cfg.data)}")
+    if not data.on_demand:  # made on demand, drawing every client's label mix would make every client
+        plot_partition(data, out / PARTITION_FILE, title=f"{cfg.data.dataset}, {partition_label(cfg.data)}")
     write_history(out / HISTORY_FILE, history)
     if client_history is not None:
         client_history.finish(out / CLIENT_HISTORY_FILE, list(evaluated or []))

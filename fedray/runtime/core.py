@@ -116,6 +116,9 @@ class ClientWorkerCore:
         self._eval_models: dict[str, torch.nn.Module] = {}  # per architecture, apart from the modules clients train in
         self.server_x = None  # only methods whose clients hold the server data's images get them
         # a diagnostic's every-client images (never a method's): the worker's shared copy of the training split
+        if self.algo.wants_pooled_images() and data.on_demand:
+            raise RunFailure(f"data.partition: {cfg.algorithm.name} draws from every client's images (a simulation-"
+                             "only contrast), which would make every client made on demand; use an eager partition")
         self.pooled = PooledImages(data.train_x, data.client_train) if self.algo.wants_pooled_images() else None
         if self.algo.clients_hold_server_images and data.server is not None:
             self.server_x = torch.from_numpy(np.array(data.server.x)).to(device)
@@ -222,8 +225,7 @@ class ClientWorkerCore:
         return out
 
     def _context(self, round_: int, client_id: int, state: ClientState | None) -> tuple[ClientContext, ClientState | None]:
-        idx = self.data.client_train[client_id]
-        x, y = self.data.train_x[idx], self.data.train_y[idx]
+        x, y = self.data.client_data(client_id)
         if self.attack is not None:  # alone or batched, every client's context is made here: one poisoning
             x, y = self.attack.data(client_id, x, y)
         if state is None:

@@ -33,6 +33,11 @@ def diagnostic_probe(data: FederatedData, algo: Algorithm, seed: int, device: to
     n = algo.probe_size()
     if n <= 0 and not algo.wants_reader():
         return None
+    if data.on_demand:
+        from fedray.errors import RunFailure
+
+        raise RunFailure(f"data.partition: {algo.name}'s diagnostics read every client's images, which would make "
+                         "every client made on demand; turn its diagnostics off or use an eager partition")
     rng = np.random.default_rng(derive_seed(seed, "diagnostic-probe"))
     spec = algo.spec
 

@@ -93,3 +93,26 @@ def test_pseudo_clients_keep_their_base_clients_labels_under_their_own_seeded_wa
     still = PseudoClients(x, y, base_train, base_test, num_clients=4, seed=5, max_rotation=0, max_scale=0,
                           max_shear=0, max_shift=0)
     assert np.array_equal(still.client(2).train_x, x[:30])
+
+
+def test_a_run_makes_the_clients_it_samples_and_evaluates_and_nothing_more():
+    """1,000 clients made on demand, 5 a round for 3 rounds, the per-client figures over 20: 35 derivations, none
+    before round 1; the per-client figures are over the run's sample; the digest names the split (the same build
+    twice, not another seed); pseudo-clients run too."""
+    from fedray.data import build_federated_data
+    from fedray.evaluation import EvalIndex
+    from fedray.simulation import run_experiment
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config(data__partition="on_demand", data__num_clients=1000, federation__clients_per_round=5,
+                      federation__rounds=3, data__eval_clients=20)
+    data = build_federated_data(cfg.data, cfg.seed)
+    assert data.source.derivations == 0 and data.client_train == [] and len(data.client_sizes()) == 1000
+    history = run_experiment(cfg, progress=False, data=data).history
+    assert data.source.derivations == 3 * 5 + 20 and "eval/amp" in history[-1]
+    assert EvalIndex(data).clients.tolist() == data.eval_sample.tolist() and len(data.eval_sample) == 20
+    assert data.partition_digest() == build_federated_data(cfg.data, cfg.seed).partition_digest()
+    assert data.partition_digest() != build_federated_data(cfg.data, cfg.seed + 1).partition_digest()
+    pseudo = tiny_config(data__pseudo_base_clients=3, data__num_clients=500, federation__rounds=1,
+                         data__eval_clients=10)
+    assert run_experiment(pseudo, progress=False).history[-1]["eval/accuracy"] >= 0
