@@ -44,10 +44,11 @@ run: install data
 	$(BIN)/fedray run dafkd_fmnist federation.rounds=30 --output-dir runs/make_run/dafkd
 	$(BIN)/fedray report runs/make_run/fedavg runs/make_run/dafkd --target 0.6 --plot runs/make_run/curves.png
 
-# Two test processes (pytest-xdist): much of the suite waits on Ray, subprocesses and sweeps rather than computing,
-# so two share this 2-core machine well. Work stealing with the slow tests first (tests/conftest.py) keeps both
+# Three test processes (pytest-xdist): much of the suite waits on Ray, subprocesses and sweeps rather than computing
+# (with two, the 2-core machine was busy 1.2 cores on average): the suite took 509 s with three, 559 s with two and
+# 548 s with four on this 2-core Intel Xeon. Work stealing with the slow tests first (tests/conftest.py) keeps them
 # busy to the end. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
