@@ -116,3 +116,21 @@ def test_a_run_makes_the_clients_it_samples_and_evaluates_and_nothing_more():
     pseudo = tiny_config(data__pseudo_base_clients=3, data__num_clients=500, federation__rounds=1,
                          data__eval_clients=10)
     assert run_experiment(pseudo, progress=False).history[-1]["eval/accuracy"] >= 0
+
+
+@pytest.mark.ray
+def test_on_ray_and_after_a_resume_clients_made_on_demand_give_the_in_process_figures(ray_local, tmp_path):
+    """100,000 clients made on demand: on Ray's workers (the server in an actor), stopped after round 2 and resumed
+    there, every figure is the in-process run's: each client's data is made the same wherever and whenever."""
+    from fedray.simulation import run_experiment
+    from tests.conftest import tiny_config
+    from tests.test_every_method import CrashAfter, _Crash, _figures
+
+    base = dict(data__partition="on_demand", data__num_clients=100_000, federation__clients_per_round=6,
+                federation__rounds=3, data__eval_clients=30, runtime__checkpoint_every=1)
+    here = run_experiment(tiny_config(**base), progress=False).history
+    on_ray = tiny_config(**base, runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
+    with pytest.raises(_Crash):
+        run_experiment(on_ray, tmp_path / "run", progress=False, hooks=[CrashAfter(2)])
+    resumed = run_experiment(on_ray, tmp_path / "run", progress=False, resume_from=tmp_path / "run").history
+    assert _figures(resumed) == _figures(here) and here[-1]["eval/amp"] > 0
