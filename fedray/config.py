@@ -281,6 +281,12 @@ class RuntimeConfig(_Strict):
         default=None, ge=0, description="write a checkpoint every N rounds (0: never); default every round "
         "up to 100 rounds, else every rounds/100"
     )
+    client_state_memory: int | None = Field(
+        default=None, ge=1, description="in process: at most this many clients' states (and channel states) in "
+        "memory, the least recently used of the others on disk (fedray/runtime/client_store.py); null: all in memory. "
+        "On Ray, Ray's object store spills them beyond its memory")
+    client_state_dir: str | None = Field(default=None, description="client_state_memory: the folder the states "
+                                         "beyond it go to; default a temporary folder of the run's")
     max_client_retries: int = Field(default=2, ge=0, description="reruns of a client whose worker died")
     client_timeout_s: float | None = Field(
         default=None, gt=0, description="drop a client not done this long after its turn on its worker began"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -11,6 +12,7 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import Runtime, RuntimeState, local_device
+from fedray.runtime.client_store import as_dict, client_states
 from fedray.runtime.core import ClientWorkerCore, ServerCore
 from fedray.runtime.process import claim_process, torch_threads
 from fedray.system.protocol import Step
@@ -25,8 +27,10 @@ class LocalRuntime(Runtime):
         self.device = local_device(cfg)
         self._give_back = claim_process(cfg)
         self.threads = torch_threads(cfg)
-        self.client_states: dict[int, Any] = {}  # private client state, never shown to the server
-        self.channel_states: dict[int, Any] = {}  # each client's channel state (stages that keep one per client)
+        # private client state, never shown to the server; each client's channel state (stages that keep one per
+        # client); beyond runtime.client_state_memory of each, on disk
+        self.client_states: MutableMapping[int, Any] = client_states(cfg)
+        self.channel_states: MutableMapping[int, Any] = client_states(cfg, purpose="channel")
         self._work: dict[int, tuple] = {}  # each started client's (version, (upload as sent, state, info, wire))
         self.personalised = self.experiment.method.personalised
         if data is not None:
@@ -82,12 +86,12 @@ class LocalRuntime(Runtime):
 
     def export_state(self) -> RuntimeState:
         server, sent, wire = self.server.export_state()
-        return RuntimeState(server, dict(self.client_states), dict(self.channel_states), sent, wire)
+        return RuntimeState(server, as_dict(self.client_states), as_dict(self.channel_states), sent, wire)
 
     def import_state(self, state: RuntimeState) -> None:
         self.server.import_state(state.server, state.sent, state.server_channel)
-        self.client_states = dict(state.clients)
-        self.channel_states = dict(state.channel)
+        self.client_states = client_states(self.cfg, state.clients)
+        self.channel_states = client_states(self.cfg, state.channel, purpose="channel")
 
     def describe(self) -> str:
         vec = describe_vectorised(self.worker.vectorize, self.worker.vectorize_min)
