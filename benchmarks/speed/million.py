@@ -1,0 +1,159 @@
+"""A million clients on one machine: what a run costs with clients made on demand, at 10,000, 100,000 and 1,000,000
+registered clients and 1,000 a round (issue 70).
+
+    .venv/bin/python benchmarks/speed/million.py [--clients 10000 100000 1000000] [--per-round 1000] [--rounds 3]
+        [--data synthetic fmnist] [--system off on] [--runtimes local ray] [--out benchmarks/results]
+
+Each cell runs in a process of its own (so that its peak memory is its own): ``fedray``'s ``synthetic`` preset with
+``data.partition=on_demand`` (synthetic 1x16x16 images, a fixed base of 20,000; clients of 60 examples on average)
+or Fashion-MNIST pseudo-clients (``data.pseudo_base_clients=1000`` of a Dirichlet alpha = 0.5 partition), LeNet-5,
+10 SGD steps of batch 32, one thread a client worker, ``--per-round`` clients a round for ``--rounds`` rounds,
+evaluated after the last (the global test set and 100 clients' local splits); with ``--system on`` the simulated
+system with a device trace and a 20-interval-a-client availability trace (benchmarks/speed/system_scale.py's), in
+process (``local``) or on Ray with 2 client workers. Per cell: start-up (from the config's loading, after Python's
+imports, to the run's set-up done before round 1: data, runtime, Ray), the peak proportional set size of the process tree (PSS: shared pages counted once,
+sampled every second, Ray's processes included), the mean round time (rounds 2..R: round 1 pays one-off costs), and
+the clients derived in process (the sampled plus the evaluated; on Ray the workers make them). Targets (issue 70): a round at 1,000,000 within 1.1x of the same
+round at 10,000; peak under 4 GB in process without the system, under 6 GB with its availability trace, at most 1 GB
+more on Ray; start-up under 60 s. Writes ``OUT/million.json`` and ``OUT/million.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from system_scale import system_overrides  # noqa: E402
+
+TARGETS = {"round_ratio": 1.1, "peak_local_gb": 4.0, "peak_local_system_gb": 6.0, "ray_extra_gb": 1.0,
+           "startup_s": 60.0}
+
+
+def cell_overrides(clients: int, per_round: int, rounds: int, data: str, system: bool, runtime: str,
+                   traces: Path | None) -> list[str]:
+    out = [f"data.num_clients={clients}", f"federation.clients_per_round={per_round}", f"federation.rounds={rounds}",
+           f"federation.eval_every={rounds}", "federation.local_steps=10", "federation.batch_size=32",
+           "model.name=lenet5", "data.eval_clients=100", "tracking.enabled=false", f"runtime.backend={runtime}"]
+    if data == "synthetic":
+        out += ["data.dataset=synthetic", "data.partition=on_demand", "data.client_size=60"]
+    else:
+        out += ["data.dataset=fashion_mnist", "data.pseudo_base_clients=1000", "data.alpha=0.5",
+                "data.min_samples=2"]
+    if runtime == "ray":
+        out += ["runtime.num_workers=2", "runtime.num_cpus_per_worker=1"]
+    if system and traces is not None:
+        out += system_overrides(traces / "devices.parquet", traces / "online.parquet")
+    return out
+
+
+def run_cell(overrides: list[str]) -> dict:
+    """One cell in this process (``--cell``): its figures as JSON on stdout."""
+    import numpy as np
+    import torch
+
+    from fedray.data import build_federated_data
+    from fedray.load import load_config
+    from fedray.simulation import run_experiment
+    from scale import PssSampler
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    sampler = PssSampler()
+    sampler.start()
+    cfg = load_config("synthetic", overrides)
+    data = build_federated_data(cfg.data, cfg.seed)
+    ends: list[float] = []
+
+    class Marks:  # start-up ends when the run is set up (on_start), then each round's end
+        def on_start(self, cfg, data): ends.append(time.perf_counter() - t0)
+        def on_round(self, row): ends.append(time.perf_counter() - t0)
+        def on_end(self, result): pass
+        def on_error(self, exc): pass
+
+    result = run_experiment(cfg, progress=False, data=data, hooks=[Marks()])
+    sampler.stop()
+    rounds = [row["time/round_s"] for row in result.history]
+    return {"startup_s": ends[0], "round_s": rounds, "mean_round_s": float(np.mean(rounds[1:] or rounds)),
+            "peak_pss_gb": sampler.peak / 2**30, "processes_at_peak": sampler.peak_procs,
+            # on Ray the clients are made in the workers, whose counts this process does not see
+            "derivations": int(data.source.derivations) if cfg.runtime.backend == "local" else None,
+            "eval/accuracy": result.summary.get("eval/accuracy"),
+            "runtime": result.summary.get("runtime")}
+
+
+def markdown(record: dict) -> str:
+    lines = ["# A million clients on one machine", "",
+             f"Recorded {record['date']} on {record['machine']}; command: `{record['command']}`.", "",
+             "| data | system | runtime | registered | start-up (s) | peak PSS (GB) | round (s) | derived |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for c in record["cells"]:
+        r = c["result"]
+        if "error" in r:
+            lines.append(f"| {c['data']} | {c['system']} | {c['runtime']} | {c['clients']:,} | failed: {r['error']} "
+                         "| | | |")
+            continue
+        lines.append(f"| {c['data']} | {c['system']} | {c['runtime']} | {c['clients']:,} | {r['startup_s']:.1f} | "
+                     f"{r['peak_pss_gb']:.2f} | {r['mean_round_s']:.2f} | "
+                     f"{'—' if r['derivations'] is None else format(r['derivations'], ',')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--per-round", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--data", nargs="+", default=["synthetic", "fmnist"], choices=["synthetic", "fmnist"])
+    ap.add_argument("--system", nargs="+", default=["off", "on"], choices=["off", "on"])
+    ap.add_argument("--runtimes", nargs="+", default=["local", "ray"], choices=["local", "ray"])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--cell", nargs="*", help=argparse.SUPPRESS)  # one cell's overrides, run in this process
+    args = ap.parse_args()
+    if args.cell is not None:
+        print(json.dumps(run_cell(args.cell)))
+        return
+    import platform
+
+    from system_scale import write_traces
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cells = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for clients in args.clients:
+            traces = None
+            if "on" in args.system:
+                traces = Path(tmp) / str(clients)
+                traces.mkdir()
+                write_traces(traces, clients, 20)
+            for data in args.data:
+                for system in args.system:
+                    for runtime in args.runtimes:
+                        overrides = cell_overrides(clients, args.per_round, args.rounds, data, system == "on",
+                                                   runtime, traces)
+                        done = subprocess.run([sys.executable, __file__, "--cell", *overrides], capture_output=True,
+                                              text=True)
+                        result = (json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0
+                                  else {"error": done.stderr.strip().splitlines()[-1][:200]})
+                        cells.append({"clients": clients, "data": data, "system": system, "runtime": runtime,
+                                      "result": result})
+                        print(json.dumps(cells[-1]), flush=True)
+    record = {"benchmark": "million", "date": time.strftime("%Y-%m-%d %H:%M"),
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+              "command": "benchmarks/speed/million.py " + " ".join(sys.argv[1:]), "targets": TARGETS,
+              "cells": cells}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "million.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "million.md").write_text(markdown(record))
+    print(markdown(record))
+
+
+if __name__ == "__main__":
+    main()
