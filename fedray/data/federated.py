@@ -192,7 +192,8 @@ class FederatedData:
         two runs on the same split have the same digest, whatever their method; another seed or partition
         gives another. It names the run's data in MLflow (:func:`fedray.record.tracking.dataset_entity`).
         Clients made on demand: a digest of what defines them (the source's kind and parameters, every client's
-        sizes and the training split), each client's data being a function of those and its id."""
+        sizes, the training split's labels and pseudo-clients' base clients), each client's data being a function of
+        those and its id."""
         digest = hashlib.sha256()
         if self.source is not None:
             s = self.source
@@ -201,6 +202,9 @@ class FederatedData:
             digest.update(self.client_sizes().tobytes())
             digest.update(self.client_test_sizes().tobytes())
             digest.update(np.ascontiguousarray(self.train_y).tobytes())
+            for part in (*getattr(s, "base_train", ()), *getattr(s, "base_test", ())):  # pseudo-clients' bases
+                digest.update(np.int64(len(part)).tobytes())
+                digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
             return digest.hexdigest()[:16]
         for part in (*self.client_train, *self.client_test):
             idx = np.ascontiguousarray(part, dtype=np.int64)
