@@ -126,12 +126,15 @@ class Update:
     ``inputs[EXAMPLES]`` the batch's size (the other inputs as they are), so the loss must be the mean over its
     examples of the loss on each alone (a row mean of per-example terms plus terms of the other inputs; a count it
     pairs with the batch's reads ``EXAMPLES``). False (a generator's step against the trained modules): it learns
-    from the examples only through what DP-SGD released, and runs as usual."""
+    from the examples only through what DP-SGD released, and runs as usual. ``paired``: the inputs whose rows pair
+    with the batch's examples, row i with example i (FedGen's generated features of each example's label): a
+    per-example call gets example i's row of each."""
 
     loss: Callable[[torch.nn.ModuleDict, dict[str, torch.Tensor], tuple], LossOut]
     groups: dict[str, OptimSpec]
     trains: Callable[[tuple], set[str]] | None = None
     reads_examples: bool = True
+    paired: tuple[str, ...] = ()
 
 
 @dataclass

@@ -202,7 +202,9 @@ class FedGen(FedAvg):
             weights_only(finish)
         modules = module_dict(self, model=ctx.modules.model)
         plan = StepwiseTraining(modules=modules, start={"model": payload.weights},
-                                updates=[Update(loss, {"model": OptimSpec.of(fed)})], steps=ctx.num_local_steps(),
+                                # G(eps', y_i) pairs with example i (the KL term's target)
+                                updates=[Update(loss, {"model": OptimSpec.of(fed)}, paired=("f_real",))],
+                                steps=ctx.num_local_steps(),
                                 inputs=inputs, finish=finish, batches=batches, paddable=True)
 
         def alone() -> ClientResult:

@@ -163,8 +163,8 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
     private = [dp is not None and u.reads_examples for u in updates]
     if any(private):
         dp.check(modules, [u for u, p in zip(updates, private) if p])
-    examples_calls = [vmap(_examples_call(w), randomness="different") if p else None
-                      for w, p in zip(wrappers, private)]
+    examples_calls = [vmap(_examples_call(w, u.paired), randomness="different") if p else None
+                      for w, u, p in zip(wrappers, updates, private)]
     sums: dict[str, torch.Tensor] = {}
     group_count = step_count = client_steps = 0
     assert len({p.batches is None for p in plans}) == 1, "batched clients give their batches all alike"
@@ -393,22 +393,26 @@ def _mask(n: int, members: list[int]) -> torch.Tensor | None:
     return mask
 
 
-def _examples_call(wrapper: _LossModule):
-    """One client's per-example gradients of the update's loss (DP-SGD): for each row of its ``x``/``y``, the
-    gradient with respect to the moved parameters ``mv`` of the loss on that example alone, ``EXAMPLES`` the batch's
-    size (:class:`~fedray.learning.training.Update`'s ``reads_examples``). (B, ...) per parameter."""
+def _examples_call(wrapper: _LossModule, paired: tuple[str, ...] = ()):
+    """One client's per-example gradients of the update's loss (DP-SGD): for each row of its ``x``/``y`` (and of the
+    ``paired`` inputs), the gradient with respect to the moved parameters ``mv`` of the loss on that example alone,
+    ``EXAMPLES`` the batch's size (:class:`~fedray.learning.training.Update`'s ``reads_examples``). (B, ...) per
+    parameter."""
+    rows = ("x", "y", *paired)
+
     def one_client(mv: dict, fixed: dict, b: dict, inputs: dict):
-        x, y = inputs["x"], inputs["y"]
-        rest = {k: v for k, v in inputs.items() if k not in ("x", "y")}
+        own = {k: inputs[k] for k in rows}
+        rest = {k: v for k, v in inputs.items() if k not in rows}
+        size = inputs["x"].shape[0]
 
         # the buffers are an argument, not captured: a module the loss runs in training (a generator's BatchNorm)
         # updates them in place, which a grad transform allows only on its inputs (this copy is then dropped)
-        def one_example(m: dict, bb: dict, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:
-            ex = {**rest, "x": xi.unsqueeze(0), "y": yi.unsqueeze(0), EXAMPLES: x.shape[0]}
+        def one_example(m: dict, bb: dict, example: dict) -> torch.Tensor:
+            ex = {**rest, **{k: v.unsqueeze(0) for k, v in example.items()}, EXAMPLES: size}
             out = functional_call(wrapper, ({f"modules_.{k}": v for k, v in {**fixed, **m}.items()},
                                             {f"modules_.{k}": v for k, v in bb.items()}), (ex,))
             return split_loss(out)[0]
-        return vmap(grad(one_example), in_dims=(None, None, 0, 0), randomness="different")(mv, b, x, y)
+        return vmap(grad(one_example), in_dims=(None, None, 0), randomness="different")(mv, b, own)
     return one_client
 
 

@@ -328,12 +328,13 @@ def test_poisson_batches_draw_each_example_at_rate_b_over_n_and_amplify_the_acco
     assert sample_accountant(fed, [200, 50], sigma * 0.99, 1e-5, "poisson")(3) > 4.0
 
 
-@pytest.mark.parametrize("case", ["fedavg", "fedkf", "dafkd"])
+@pytest.mark.parametrize("case", ["fedavg", "fedkf", "dafkd", "fedgen"])
 def test_dp_sgd_without_noise_and_a_clip_above_every_norm_is_the_plain_training(case):
     """Every update that reads the examples goes through the per-example path: with sigma 0 and a clip no example
     reaches, its gradient is the batch's, so the run's figures are the plain run's, alone and with the clients
     batched (runtime.vectorize); DaFKD's discriminator step splits its generated rows' share over the examples
-    (``EXAMPLES``), and its generator step and FedKF's run as usual."""
+    (``EXAMPLES``), its generator step and FedKF's run as usual, and FedGen's generated features of each example's
+    label go with their example (``Update.paired``)."""
     from tests.conftest import method_config
 
     plain = run_experiment(method_config(case, federation__rounds=2), progress=False).history
