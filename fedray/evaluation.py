@@ -104,13 +104,15 @@ def personal_attack_success(counts: np.ndarray) -> float:
     return float(np.mean(scored[:, 0] / scored[:, 1])) if len(scored) else math.nan
 
 
-def personal_scores(counts: np.ndarray, loss_sums: np.ndarray) -> ClientScores:
-    """:class:`ClientScores` of a personalised evaluation from the rows of :func:`personal_metrics` (client-id
-    order, every registered client) and each client's summed cross-entropy on its own test split."""
+def personal_scores(counts: np.ndarray, loss_sums: np.ndarray, clients: np.ndarray | None = None) -> ClientScores:
+    """:class:`ClientScores` of a personalised evaluation from the rows of :func:`personal_metrics` (the clients
+    ``clients``, in order: by default every registered client in id order) and each client's summed cross-entropy on
+    its own test split."""
     counts = np.asarray(counts, dtype=np.float64).reshape(-1, 6)
     has = counts[:, 1] > 0
     own = counts[has]
-    return ClientScores(client=np.flatnonzero(has), correct=own[:, 0], samples=own[:, 1].astype(np.int64),
+    ids = np.arange(len(counts)) if clients is None else np.asarray(clients, dtype=np.int64)
+    return ClientScores(client=ids[np.flatnonzero(has)], correct=own[:, 0], samples=own[:, 1].astype(np.int64),
                         loss_sum=np.asarray(loss_sums, dtype=np.float64)[has], global_correct=own[:, 2],
                         global_samples=own[:, 3], val_correct=own[:, 4], val_samples=own[:, 5])
 

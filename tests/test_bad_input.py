@@ -17,7 +17,6 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="asking for a GPU 
 CASES = [
     # (extra argv for `run`, or a full argv starting with a command), key, a fragment of the message
     (["data.alpha=0"], "data.alpha", "greater than 0"),
-    (["data.partition=on_demand", "algorithm.name=fedcd"], "data.partition", "a personal model for every client"),
     (["data.partition=on_demand", "privacy.mia_samples=10"], "privacy.mia_samples", "would make every client"),
     (["data.pseudo_base_clients=9"], "data.pseudo_base_clients", "allowed: 1..data.num_clients"),
     (["data.pseudo_base_clients=2", "data.partition=on_demand"], "data.pseudo_base_clients", "use dirichlet"),

@@ -14,8 +14,7 @@ from fedray.config import ExperimentConfig
 from fedray.load import load_config
 from fedray.errors import ConfigError
 from fedray.learning.robust import VALUE_RULES
-from fedray.methods.api import (Algorithm, CacheParams, ClientContext, ClientResult, DataSpec, PersonalisedAlgorithm,
-                               ServerContext)
+from fedray.methods.api import Algorithm, CacheParams, ClientContext, ClientResult, DataSpec, ServerContext
 from fedray.models import MODEL_NAMES
 
 
@@ -205,9 +204,6 @@ def _check_on_demand(method: type[Algorithm], params: BaseModel, cfg: "Experimen
     """What clients made on demand do not give yet (each would read every registered client's data or keep a state
     for every one): refused in one line naming the key, before any work."""
     key = "data.partition" if cfg.data.partition == "on_demand" else "data.pseudo_base_clients"
-    if issubclass(method, PersonalisedAlgorithm):
-        raise ConfigError(key, f"'{method.name}' keeps a personal model for every client, which clients made on "
-                          "demand do not hold yet; use an eager partition")
     if method.sends_label_counts(params):
         raise ConfigError(key, f"'{method.name}' with these parameters reads every client's label counts at "
                           "set-up, which would make every client; use an eager partition")

@@ -71,10 +71,10 @@ class LocalRuntime(Runtime):
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
-            cids = list(range(self.num_clients))
+            cids = [int(c) for c in self.worker.data.evaluated_clients()]  # every client, or the run's sample
             rows = self.worker.evaluate_clients(cids, [self.client_states.get(c) for c in cids])
-            self._client_rows = client_table(self.worker.cfg, rows)
-            metrics, self._client_scores = personal_evaluation(rows, self.cfg.adversary.attack == "backdoor")
+            self._client_rows = client_table(self.worker.cfg, rows, cids)
+            metrics, self._client_scores = personal_evaluation(rows, self.cfg.adversary.attack == "backdoor", cids)
             return metrics
         metrics, self._client_scores = self.server.evaluation()
         return metrics

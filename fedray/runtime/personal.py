@@ -18,9 +18,11 @@ COUNTS = 6
 ROW = COUNTS + 5
 
 
-def personal_evaluation(rows: list[tuple], backdoor: bool = False) -> tuple[dict[str, float], ClientScores]:
-    """``eval/*`` and the per-client figures from every client's :meth:`ClientWorkerCore.evaluate_clients` row
-    (client-id order); with ``backdoor`` (``adversary.attack=backdoor``) ``eval/attack_success`` too."""
+def personal_evaluation(rows: list[tuple], backdoor: bool = False,
+                        clients: list[int] | None = None) -> tuple[dict[str, float], ClientScores]:
+    """``eval/*`` and the per-client figures from the evaluated clients' :meth:`ClientWorkerCore.evaluate_clients`
+    rows (``clients``, in order; by default every client in id order); with ``backdoor``
+    (``adversary.attack=backdoor``) ``eval/attack_success`` too."""
     table = np.array(rows, dtype=np.float64).reshape(-1, ROW)
     metrics = personal_metrics(table[:, :COUNTS])
     if backdoor:
@@ -28,15 +30,17 @@ def personal_evaluation(rows: list[tuple], backdoor: bool = False) -> tuple[dict
     pairs = table[:, COUNTS + 4].sum()
     if pairs > 0:  # the audit of the clients' own models, pooled (fedray.privacy.audit)
         metrics["diag/mia_auc"] = float(table[:, COUNTS + 3].sum() / pairs)
-    return metrics, personal_scores(table[:, :COUNTS], table[:, COUNTS])
+    return metrics, personal_scores(table[:, :COUNTS], table[:, COUNTS], clients)
 
 
-def client_table(cfg: ExperimentConfig, rows: list[tuple]) -> list[dict]:
-    """Per-client figures of a personalised evaluation (``clients.json``), rows in client-id order."""
+def client_table(cfg: ExperimentConfig, rows: list[tuple], clients: list[int] | None = None) -> list[dict]:
+    """Per-client figures of a personalised evaluation (``clients.json``): the rows of ``clients`` (by default every
+    client, in id order)."""
     return [{"client": cid, "architecture": cfg.model.client_architecture(cid), "own_correct": own_c,
              "own_samples": own_n, "own_accuracy": own_c / max(own_n, 1), "global_accuracy": glob_c / max(glob_n, 1),
              **({"val_accuracy": val_c / val_n} if val_n else {})}
-            for cid, (own_c, own_n, glob_c, glob_n, val_c, val_n) in enumerate(row[:COUNTS] for row in rows)]
+            for cid, (own_c, own_n, glob_c, glob_n, val_c, val_n) in zip(
+                range(len(rows)) if clients is None else clients, (row[:COUNTS] for row in rows))]
 
 
 def personal_models(algo: Algorithm, states: dict[int, ClientState]) -> dict[int, Weights]:

@@ -320,9 +320,10 @@ class RayRuntime(Runtime):
 
     def evaluate(self) -> dict[str, float]:
         if self.personalised:
-            rows = self._evaluate_clients(list(range(self.num_clients)))
-            self._client_rows = client_table(self.cfg, rows)
-            metrics, self._client_scores = personal_evaluation(rows, self.cfg.adversary.attack == "backdoor")
+            cids = [int(c) for c in self.eval_index.clients]  # every client, or the run's sample
+            rows = self._evaluate_clients(cids)
+            self._client_rows = client_table(self.cfg, rows, cids)
+            metrics, self._client_scores = personal_evaluation(rows, self.cfg.adversary.attack == "backdoor", cids)
         elif not self.spread_eval:
             metrics, self._client_scores = self.server.call("evaluation")
         else:
