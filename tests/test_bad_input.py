@@ -18,6 +18,8 @@ CASES = [
     # (extra argv for `run`, or a full argv starting with a command), key, a fragment of the message
     (["data.alpha=0"], "data.alpha", "greater than 0"),
     (["data.partition=on_demand", "privacy.mia_samples=10"], "privacy.mia_samples", "would make every client"),
+    (["data.partition=on_demand", "algorithm.name=fedkf", "aggregation.rule=median"], "aggregation.rule",
+     "a vote per registered client"),
     (["data.pseudo_base_clients=9"], "data.pseudo_base_clients", "allowed: 1..data.num_clients"),
     (["data.pseudo_base_clients=2", "data.partition=on_demand"], "data.pseudo_base_clients", "use dirichlet"),
     (["data.alpha=-1"], "data.alpha", "greater than 0"),
