@@ -62,19 +62,22 @@ def _declared(f: dataclasses.Field, inherited: tuple[str, str | None] | None) ->
     return f.metadata.get(WIRE, inherited)
 
 
-def _walk(obj: Any, path: Path, decl: tuple[str, str | None] | None, against_path: Path) -> Iterator[tuple]:
-    """(path, tensor, kind, against field, path below the declared field) of every tensor, depth first."""
+def _walk(obj: Any, path: Path, decl: tuple[str, str | None] | None, against_path: Path,
+          scalars: bool = False) -> Iterator[tuple]:
+    """(path, tensor, kind, against field, path below the declared field) of every tensor, depth first; with
+    ``scalars`` the header's ints too."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         for f in dataclasses.fields(obj):
             own = _declared(f, None)
-            yield from _walk(getattr(obj, f.name), (*path, f.name), own or decl, () if own else (*against_path, f.name))
+            yield from _walk(getattr(obj, f.name), (*path, f.name), own or decl, () if own else (*against_path, f.name),
+                             scalars)
     elif isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _walk(v, (*path, k), decl, (*against_path, k))
+            yield from _walk(v, (*path, k), decl, (*against_path, k), scalars)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
-            yield from _walk(v, (*path, i), decl, (*against_path, i))
-    elif isinstance(obj, torch.Tensor):
+            yield from _walk(v, (*path, i), decl, (*against_path, i), scalars)
+    elif isinstance(obj, torch.Tensor) or (scalars and isinstance(obj, int) and not isinstance(obj, bool)):
         yield path, obj, decl, against_path
 
 
@@ -140,9 +143,22 @@ def _replace(obj: Any, path: Path, at: dict[Path, Any]) -> Any:
     return obj
 
 
+def declared_counts(message: Any) -> list[tuple[Path, Any]]:
+    """(path, value) of every value of a field declared counts (:func:`~fedray.learning.boundary.counts_field`): its
+    integer tensors (label histograms; not booleans) and the header's ints (sample counts), depth first."""
+    return [(path, value) for path, value, decl, _ in _walk(message, (), None, (), scalars=True)
+            if decl is not None and decl[0] == "counts"
+            and not (isinstance(value, torch.Tensor) and (torch.is_floating_point(value) or value.dtype == torch.bool))]
+
+
+def replaced(message: Any, values: dict[Path, Any]) -> Any:
+    """``message`` with the value at each path of ``values`` replaced (the rest shared, not copied)."""
+    return _replace(message, (), values)
+
+
 def join(skeleton: Any, leaves: list[Leaf]) -> Any:
     """The message: the skeleton with each hole filled by its leaf's (decoded) tensor."""
     return _replace(skeleton, (), {leaf.path: leaf.data for leaf in leaves})
 
 
-__all__ = ["Hole", "Leaf", "join", "reference", "split"]
+__all__ = ["Hole", "Leaf", "declared_counts", "join", "reference", "replaced", "split"]

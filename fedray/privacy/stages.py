@@ -10,16 +10,14 @@ per client as McMahan et al., ICLR 2018, DP-FedAvg Alg. 1 does), so its directio
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
 
-from fedray.channel.message import Leaf
+from fedray.channel.message import Leaf, declared_counts, replaced
 from fedray.channel.stages import ORDER, Stage
-from fedray.learning.boundary import WIRE
 from fedray.learning.aggregation import Aggregation, T
 from fedray.learning.robust import as_vector, from_vector
 from fedray.seeding import derive_seed
@@ -105,38 +103,6 @@ class Clip(Stage):
         return leaves, states
 
 
-def _counts(obj: Any, path: tuple = (), counted: bool = False):
-    """(path, tensor) of every integer tensor of a message's fields declared counts (label histograms; booleans and
-    the header's ints are not histograms), depth first."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            declared = f.metadata.get(WIRE)
-            yield from _counts(getattr(obj, f.name), (*path, f.name),
-                               declared[0] == "counts" if declared is not None else counted)
-    elif counted and isinstance(obj, torch.Tensor) and not torch.is_floating_point(obj) and obj.dtype != torch.bool:
-        yield path, obj
-
-
-def _with_counts(obj: Any, path: tuple, noised: dict[tuple, torch.Tensor], counted: bool = False) -> Any:
-    """``obj`` with its histograms replaced by ``noised`` and every int of the header declared counts sent as 1."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {}
-        for f in dataclasses.fields(obj):
-            if not f.init:
-                continue
-            declared = f.metadata.get(WIRE)
-            inner = declared[0] == "counts" if declared is not None else counted
-            value = getattr(obj, f.name)
-            if inner and isinstance(value, int) and not isinstance(value, bool):
-                changes[f.name] = 1  # a sample count: not sent
-            elif (*path, f.name) in noised:
-                changes[f.name] = noised[(*path, f.name)]
-            elif dataclasses.is_dataclass(value):
-                changes[f.name] = _with_counts(value, (*path, f.name), noised, inner)
-        return dataclasses.replace(obj, **changes) if changes else obj
-    return obj
-
-
 def gaussian(shape: tuple[int, ...] | int, std: float, seed: int) -> torch.Tensor:
     """N(0, std^2) float64 draws from their own seeded generator: a function of ``seed`` alone, wherever it runs."""
     gen = torch.Generator().manual_seed(seed % (1 << 63))
@@ -165,7 +131,8 @@ class LocalNoise(Stage):
         self.counts_clip, self.counts_sigma = counts_clip, counts_sigma
 
     def client_message(self, message: Any, key: tuple[int, ...]) -> Any:
-        histograms = list(_counts(message))
+        found = declared_counts(message)
+        histograms = [(path, t) for path, t in found if isinstance(t, torch.Tensor)]
         if histograms and self.counts_sigma is None:
             from fedray.errors import RunFailure
 
@@ -181,7 +148,8 @@ class LocalNoise(Stage):
             noised = {path: next(parts).reshape(t.shape).to(t.dtype) for path, t in histograms}
         else:
             noised = {}
-        return _with_counts(message, (), noised)
+        sample_counts = {path: 1 for path, v in found if not isinstance(v, torch.Tensor)}  # not sent
+        return replaced(message, {**sample_counts, **noised})
 
     def client_encode(self, leaves, states, keys):
         n = len(keys)
