@@ -236,12 +236,8 @@ class EvalIndex:
 
 
 def local_test_set(data: FederatedData, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The local test splits of ``clients``, in order, as one array of images and one of labels: their rows of
-    ``data.train_x``, or made on demand (one derivation a client)."""
-    if not data.on_demand:
-        rows = [np.asarray(data.client_test[int(k)], dtype=np.int64) for k in clients]
-        rows_all = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        return data.train_x[rows_all], data.train_y[rows_all]
+    """The local test splits of ``clients``, in order, as one array of images and one of labels
+    (:meth:`~fedray.data.federated.FederatedData.client_test_data`: made on demand, one derivation a client)."""
     made = [data.client_test_data(int(k)) for k in clients]
     if not made:
         return data.train_x[:0], data.train_y[:0]

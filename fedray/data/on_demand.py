@@ -11,7 +11,8 @@ whichever order it is derived (in process, on Ray's workers, after a resume):
   up front for every client (all sizes from one stream, vectorised: the system's clock and the sampling weights need
   them): ``mean_size`` (default: the base dataset's examples over the registered clients, at least ``min_size``)
   scaled by a log-normal factor of mean 1 and log-std ``size_sigma``, at least ``min_size``. Its local test split is
-  ``test_fraction`` of its draws, rounded as :func:`~fedray.data.partition.split_train_test` rounds.
+  ``test_fraction`` of its draws, rounded as :func:`~fedray.data.partition.split_train_test` rounds (both sizes kept: the only per-client
+  arrays).
 - :class:`PseudoClients` (TensorFlow Federated's EMNIST "infinite" clients, ``tff.simulation.datasets.emnist``'s
   pseudo-clients): N clients made from the K clients of an eager partition of a real dataset; client k is base client
   k mod K with every image of it moved by the same seeded affine warp (a rotation, a scale, a shear and a translation
@@ -47,13 +48,6 @@ class ClientData:
     test_y: np.ndarray
 
 
-def _test_count(n: int, test_fraction: float) -> int:
-    """The local test examples of a client of ``n``: at least 1 when it has 2 or more, at most n - 1."""
-    if n < 2:
-        return 0
-    return min(n - 1, max(1, int(round(n * test_fraction))))
-
-
 @dataclass
 class SampledClients:
     """The ``on_demand`` partition (module docstring): ``num_clients`` clients over ``base_x`` / ``base_y``."""
@@ -69,6 +63,7 @@ class SampledClients:
     size_sigma: float = 0.5
     min_size: int = 2
     sizes: np.ndarray = field(init=False)  # int32 (K,): each client's examples, train and test
+    tests: np.ndarray = field(init=False)  # int32 (K,): of them, its local test examples
     derivations: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -77,17 +72,20 @@ class SampledClients:
         # log-normal with mean 1: exp(N(-s^2/2, s^2)), so the sizes average to the base's mean client size
         factor = np.exp(rng.normal(-self.size_sigma ** 2 / 2, self.size_sigma, self.num_clients))
         self.sizes = np.maximum(self.min_size, np.rint(mean * factor)).astype(np.int32)
+        # split_train_test's rounding: at least 1 of 2 or more, at most n - 1
+        n = self.sizes.astype(np.int64)
+        self.tests = np.where(n < 2, 0, np.minimum(n - 1, np.maximum(1, np.rint(n * self.test_fraction)))
+                              ).astype(np.int32)
         order = np.argsort(self.base_y, kind="stable")
         bounds = np.searchsorted(self.base_y[order], np.arange(self.num_classes + 1))
         self._pools = [order[bounds[c] : bounds[c + 1]] for c in range(self.num_classes)]
         self._present = np.array([len(p) > 0 for p in self._pools])
 
     def train_sizes(self) -> np.ndarray:
-        return self.sizes - self.test_sizes()
+        return self.sizes - self.tests
 
     def test_sizes(self) -> np.ndarray:
-        n = self.sizes.astype(np.int64)
-        return np.where(n < 2, 0, np.minimum(n - 1, np.maximum(1, np.rint(n * self.test_fraction)))).astype(np.int32)
+        return self.tests
 
     def indices(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Client ``k``'s (train, test) rows of the base dataset, from (seed, k) alone."""
@@ -102,7 +100,7 @@ class SampledClients:
         for c in np.unique(labels):
             at = labels == c
             rows[at] = self._pools[c][rng.integers(0, len(self._pools[c]), int(at.sum()))]
-        t = _test_count(n, self.test_fraction)
+        t = int(self.tests[k])
         return rows[: n - t], rows[n - t :]
 
     def client(self, k: int) -> ClientData:

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.func import functional_call, grad, vmap
 
 from fedray.errors import RunFailure
+from fedray.learning.training import EXAMPLES, split_loss
 
 
 @dataclass
@@ -52,7 +54,6 @@ class DPSGD:
     generators: dict[int, torch.Generator]
     denominators: dict[int, float] | None = None  # None: each batch's own size
     method: str = ""
-    _checked: set = field(default_factory=set)
 
     @classmethod
     def of(cls, cfg: Any, ctxs: list[Any]) -> "DPSGD":
@@ -95,6 +96,30 @@ class DPSGD:
         return out
 
 
+def per_example_gradients(wrapper: torch.nn.Module, paired: tuple[str, ...] = ()):
+    """One client's per-example gradients of an update's loss (``wrapper``: the engine's module of the loss, its
+    modules under ``modules_``, called with the step's inputs): for each row of its ``x``/``y`` (and of the
+    ``paired`` inputs), the gradient with respect to the moved parameters ``mv`` of the loss on that example alone,
+    ``EXAMPLES`` the batch's size (:class:`~fedray.learning.training.Update`'s ``reads_examples``). (B, ...) per
+    parameter."""
+    rows = ("x", "y", *paired)
+
+    def one_client(mv: dict, fixed: dict, b: dict, inputs: dict):
+        own = {k: inputs[k] for k in rows}
+        rest = {k: v for k, v in inputs.items() if k not in rows}
+        size = inputs["x"].shape[0]
+
+        # the buffers are an argument, not captured: a module the loss runs in training (a generator's BatchNorm)
+        # updates them in place, which a grad transform allows only on its inputs (this copy is then dropped)
+        def one_example(m: dict, bb: dict, example: dict) -> torch.Tensor:
+            ex = {**rest, **{k: v.unsqueeze(0) for k, v in example.items()}, EXAMPLES: size}
+            out = functional_call(wrapper, ({f"modules_.{k}": v for k, v in {**fixed, **m}.items()},
+                                            {f"modules_.{k}": v for k, v in bb.items()}), (ex,))
+            return split_loss(out)[0]
+        return vmap(grad(one_example), in_dims=(None, None, 0), randomness="different")(mv, b, own)
+    return one_client
+
+
 def has_batch_norm(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
@@ -135,17 +160,14 @@ def sample_noise_for(fed: Any, sizes: list[int], delta: float, batches: str, tar
     """The smallest sigma_s whose sample-level epsilon (:func:`sample_accountant`) after ``rounds`` rounds is within
     ``target``: dp-accounting's ``calibrate_dp_mechanism`` on the worst client's composition (each client of the
     accountant's frontier calibrated, the largest sigma kept)."""
-    from dp_accounting import calibrate_dp_mechanism, dp_event
+    from dp_accounting import calibrate_dp_mechanism
     from dp_accounting.mechanism_calibration import LowerEndpointAndGuess
     from dp_accounting.rdp import rdp_privacy_accountant
 
-    def event(sigma: float, q: float, t: int):
-        one = dp_event.GaussianDpEvent(sigma)
-        return dp_event.SelfComposedDpEvent(one if q >= 1 else dp_event.PoissonSampledDpEvent(q, one), rounds * t)
-
-    return max(float(calibrate_dp_mechanism(rdp_privacy_accountant.RdpAccountant, functools.partial(event, q=q, t=t),
-                                            target, delta, bracket_interval=LowerEndpointAndGuess(1e-2, 1.0),
-                                            tol=1e-4)) for q, t in _worst_clients(fed, sizes, batches))
+    return max(float(calibrate_dp_mechanism(rdp_privacy_accountant.RdpAccountant,
+                                            lambda sigma, q=q, t=t: _releases(sigma, rounds * t, q), target, delta,
+                                            bracket_interval=LowerEndpointAndGuess(1e-2, 1.0), tol=1e-4))
+               for q, t in _worst_clients(fed, sizes, batches))
 
 
 def sample_epsilon(noise: float, delta: float, releases: int, rate: float = 1.0) -> float:
@@ -160,15 +182,22 @@ def sample_epsilon(noise: float, delta: float, releases: int, rate: float = 1.0)
 
 @functools.lru_cache(maxsize=4096)
 def _sample_epsilon(noise: float, delta: float, releases: int, rate: float) -> float:
-    from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
+
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(_releases(noise, releases, rate))
+    return float(acc.get_epsilon(delta))
+
+
+def _releases(noise: float, releases: int, rate: float):
+    """``releases`` Gaussian releases of multiplier ``noise``, each on a Poisson sample of rate ``rate`` (1: every
+    example), as one dp-accounting event."""
+    from dp_accounting import dp_event
 
     event = dp_event.GaussianDpEvent(noise)
     if rate < 1:
         event = dp_event.PoissonSampledDpEvent(rate, event)
-    acc = rdp_privacy_accountant.RdpAccountant()
-    acc.compose(dp_event.SelfComposedDpEvent(event, releases))
-    return float(acc.get_epsilon(delta))
+    return dp_event.SelfComposedDpEvent(event, releases)
 
 
-__all__ = ["DPSGD", "batches_per_example", "has_batch_norm", "sample_accountant", "sample_epsilon", "sample_noise_for"]
+__all__ = ["DPSGD", "per_example_gradients", "batches_per_example", "has_batch_norm", "sample_accountant", "sample_epsilon", "sample_noise_for"]

@@ -81,7 +81,7 @@ class LocalRuntime(Runtime):
 
     def global_weights(self):
         if self.personalised:
-            return personal_models(self.worker.algo, self.client_states)
+            return personal_models(self.worker.algo, as_dict(self.client_states))  # a store read once, in place
         return self.server.global_weights()
 
     def export_state(self) -> RuntimeState:

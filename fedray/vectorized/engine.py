@@ -31,23 +31,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, vmap
 
 from fedray.learning.boundary import ClientContext, ClientResult
-from fedray.learning.training import (CLIENT_INPUTS, EXAMPLES, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining,
-                                       Trained, Update, is_weights_only, run_update, split_loss, weights_only)
+from fedray.learning.training import (CLIENT_INPUTS, IGNORE_LABEL, LocalTraining, OptimSpec, StepwiseTraining, Trained,
+                                       Update, is_weights_only, run_update, split_loss, weights_only)
 from fedray.data.federated import to_device
 from fedray.models.base import batch_rows, row_masked_batchnorm
 from fedray.vectorized.phases import Tally, in_phases, reported
 from fedray.vectorized.round_batches import RoundBatches, pad_host_inputs
 from fedray.vectorized.stacked_optimizer import StackedOptimizer
 from fedray.vectorized.step_graph import StepGraph
-
-if TYPE_CHECKING:
-    from fedray.privacy.dpsgd import DPSGD
+from fedray.privacy.dpsgd import DPSGD, per_example_gradients
 
 #: A round of a BatchNorm model and a ``paddable`` loss is padded, its BatchNorm layers masked to the real rows, when
 #: more than this share of its steps would split by batch length: then one vmapped call (and one plain CUDA graph) a
@@ -99,7 +97,7 @@ def _lockstep(plans: list[StepwiseTraining]) -> Iterator[list[tuple[dict, tuple[
         yield [p.inputs(s) if s < p.steps else None for p in plans]
 
 
-def run_alone(ctx: ClientContext, update: Any, cuda_graphs: bool = False, dp: "DPSGD | None" = None) -> ClientResult:
+def run_alone(ctx: ClientContext, update: Any, cuda_graphs: bool = False, dp: DPSGD | None = None) -> ClientResult:
     """One client's update run by itself: a :class:`StepwiseTraining` without a run of its own goes through the
     lockstep engine for this client alone, anything else through :func:`~fedray.learning.training.run_update`.
     With ``dp`` (DP-SGD) every training plan goes through the engine, which alone computes its gradients."""
@@ -111,7 +109,7 @@ def run_alone(ctx: ClientContext, update: Any, cuda_graphs: bool = False, dp: "D
 
 
 def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | StepwiseTraining],
-                     pad: bool = True, cuda_graphs: bool = False, dp: "DPSGD | None" = None) -> list[ClientResult]:
+                     pad: bool = True, cuda_graphs: bool = False, dp: DPSGD | None = None) -> list[ClientResult]:
     """Run ``plans`` (one per client, all of one ``(modules, group)`` and one round) in lockstep; each client's
     ``finish`` is called in order with the modules holding that client's trained weights (a ``weights_only`` one
     with a stand-in holding them on the host: all clients' weights leave the device in one copy). ``pad``: short batches
@@ -134,7 +132,7 @@ def train_vectorized(ctxs: list[ClientContext], plans: list[LocalTraining | Step
 
 
 def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], keeps_optimizer: list[bool], pad: bool,
-                    cuda_graphs: bool, dp: "DPSGD | None" = None) -> tuple[list[Any], Tally]:
+                    cuda_graphs: bool, dp: DPSGD | None = None) -> tuple[list[Any], Tally]:
     """One lockstep of ``plans`` from their starts (see :func:`train_vectorized`): the clients' ``finish`` results,
     and (vmapped calls, steps, steps replayed or None) for :func:`~fedray.vectorized.phases.reported`."""
     modules, device, n = plans[0].modules, ctxs[0].device, len(plans)
@@ -163,7 +161,7 @@ def _lockstep_round(ctxs: list[ClientContext], plans: list[StepwiseTraining], ke
     private = [dp is not None and u.reads_examples for u in updates]
     if any(private):
         dp.check(modules, [u for u, p in zip(updates, private) if p])
-    examples_calls = [vmap(_examples_call(w, u.paired), randomness="different") if p else None
+    examples_calls = [vmap(per_example_gradients(w, u.paired), randomness="different") if p else None
                       for w, u, p in zip(wrappers, updates, private)]
     sums: dict[str, torch.Tensor] = {}
     group_count = step_count = client_steps = 0
@@ -391,29 +389,6 @@ def _mask(n: int, members: list[int]) -> torch.Tensor | None:
     mask = torch.zeros(n, dtype=torch.bool)
     mask[members] = True
     return mask
-
-
-def _examples_call(wrapper: _LossModule, paired: tuple[str, ...] = ()):
-    """One client's per-example gradients of the update's loss (DP-SGD): for each row of its ``x``/``y`` (and of the
-    ``paired`` inputs), the gradient with respect to the moved parameters ``mv`` of the loss on that example alone,
-    ``EXAMPLES`` the batch's size (:class:`~fedray.learning.training.Update`'s ``reads_examples``). (B, ...) per
-    parameter."""
-    rows = ("x", "y", *paired)
-
-    def one_client(mv: dict, fixed: dict, b: dict, inputs: dict):
-        own = {k: inputs[k] for k in rows}
-        rest = {k: v for k, v in inputs.items() if k not in rows}
-        size = inputs["x"].shape[0]
-
-        # the buffers are an argument, not captured: a module the loss runs in training (a generator's BatchNorm)
-        # updates them in place, which a grad transform allows only on its inputs (this copy is then dropped)
-        def one_example(m: dict, bb: dict, example: dict) -> torch.Tensor:
-            ex = {**rest, **{k: v.unsqueeze(0) for k, v in example.items()}, EXAMPLES: size}
-            out = functional_call(wrapper, ({f"modules_.{k}": v for k, v in {**fixed, **m}.items()},
-                                            {f"modules_.{k}": v for k, v in bb.items()}), (ex,))
-            return split_loss(out)[0]
-        return vmap(grad(one_example), in_dims=(None, None, 0), randomness="different")(mv, b, own)
-    return one_client
 
 
 def _client_call(wrapper: _LossModule):
