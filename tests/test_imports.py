@@ -119,7 +119,8 @@ def test_start_up_imports_stay_light():
 def test_the_ray_actors_module_imports_no_torch_at_its_top():
     """A Ray worker process imports ``fedray.runtime.actors`` when it receives an actor's class, before the
     actor's ``__init__`` pauses the garbage collector for torch's, pydantic's and fedray's imports."""
-    assert _loaded_after("ray, fedray.runtime.actors", "torch", "pydantic", "fedray.runtime.core") == []
+    assert _loaded_after("ray, fedray.runtime.actors", "torch", "pydantic", "fedray.runtime.core",
+                         "fedray.runtime.server_core") == []
 
 
 def test_the_command_line_imports_no_torch_before_it_starts_ray():

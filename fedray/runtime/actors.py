@@ -1,7 +1,7 @@
 """The Ray actors of the Ray runtime.
 
 ``ClientWorker`` wraps :class:`~fedray.runtime.core.ClientWorkerCore` and ``ServerActor`` wraps
-:class:`~fedray.runtime.core.ServerCore`: the same code the in-process runtime calls directly. Both are built
+:class:`~fedray.runtime.server_core.ServerCore`: the same code the in-process runtime calls directly. Both are built
 from small arguments and given the dataset afterwards by ``attach`` (see :mod:`fedray.runtime.ray_runtime`).
 
 This module imports neither torch nor the rest of fedray at its top, and the actors' methods name nothing
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 
     from fedray.data.federated import FederatedData
     from fedray.methods import Experiment
-    from fedray.runtime.core import ClientWorkerCore, ServerCore
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
 
 
 class WorkerNotAttached(RuntimeError):
@@ -125,7 +126,7 @@ class ServerActor:
 
     def attach(self, data: FederatedData) -> tuple[int, str]:
         if self.core is None:
-            from fedray.runtime.core import ServerCore
+            from fedray.runtime.server_core import ServerCore
 
             self.core = ServerCore(self.experiment, data, _actor_device())
         return self.ready()

@@ -13,7 +13,8 @@ from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import Runtime, RuntimeState, local_device
 from fedray.runtime.client_store import as_dict, client_states
-from fedray.runtime.core import ClientWorkerCore, ServerCore
+from fedray.runtime.core import ClientWorkerCore
+from fedray.runtime.server_core import ServerCore
 from fedray.runtime.process import claim_process, torch_threads
 from fedray.system.protocol import Step
 from fedray.runtime.personal import client_table, personal_evaluation, personal_models

@@ -56,7 +56,8 @@ from fedray.runtime.base import Runtime, RuntimeState
 from fedray.runtime.actors import EVAL_CHUNK, WORKER_ERRORS, ClientWorker, actor_spec
 from fedray.runtime import tensor_wire
 from fedray.runtime.ray_start import start_ray
-from fedray.runtime.core import data_spec, experiment_channel, report_eval
+from fedray.runtime.core import data_spec, experiment_channel
+from fedray.runtime.server_core import report_eval
 from fedray.runtime.personal import client_table, personal_evaluation, personal_models
 from fedray.runtime.placement import client_costs, deal, eval_tasks, plan_pool
 from fedray.runtime.server_host import ActorServer, DriverServer, server_in_driver

@@ -1,6 +1,6 @@
 """Where the Ray runtime's server runs: a ``ServerActor`` of its own, or the driver's process.
 
-Both hold the same :class:`~fedray.runtime.core.ServerCore` (the in-process runtime's), so a run's figures do
+Both hold the same :class:`~fedray.runtime.server_core.ServerCore` (the in-process runtime's), so a run's figures do
 not depend on the choice (``runtime.server_in_driver``; ``tests/runtime/test_runtimes.py`` checks).
 
 - :class:`ActorServer`: a ``ServerActor`` with the resources ``runtime.server_num_cpus`` / ``server_num_gpus``
@@ -133,7 +133,7 @@ class DriverServer:
     def attach(self, data_ref: ray.ObjectRef, data: FederatedData) -> None:
         import torch
 
-        from fedray.runtime.core import ServerCore
+        from fedray.runtime.server_core import ServerCore
 
         if self.core is None:
             self.core = ServerCore(self.experiment, data, torch.device("cpu"))

@@ -15,7 +15,8 @@ from fedray.errors import ConfigError
 from fedray.evaluation import EvalIndex, Evaluator, personal_attack_success
 from fedray.methods import validate_experiment
 from fedray.runtime import make_runtime
-from fedray.runtime.core import ClientWorkerCore, ServerCore
+from fedray.runtime.core import ClientWorkerCore
+from fedray.runtime.server_core import ServerCore
 from fedray.runtime.personal import COUNTS, personal_evaluation
 from fedray.runtime.server_inputs import client_label_counts
 from fedray.seeding import sample_clients

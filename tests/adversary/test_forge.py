@@ -98,7 +98,7 @@ def test_a_forged_histogram_reaches_a_server_that_reads_the_set_up_counts():
     """DaFKD's Theorem 1 weights read every client's label counts, sent once before round 1: the malicious
     client's row is its total on the target, the others as counted; its uploads (no histogram) go as they are."""
     from fedray.data import build_federated_data
-    from fedray.runtime.core import ServerCore
+    from fedray.runtime.server_core import ServerCore
     from fedray.runtime.server_inputs import client_label_counts
     from tests.conftest import DAFKD_TINY
     from fedray.methods import validate_experiment
