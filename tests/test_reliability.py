@@ -558,7 +558,7 @@ def test_a_two_node_cluster_gives_the_local_figures_even_when_a_node_goes(caplog
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_is_finite_finds_a_single_bad_value_in_any_float_tensor_of_an_upload(dtype, bad):
     from fedray.methods.fedavg import ModelUpload
-    from fedray.runtime.core import is_finite
+    from fedray.runtime.server_core import is_finite
 
     weights = {"a": torch.ones(3, 4, dtype=dtype), "b": torch.zeros(7, dtype=dtype), "n": torch.tensor(2)}
     assert is_finite(ModelUpload(weights=weights, num_samples=5))

@@ -25,7 +25,8 @@ from fedd3a_fmnist_domains import make_config
 def main(argv: list[str] | None = None) -> None:
     from fedray.learning.proxy_distill import teacher_logits
     from fedray.data import build_federated_data
-    from fedray.runtime.core import ClientWorkerCore, ServerCore
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)

@@ -44,7 +44,7 @@ from fedray.load import load_config  # noqa: E402
 from fedray.data import build_federated_data  # noqa: E402
 from fedray.runtime import make_runtime  # noqa: E402
 from fedray.vectorized import engine as vectorized  # noqa: E402
-from fedray.runtime.core import ServerCore  # noqa: E402
+from fedray.runtime.server_core import ServerCore  # noqa: E402
 from fedray.seeding import sample_clients  # noqa: E402
 
 STEP = "host_ops/step"

@@ -41,7 +41,7 @@ from fedray.methods.dafkd import server as dafkd_server
 from fedray.methods.dafkd import DaFKD
 from fedray.learning.distill import KDSteps
 from fedray.load import load_config
-from fedray.runtime.core import ServerCore
+from fedray.runtime.server_core import ServerCore
 from fedray.simulation import RunHooks, run_experiment
 
 from gpu import BASE, WORKLOADS  # noqa: E402  (benchmarks/speed/ is this script's folder, first on sys.path)

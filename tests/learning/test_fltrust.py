@@ -18,7 +18,8 @@ from fedray.learning.robust import FLTrust
 from fedray.learning.training import run_update
 from fedray.methods import ClientContext, register_algorithm, resolve_experiment
 from fedray.methods.fedavg import FedAvg
-from fedray.runtime.core import ClientWorkerCore, ServerCore
+from fedray.runtime.core import ClientWorkerCore
+from fedray.runtime.server_core import ServerCore
 from fedray.seeding import derive_seed
 from fedray.simulation import run_experiment
 from tests.conftest import LEARNABLE, tiny_config

@@ -299,7 +299,8 @@ def test_generated_images_never_enter_batchnorm_running_statistics(gp_weight):
     """After a client update, every BatchNorm layer's running statistics are the momentum average of the
     real batches' statistics alone: the fakes of the discriminator, generator and gradient-penalty steps
     pass through the same extractor but leave them as they are."""
-    from fedray.runtime.core import ClientWorkerCore, ServerCore
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
 
     cfg = dafkd_config(model__name="resnet8_bn", federation__local_steps=3, algorithm__gp_weight=gp_weight)
     data = build_federated_data(cfg.data, cfg.seed)
@@ -334,7 +335,8 @@ def test_generated_images_never_enter_batchnorm_running_statistics(gp_weight):
 def test_gan_trains_only_in_its_first_local_epochs():
     """gan_local_epochs=1 of 3: the generator and discriminator a client uploads are those of a one-epoch
     round (same batches, same noise); only the classifier trains on in epochs 2-3."""
-    from fedray.runtime.core import ClientWorkerCore, ServerCore
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
 
     def upload(**kw):
         cfg = dafkd_config(federation__local_epochs=kw.pop("epochs"), federation__batch_size=50, **kw)

@@ -12,7 +12,8 @@ from fedray.methods.fedavg import ModelState, ModelUpload
 from fedray.methods.fedprox import FedProx
 from fedray.learning.weights import nbytes, weighted_average
 from fedray.data import build_federated_data
-from fedray.runtime.core import ClientWorkerCore, ServerCore
+from fedray.runtime.core import ClientWorkerCore
+from fedray.runtime.server_core import ServerCore
 from tests.conftest import tiny_config
 
 

@@ -14,7 +14,8 @@ from fedray.methods.fedgkd import FedGKD, GKDModules
 from fedray.methods.qffl import QFFL, QFFLUpload, qffl_terms
 from fedray.learning.training import IGNORE_LABEL
 from fedray.data import build_federated_data
-from fedray.runtime.core import ClientWorkerCore, ServerCore
+from fedray.runtime.core import ClientWorkerCore
+from fedray.runtime.server_core import ServerCore
 from fedray.simulation import run_experiment
 from tests.conftest import tiny_config
 

@@ -12,7 +12,7 @@ from tests.conftest import method_config
 
 def _algo(case: str, **overrides):
     from fedray.data import build_federated_data
-    from fedray.runtime.core import ServerCore
+    from fedray.runtime.server_core import ServerCore
 
     cfg = method_config(case, **overrides)
     return ServerCore(cfg, build_federated_data(cfg.data, cfg.seed), torch.device("cpu")).algo
