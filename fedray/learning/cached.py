@@ -27,6 +27,15 @@ overwritten on each new upload, plus one shared copy of w0 and the OCA model: at
 however long the run, growing only with the number of registered clients K. The whole cache is a
 dataclass of tensors, so the checkpoint code saves and restores it like any other server state.
 
+At scale (clients made on demand, or ``runtime.client_state_memory`` set) the OCA model must not cost a pass over
+every filled slot each round, nor every slot live in memory: the cache then keeps a running sum
+sum_k |D_k| w_k over the filled slots (float64), to which each upload adds its term after taking out its slot's
+previous one (read back from the slot), so a round costs O(its uploads); the slots live in a
+:class:`~fedray.learning.store.ClientStore` when ``runtime.client_state_memory`` bounds them (the least recently
+filled on disk). The same line-10 mean, summed in another order (equal to the recomputed mean to float64
+rounding, not bit for bit: the eager modes keep the recomputation); integer buffers are the latest upload's. Only
+the weighted mean is computed this way (a rule that votes per slot is refused with clients made on demand).
+
 With the cache on, each upload also carries its client's id (8 bytes in ``comm/bytes_up``), because
 the server must know whose slot to overwrite; with ``report_model=aca`` FedAvg keeps no cache and its
 uploads, numbers and memory are exactly those of plain FedAvg.
@@ -34,6 +43,7 @@ uploads, numbers and memory are exactly those of plain FedAvg.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,15 +79,21 @@ class ModelCache:
     """
 
     initial: Weights  # w0, the content of a never-filled slot under cache_init=initial
-    slots: dict[int, Weights]  # client id -> its latest uploaded weights
+    slots: MutableMapping[int, Weights]  # client id -> its latest uploaded weights (a dict, or a ClientStore)
     sizes: torch.Tensor  # (K,) int64 sample count of each filled slot, 0 = never filled
     oca: Weights  # the OCA model over the slots (Alg. 1 line 10), recomputed every round
     mode: str = "initial"  # cache_init
+    total: Weights | None = None  # running mode: sum_k |D_k| w_k over the filled slots, float64; None: recomputed
 
 
-def init_cache(w0: Weights, num_clients: int, mode: str = "initial") -> ModelCache:
-    """Round-0 cache: no slot filled yet, OCA = w0 (Alg. 1 line 2: w_hat^0 <- w0)."""
-    return ModelCache(initial=w0, slots={}, sizes=torch.zeros(num_clients, dtype=torch.int64), oca=w0, mode=mode)
+def init_cache(w0: Weights, num_clients: int, mode: str = "initial", running: bool = False,
+               slots: MutableMapping[int, Weights] | None = None) -> ModelCache:
+    """Round-0 cache: no slot filled yet, OCA = w0 (Alg. 1 line 2: w_hat^0 <- w0). ``running``: the OCA model from a
+    running sum (module docstring), the slots in ``slots`` (a dict when None)."""
+    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in w0.items() if torch.is_floating_point(v)}
+    return ModelCache(initial=w0, slots={} if slots is None else slots,
+                      sizes=torch.zeros(num_clients, dtype=torch.int64), oca=w0, mode=mode,
+                      total=total if running else None)
 
 
 def oca_members(cache: ModelCache, votes: bool = False) -> tuple[list[Weights], list[float]]:
@@ -108,8 +124,10 @@ def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights
     cached uploads by the server's ``aggregation`` rule (``ServerContext.aggregation``).
 
     Returns a new cache: the previous one is left untouched (its slot dict and size vector are copied,
-    the weight tensors themselves are shared, never modified).
+    the weight tensors themselves are shared, never modified); a running cache is updated in place.
     """
+    if cache.total is not None:
+        return _update_running(cache, client_ids, weights, sizes)
     slots = dict(cache.slots)
     new_sizes = cache.sizes.clone()
     for cid, w, n in zip(client_ids, weights, sizes):
@@ -124,3 +142,35 @@ def update_cache(cache: ModelCache, client_ids: list[int], weights: list[Weights
     out.oca = aggregation.mean(models, coefs) if models else cache.initial
     aggregation.kept = kept
     return out
+
+
+def _update_running(cache: ModelCache, client_ids: list[int], weights: list[Weights], sizes: list[int]) -> ModelCache:
+    """Line 7 and line 10 in O(the uploads): each upload's slot's old term |D_k| w_k taken out of the running sum
+    and the new one added, then the mean over the filled slots and (``initial``) w0's share of the empty ones."""
+    total = cache.total
+    for cid, w, n in zip(client_ids, weights, sizes):
+        if not 0 <= cid < cache.sizes.numel():
+            raise ValueError(f"upload from client {cid}, but the cache has slots 0..{cache.sizes.numel() - 1}")
+        old = int(cache.sizes[cid])
+        if old:
+            for key, acc in total.items():
+                acc.sub_(cache.slots[cid][key].to(torch.float64), alpha=old)
+        for key, acc in total.items():
+            acc.add_(w[key].to(torch.float64), alpha=int(n))
+        cache.slots[cid] = w
+        cache.sizes[cid] = int(n)
+    filled = int((cache.sizes > 0).sum())
+    mass = float(cache.sizes.sum())
+    empty = int(cache.sizes.numel()) - filled
+    w0_mass = empty * mass / filled if cache.mode == "initial" and filled else 0.0
+    if not filled:
+        return cache
+    oca = {}
+    for key, ref in cache.initial.items():
+        if key not in total:
+            oca[key] = weights[-1][key].clone()  # integer buffers: the latest upload's
+            continue
+        acc = total[key] + ref.to(torch.float64) * w0_mass if w0_mass else total[key]
+        oca[key] = (acc / (mass + w0_mass)).to(ref.dtype)
+    cache.oca = oca
+    return cache

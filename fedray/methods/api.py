@@ -82,6 +82,7 @@ from fedray.learning.data_free import check_generator_batch, diversity_loss, lab
 from fedray.learning.distill import KDSteps, kd_kl, kl_rows, normalised_entropy, soft_targets
 from fedray.learning.ensemble import stacked_outputs
 from fedray.learning.proxy_distill import DistillSettings, distil, run_in_batches, teacher_logits
+from fedray.learning.store import client_states
 from fedray.learning.subspace import projection_cosine, projector, subspace_weights
 from fedray.models import FedModel
 from fedray.models.base import batch_rows, frozen_bn_stats
@@ -173,13 +174,19 @@ class Algorithm(ABC, Generic[Params, Modules]):
         return ("mean",), cls.mean_only_because
 
     @classmethod
+    def caches(cls, params: BaseModel) -> bool:
+        """Whether a run with ``params`` keeps FedKF's T1 cache (:mod:`fedray.learning.cached`): by default a class
+        that declares ``keeps_cache``, when the OCA model is asked for (``report_model=oca``; plain FedAvg stays
+        exactly FedAvg)."""
+        return cls.keeps_cache and getattr(params, "report_model", None) == "oca"
+
+    @classmethod
     def central_noise_refused(cls, params: BaseModel) -> str | None:
         """Why a run with ``params`` cannot take ``privacy.mechanism=central`` (the hook's mean replaced by the
         noised sum of the clipped uploads over a fixed denominator), or None when it can. By default it can when every
         hook call is a mean of models trained from the broadcast model (the rules of updates apply) and no cache of
         uploads outlives the step (the OCA model would average them unnoised)."""
-        if cls.keeps_cache and (getattr(params, "report_model", None) == "oca"
-                                or "norm_bound" not in cls.robust_rules(params)[0]):
+        if cls.caches(params):
             return "its cache's OCA model would average the clipped uploads unnoised"
         if "norm_bound" not in cls.robust_rules(params)[0]:
             return ("its server step reads the uploads beyond one mean of updates (a teacher, per-sample weights, a "
@@ -394,7 +401,7 @@ CONTRACT = ["Algorithm", "CLIENT_INPUTS", "ClientContext", "ClientResult", "Clie
 # What the methods share beyond it: the learning helpers, the models' parts and generators, the data's normalisation.
 SHARED = ["CacheParams", "ConditionalGenerator", "DAFLGenerator", "DCGANGenerator", "DistillSettings",
           "FeatureGenerator", "FedModel", "ImageGenerator", "KDSteps", "ModelCache", "batch_rows",
-          "build_model", "check_generator_batch", "distil", "diversity_loss", "frozen_bn_stats",
+          "build_model", "check_generator_batch", "client_states", "distil", "diversity_loss", "frozen_bn_stats",
           "init_cache", "input_spec", "kd_kl", "kl_rows", "label_counts", "label_shares",
           "normalised_entropy", "optim", "projection_cosine", "projector", "run_in_batches",
           "separate_discriminator", "soft_targets", "stacked_outputs", "subspace_weights", "teacher_logits",

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 
 from fedray.methods.api import (Algorithm, CacheParams, ClientContext, ClientResult, ClientState, LocalTraining,
                                 ModelCache, Payload, ServerContext, ServerState, Trained, Upload, Weights, build_model,
-                                clone_weights, counts_field, init_cache, label_counts, model_field, update_cache,
-                                weights_only)
+                                client_states, clone_weights, counts_field, init_cache, label_counts, model_field,
+                                update_cache, weights_only)
 
 
 @dataclass
@@ -107,16 +107,20 @@ class FedAvg(Algorithm[FedAvgParams, Modules]):
 
     @property
     def uses_cache(self) -> bool:
-        """Keep T1 cache slots: a method that declares ``keeps_cache``, when the OCA model is asked for (plain
-        FedAvg stays exactly FedAvg)."""
-        return self.keeps_cache and self.params.report_model == "oca"
+        """Keep T1 cache slots (:meth:`caches`)."""
+        return type(self).caches(self.params)
 
     def build_modules(self) -> Modules:
         return Modules(model=build_model(self.cfg.model.name, self.spec.input_shape, self.spec.num_classes))
 
     def init_server_state(self, modules: Modules) -> ModelState:
         w0 = clone_weights(modules.model)
-        cache = init_cache(w0, self.spec.num_clients, self.params.cache_init or "initial") if self.uses_cache else None
+        if not self.uses_cache:
+            return ModelState(weights=w0, cache=None)
+        # at scale, the OCA model from a running sum and the slots beyond runtime.client_state_memory on disk
+        running = self.cfg.data.on_demand or self.cfg.runtime.client_state_memory is not None
+        cache = init_cache(w0, self.spec.num_clients, self.params.cache_init or "initial", running,
+                           client_states(self.cfg, purpose="server_cache"))
         return ModelState(weights=w0, cache=cache)
 
     def broadcast(self, state: ModelState, round_: int) -> ModelPayload:

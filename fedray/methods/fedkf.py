@@ -150,8 +150,8 @@ class FedKF(FedAvg):
         return VALUE_RULES, ("its OCA model (the clients' teacher, built every round) averages cached models trained "
                              "from older rounds' models: no one reference for a rule of updates")
 
-    @property
-    def uses_cache(self) -> bool:
+    @classmethod
+    def caches(cls, params: BaseModel) -> bool:
         return True  # the OCA model is the teacher (fedkf) and is always evaluated
 
     # --- modules and state ------------------------------------------------------------------------

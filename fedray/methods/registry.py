@@ -210,7 +210,7 @@ def _check_on_demand(method: type[Algorithm], params: BaseModel, cfg: "Experimen
     if cfg.privacy.mia_samples:
         raise ConfigError("privacy.mia_samples", "the audit's members are drawn from every client's examples, "
                           "which would make every client; set it 0 with clients made on demand")
-    if method.keeps_cache and cfg.aggregation.rule != "mean":
+    if method.caches(params) and cfg.aggregation.rule != "mean":
         raise ConfigError("aggregation.rule", f"{method.name}'s cache gives every registered client's slot one "
                           f"vote under {cfg.aggregation.rule} (the initial model for each never-filled one), a vote per "
                           "registered client with clients made on demand; use aggregation.rule=mean")

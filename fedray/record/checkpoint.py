@@ -24,11 +24,13 @@ import torch
 
 from fedray import __version__
 from fedray.errors import UserError
+from fedray.learning.store import ClientStore
 
 FORMAT = "fedray-checkpoint"
 VERSION = 1
 FILENAME = "checkpoint.pt"
 _DC = "__dataclass__"
+_STORE = "__client_store__"
 
 
 class CheckpointError(UserError):
@@ -41,6 +43,8 @@ def encode(obj: Any) -> Any:
         cls = type(obj)
         return {_DC: f"{cls.__module__}:{cls.__qualname__}",
                 "fields": {f.name: encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}}
+    if isinstance(obj, ClientStore):  # every state, on disk or not, and the bound to rebuild it with
+        return {_STORE: {"bound": obj.bound, "folder": obj.kept_folder(), "states": encode(obj.as_dict())}}
     if isinstance(obj, dict):
         if any(not isinstance(k, (str, int)) for k in obj):
             raise TypeError(f"checkpointed dicts need str or int keys, got {[type(k) for k in obj]}")
@@ -93,6 +97,9 @@ def decode(obj: Any) -> Any:
         if not dataclasses.is_dataclass(cls):
             raise CheckpointError("--resume", f"{obj[_DC]} in the checkpoint is not a state dataclass")
         return cls(**{k: decode(v) for k, v in obj["fields"].items()})
+    if isinstance(obj, dict) and _STORE in obj:
+        kept = obj[_STORE]
+        return ClientStore.holding(kept["bound"], kept["folder"], decode(kept["states"]))
     if isinstance(obj, dict):
         return {k: decode(v) for k, v in obj.items()}
     if isinstance(obj, list):

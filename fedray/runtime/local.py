@@ -12,7 +12,7 @@ from fedray.methods import Experiment, resolve_experiment
 from fedray.config import ExperimentConfig
 from fedray.data.federated import FederatedData
 from fedray.runtime.base import Runtime, RuntimeState, local_device
-from fedray.runtime.client_store import as_dict, client_states
+from fedray.learning.store import as_dict, client_states
 from fedray.runtime.core import ClientWorkerCore
 from fedray.runtime.server_core import ServerCore
 from fedray.runtime.process import claim_process, torch_threads

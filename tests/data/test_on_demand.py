@@ -144,16 +144,33 @@ def test_a_personalised_method_keeps_states_of_the_clients_that_trained_and_scor
 @pytest.mark.ray
 def test_on_ray_and_after_a_resume_clients_made_on_demand_give_the_in_process_figures(ray_local, tmp_path):
     """100,000 clients made on demand: on Ray's workers (the server in an actor), stopped after round 2 and resumed
-    there, every figure is the in-process run's: each client's data is made the same wherever and whenever."""
+    there, every figure is the in-process run's: each client's data is made the same wherever and whenever; the
+    OCA cache's slots (FedAvg's report_model=oca) beyond 2 on disk, in the actor and in the checkpoint alike."""
     from fedray.simulation import run_experiment
     from tests.conftest import tiny_config
     from tests.test_every_method import CrashAfter, _Crash, _figures
 
     base = dict(data__partition="on_demand", data__num_clients=100_000, federation__clients_per_round=6,
-                federation__rounds=3, data__eval_clients=30, runtime__checkpoint_every=1)
+                federation__rounds=3, data__eval_clients=30, runtime__checkpoint_every=1,
+                algorithm__report_model="oca", runtime__client_state_memory=2)
     here = run_experiment(tiny_config(**base), progress=False).history
     on_ray = tiny_config(**base, runtime__backend="ray", runtime__num_workers=2, runtime__server_in_driver=False)
     with pytest.raises(_Crash):
         run_experiment(on_ray, tmp_path / "run", progress=False, hooks=[CrashAfter(2)])
     resumed = run_experiment(on_ray, tmp_path / "run", progress=False, resume_from=tmp_path / "run").history
     assert _figures(resumed) == _figures(here) and here[-1]["eval/amp"] > 0
+    assert here[-1]["server/cache_filled"] == 18 and here[-1]["eval/accuracy_oca"] != here[-1]["eval/accuracy_aca"]
+
+
+def test_only_a_run_that_keeps_the_cache_is_refused_a_rule_that_votes_per_slot():
+    """A vote per registered client's slot is refused with clients made on demand where the cache is kept (FedKF;
+    FedAvg with report_model=oca), not for plain FedAvg, which keeps no cache."""
+    from fedray.errors import ConfigError
+    from fedray.methods import validate_experiment
+    from tests.conftest import tiny_config
+
+    on_demand = dict(data__partition="on_demand", aggregation__rule="median")
+    validate_experiment(tiny_config(**on_demand))
+    for extra in ({"algorithm__report_model": "oca"}, {"algorithm__name": "fedkf"}):
+        with pytest.raises(ConfigError, match="a vote per registered client"):
+            validate_experiment(tiny_config(**on_demand, **extra))

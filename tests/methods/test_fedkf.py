@@ -81,6 +81,35 @@ def test_aca_and_oca_are_the_hand_computed_weighted_means(mode):
     assert len(state2.cache.slots) == 3  # one slot per client, overwritten: no growth with rounds
 
 
+@pytest.mark.parametrize("mode", ["initial", "participated"])
+def test_the_running_cache_at_scale_gives_the_same_means_from_a_store_and_resumes_exactly(mode, tmp_path):
+    """Clients made on demand with runtime.client_state_memory=1: the OCA model from the running sum is the same
+    hand-computed mean (each overwrite takes the slot's old term out), with one slot in memory and the others on
+    disk; a checkpoint holds every slot and rebuilds a store of the same bound, which continues as the live one."""
+    import fedray.record.checkpoint as checkpoint
+    from fedray.learning.store import ClientStore
+
+    cfg = tiny_config(algorithm__report_model="oca", algorithm__cache_init=mode, data__partition="on_demand",
+                      runtime__client_state_memory=1)
+    algo = FedAvg(cfg, SPEC4)
+    state = algo.init_server_state(_scalar_model(0.0))
+    assert isinstance(state.cache.slots, ClientStore) and state.cache.total is not None
+    for r, (ups, oca) in enumerate(zip(SCHEDULE, OCA[mode]), start=1):
+        state, metrics = algo.server_update(state, [_up(*u) for u in ups], _ctx(r))
+        assert _w(state.cache.oca) == pytest.approx(oca, rel=1e-7)  # the mean rounded once to float32
+        assert metrics["server/cache_filled"] == len(state.cache.slots)
+    slots = state.cache.slots
+    assert slots.in_memory() == 1 and slots.writes >= 2 and _w(state.cache.total) == 10 * 1 + 20 * 2 + 30 * 5
+    torch.save(checkpoint.encode(state), tmp_path / "s.pt")
+    back = checkpoint.decode(torch.load(tmp_path / "s.pt", weights_only=True))
+    assert isinstance(back.cache.slots, ClientStore) and back.cache.slots.bound == 1
+    assert {k: _w(v) for k, v in back.cache.slots.items()} == {0: 1.0, 1: 2.0, 2: 5.0}
+    late = [(2, 7.0, 30), (3, 4.0, 40)]  # an overwrite and a first upload
+    live, _ = algo.server_update(state, [_up(*u) for u in late], _ctx(3))
+    resumed, _ = algo.server_update(back, [_up(*u) for u in late], _ctx(3))
+    assert _w(resumed.cache.oca) == _w(live.cache.oca) == pytest.approx((10 + 40 + 30 * 7 + 40 * 4) / 100, rel=1e-7)
+
+
 def test_fedkfs_server_step_is_the_cached_aggregation_checked_above():
     # FedKF aggregates as FedAvg with its cache (ACA / OCA, T1): the hand-computed test above is FedKF's server step
     # for as long as FedKF does not override it

@@ -1,11 +1,13 @@
 """Per-client state beyond a bound kept on disk (``runtime.client_state_memory``, ``runtime.client_state_dir``): the
 in-process runtime's client states and channel states (SCAFFOLD's control variates, FedCD's personal models, DaFKD's
-heads, error-feedback residuals) as a mapping that holds at most ``bound`` of them in memory, the least recently used
-of the others written to a folder, one file a client, and read back when the client is next asked for, as pfl-research
-keeps its clients' state in a store. What it returns is what it was given (``torch.save`` / ``torch.load`` of the
-state, tensors bit for bit); a checkpoint takes every state (:meth:`ClientStore.as_dict`), so a resumed run has them
-all whichever were on disk. On Ray the client states are objects in Ray's object store, which spills them to disk
-itself beyond its memory."""
+heads, error-feedback residuals) and a server's per-client state (the slots of FedKF's cache,
+:mod:`fedray.learning.cached`, in process and in a server actor alike) as a mapping that holds at most ``bound`` of
+them in memory, the least recently used of the others written to a folder, one file a client, and read back when the
+client is next asked for, as pfl-research keeps its clients' state in a store. What it returns is what it was given
+(``torch.save`` / ``torch.load`` of the state, tensors bit for bit); a checkpoint takes every state
+(:meth:`ClientStore.as_dict`; a store inside a server state pickles as all its states, and unpickles as a store of
+the same bound), so a resumed run has them all whichever were on disk. On Ray the client states are objects in Ray's
+object store, which spills them to disk itself beyond its memory."""
 
 from __future__ import annotations
 
@@ -96,6 +98,21 @@ class ClientStore(MutableMapping):
         if self._own:
             shutil.rmtree(self.folder, ignore_errors=True)
 
+    def kept_folder(self) -> str | None:
+        """The folder it was given (None: a temporary one of its own)."""
+        return None if self._own else str(self.folder)
+
+    @classmethod
+    def holding(cls, bound: int, folder: str | Path | None, states: dict[int, Any]) -> "ClientStore":
+        store = cls(bound, folder)
+        for cid, state in states.items():
+            store[cid] = state
+        return store
+
+    def __reduce__(self):
+        # a server state holding a store sent to or from an actor: every state, and a store of the same bound there
+        return ClientStore.holding, (self.bound, self.kept_folder(), self.as_dict())
+
     def __del__(self) -> None:
         try:
             self.close()
@@ -110,10 +127,7 @@ def client_states(cfg: Any, initial: dict[int, Any] | None = None, purpose: str 
     if bound is None:
         return dict(initial or {})
     root = cfg.runtime.client_state_dir
-    store = ClientStore(bound, None if root is None else Path(root) / purpose)
-    for cid, state in (initial or {}).items():
-        store[cid] = state
-    return store
+    return ClientStore.holding(bound, None if root is None else Path(root) / purpose, initial or {})
 
 
 def as_dict(states: MutableMapping) -> dict[int, Any]:

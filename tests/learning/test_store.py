@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fedray.runtime.client_store import ClientStore
+from fedray.learning.store import ClientStore
 
 
 @dataclass
