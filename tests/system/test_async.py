@@ -19,7 +19,7 @@ from fedray.system.fedbuff import FedBuff, staleness_weight
 from tests.conftest import tiny_config
 
 
-def _schedule(tmp_path, speeds, concurrency, buffer, online=None, staleness="none", deadline=None):
+def _schedule(tmp_path, speeds, concurrency, buffer, online=None, staleness="none", deadline=None, **system):
     devices = tmp_path / "devices.csv"
     devices.write_text("client,compute_sps,up_mbps,down_mbps,latency_ms\n"
                        + "".join(f"{c},{s},1000,1000,0\n" for c, s in enumerate(speeds)))
@@ -28,7 +28,7 @@ def _schedule(tmp_path, speeds, concurrency, buffer, online=None, staleness="non
         path = tmp_path / "online.csv"
         path.write_text("client,start_s,end_s\n" + "".join(f"{c},{a},{b}\n" for c, a, b in online))
         extra = {"availability": "trace", "availability_trace": str(path)}
-    cfg = SystemConfig(devices="trace", trace=str(devices), deadline_s=deadline, **extra)
+    cfg = SystemConfig(devices="trace", trace=str(devices), deadline_s=deadline, **extra, **system)
     return FedBuff(SystemClock(cfg, len(speeds), 1, seed=0), concurrency, buffer, staleness)
 
 
@@ -69,6 +69,46 @@ def test_events_follow_the_simulated_clock_and_a_finished_client_is_replaced(tmp
     clients, versions, weights, taus = s.take_buffer()
     assert clients == sorted([first, second]) and versions == [0, 0] and weights == [1.0, 1.0] and taus == [0, 0]
     assert s.version == 1 and _live(s) == [0] and not s.buffer
+
+
+class _Work:
+    """The runtime's side of the protocol for a schedule alone: every client's work 10 samples, nothing sent; each
+    server step's clients noted, its work ``server_samples`` long."""
+
+    def __init__(self, server_samples=0.0):
+        self.server_samples, self.steps, self.dropped = server_samples, [], []
+
+    def start(self, round_, client_ids, version):
+        return [0] * len(client_ids)
+
+    def results(self, client_ids):
+        return [{"work_samples": 10, "bytes_up": 0} for _ in client_ids]
+
+    def drop(self, client_ids):
+        self.dropped += client_ids
+
+    def step(self, round_, client_ids, versions, weights):
+        from fedray.system import Step
+
+        self.steps.append(list(client_ids))
+        return Step([{} for _ in client_ids], {"sim/server_samples": self.server_samples})
+
+
+def test_a_fedbuff_round_by_hand_takes_exactly_buffer_size_uploads_then_the_servers_time(tmp_path):
+    """Speeds 10, 5, 2, 1 samples/s, all four at once, a buffer of 2, the server at 500 samples/s over 1,000: every
+    client starts at 0 s; 0 arrives at 1 s, 1 at 2 s and the buffer is full: the step takes exactly those two (2 and 3
+    still training), then the server works 1000 / 500 = 2 s, so the round ends at 4 s. The next step again takes two
+    uploads and pays the server's 2 s."""
+    s = _schedule(tmp_path, speeds=[10, 5, 2, 1], concurrency=4, buffer=2, server_sps=500.0)
+    work = _Work(server_samples=1000.0)
+    report = s.step(1, work)
+    assert work.steps == [[0, 1]] and not work.dropped
+    assert report.sim["sim/server_s"] == 2.0 and report.sim["sim/round_s"] == 4.0 and s.clock.clock == 4.0
+    assert report.sim["sim/selected"] == 4.0 and sorted(s.flight) == [2, 3]
+    before = s.clock.clock
+    report = s.step(2, work)
+    assert len(work.steps[1]) == 2 and report.sim["sim/server_s"] == 2.0
+    assert s.clock.clock - before == pytest.approx(report.sim["sim/round_s"])
 
 
 def test_staleness_is_the_server_steps_since_the_dispatch():

@@ -64,6 +64,14 @@ def test_overcommitment_aggregates_exactly_the_k_earliest(tmp_path):
     assert clock.client_columns(range(5))["sim_rounds"].tolist() == [0, 1, 0, 1, 0]
 
 
+@pytest.mark.parametrize("per_round,overcommit,selected", [(2, 1.3, 3), (3, 1.1, 4), (2, 1.5, 3), (4, 1.25, 5)])
+def test_overcommitment_selects_the_product_rounded_up(tmp_path, per_round, overcommit, selected):
+    """ceil(k x overcommit): 2.6 -> 3, 3.3 -> 4 (a product that is not a whole number is rounded up, not down), and a
+    whole product in floating point (2 x 1.5, 4 x 1.25) exactly itself."""
+    clock = _clock(tmp_path, [(c, 10, 1000, 1000, 0) for c in range(8)], per_round=per_round, overcommit=overcommit)
+    assert len(clock.select(1)) == selected
+
+
 def test_a_tie_goes_to_the_lower_client_id(tmp_path):
     clock = _clock(tmp_path, [(c, 10, 1000, 1000, 0) for c in range(3)], per_round=1, overcommit=3)
     clock.select(1)

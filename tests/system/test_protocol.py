@@ -120,3 +120,54 @@ def test_a_stale_schedule_is_refused_to_a_method_without_asynchronous_support():
         resolve_experiment(tiny_config(federation__mode="test_stale", algorithm__name="scaffold"))
     assert e.value.key == "federation.mode" and "'scaffold' cannot run test_stale" in e.value.message
     resolve_experiment(tiny_config(federation__mode="test_stale", algorithm__name="fedprox"))
+
+
+class KeepsTrack(LocalRuntime):
+    """The in-process runtime, noting each client's state and channel state as its aggregated work left it."""
+
+    def __init__(self, *args, **kwargs):
+        self.kept: dict[int, tuple] = {}
+        self.dropped: list[int] = []
+        super().__init__(*args, **kwargs)
+
+    def drop(self, client_ids):
+        self.dropped += client_ids
+        return super().drop(client_ids)
+
+    def step(self, round_, client_ids, versions, weights):
+        for cid in client_ids:
+            _, state, _, wire = self._work[cid][1]
+            self.kept[cid] = (state, wire)
+        return super().step(round_, client_ids, versions, weights)
+
+
+@pytest.mark.parametrize("mode", ["system", "async"])
+def test_a_dropped_clients_work_leaves_its_state_as_its_last_aggregated_work_left_it(mode):
+    """Stragglers of over-committed rounds (SCAFFOLD's control variates) and FedBuff's dropouts past the deadline
+    (FedAvg: error feedback's residual, the state a client keeps under compression): a client's state is that of its
+    last aggregated work, never of work that was dropped, and a client never aggregated keeps none."""
+    import torch
+
+    if mode == "system":
+        extra = {"algorithm__name": "scaffold", "system__devices": "heterogeneous", "system__overcommit": 1.5,
+                 "system__speed_sigma": 0.5, "federation__rounds": 4}
+    else:
+        extra = {"federation__mode": "async", "federation__concurrency": 4, "federation__buffer_size": 2,
+                 "system__devices": "heterogeneous", "system__deadline_s": 3.0, "system__speed_sigma": 0.5, "federation__rounds": 6,
+                 "channel__sparsify": "topk", "channel__fraction": 0.2, "channel__error_feedback": True}
+    cfg = tiny_config(tracking__enabled=False, **extra)
+    runtime = KeepsTrack(cfg)
+    run_experiment(cfg, progress=False, runtime=runtime, data=build_federated_data(cfg.data, cfg.seed))
+    states = runtime.channel_states if mode == "async" else runtime.client_states
+    assert runtime.dropped and set(runtime.dropped) & set(runtime.kept)  # some aggregated clients dropped later too
+    assert set(states) == set(runtime.kept)
+    for cid, kept in runtime.kept.items():
+        mine = kept[1] if mode == "async" else kept[0]
+        leaves = [torch.equal(a, b) for a, b in zip(_tensors(states[cid]), _tensors(mine))]
+        assert leaves and all(leaves), cid
+
+
+def _tensors(state):
+    from fedray.learning.weights import leaves
+
+    return [t for t in leaves(state) if isinstance(t, __import__("torch").Tensor)]
