@@ -78,8 +78,11 @@ def build_method(exp: Experiment, data: FederatedData, device: torch.device) -> 
     # The class travels with the experiment (cloudpickle) so algorithms registered by a user's script work too.
     cfg = exp.cfg
     algo = exp.build(data_spec(data))
-    # Seeded so that the initial global model is a function of the run seed alone.
+    # Seeded so that the initial global model is a function of the run seed alone; numpy's global generator too, so
+    # that a user's method or model drawing from it after set-up is a function of the seed as well (a resume
+    # restores both: fedray.record.checkpoint.rng_state)
     torch.manual_seed(derive_seed(cfg.seed, "init") % (1 << 63))
+    np.random.seed(derive_seed(cfg.seed, "init") % (1 << 32))
     modules = algo.build_modules()
     if cfg.model.init and hasattr(modules, "model"):  # model.init: the global model starts from given weights
         apply_init(modules.model, cfg.model.init, cfg.model.name, algo.spec.input_shape, algo.spec.num_classes)

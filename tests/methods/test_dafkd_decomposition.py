@@ -170,6 +170,17 @@ def test_an_averaged_head_is_the_mean_of_the_uploaded_heads_and_every_client_sta
     heads = [client_states[c].disc for c in _round_clients(cfg, 2)]
     mean = {k: torch.stack([h[k] for h in heads]).mean(0) for k in heads[0]}
     assert all(torch.allclose(mean[k], server_state.disc[k], atol=1e-6) for k in mean)
+    # the start itself: with D trained in round 1 only, a client's round-2 head is the one it started from, which is
+    # round 1's average (the server's head), not the head it left in round 1 (a client of both rounds shows it)
+    frozen = dafkd_config(algorithm__disc_head="averaged", algorithm__aggregation="uniform",
+                          algorithm__disc_train_rounds=1)
+    _, _, after_1, states_1 = _run_rounds(frozen, 1)
+    _, _, _, states_2 = _run_rounds(frozen, 2)
+    both = sorted(set(_round_clients(frozen, 1)) & set(_round_clients(frozen, 2)))
+    assert both
+    for c in _round_clients(frozen, 2):
+        assert all(torch.equal(states_2[c].disc[k], after_1.disc[k]) for k in after_1.disc)
+    assert not all(torch.equal(states_1[c].disc[k], after_1.disc[k]) for c in both for k in after_1.disc)
 
 
 @pytest.mark.parametrize("over, key", [

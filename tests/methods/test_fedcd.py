@@ -83,6 +83,23 @@ def test_server_step_weights_the_uploaded_logits_by_eq4():
     assert algo.broadcast(state, 2).teacher is state.teacher  # next round's teacher is this batch's ensemble
 
 
+def test_the_uniform_teacher_is_the_mean_of_the_clients_logit_tables_by_hand():
+    """ensemble=uniform under the mean: the teacher is (z_1 + z_2 + z_3) / 3, gamma 1/3 each (not the tables' sum),
+    and its scores are the plain average's."""
+    cfg = validate_experiment(tiny_config(**FEDCD, algorithm__shared_batch=4, algorithm__ensemble="uniform"))
+    algo = FedCD(cfg, None)
+    y_all = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1])
+    algo.server_data = ServerSideData(x=torch.zeros(10, 1, 16, 16, dtype=torch.uint8), y=y_all)
+    y = y_all[algo.shared_indices(1)]
+    tables = [torch.full((4, 10), 3.0), 6.0 * torch.nn.functional.one_hot(y, 10).float(), torch.zeros(4, 10)]
+    uploads = [FedCDUpload(client_id=c, logits=z) for c, z in enumerate(tables)]
+    state, metrics = algo.server_update(algo.init_server_state(None), uploads, ServerContext(
+        round=1, seed=0, device=torch.device("cpu"), modules=None))
+    assert torch.allclose(state.teacher, 1.0 + 2.0 * torch.nn.functional.one_hot(y, 10).float(), atol=1e-6)
+    assert state.gamma.tolist() == pytest.approx([1 / 3] * 3)
+    assert metrics["server/teacher_ce"] == pytest.approx(metrics["server/uniform_ce"])
+
+
 def test_the_uniform_teacher_takes_a_robust_rule_over_the_clients_logit_tables():
     """ensemble=uniform under the median: the teacher is the coordinate-wise median of the three clients' tables, a
     forged table (100s) outvoted; server/uniform_* still score the plain average. Eq. 4's teacher refuses the rule."""
