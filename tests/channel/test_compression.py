@@ -196,3 +196,16 @@ def test_every_method_learns_through_a_compressed_channel(method, compressed):
     assert last["eval/accuracy"] >= FLOOR[compressed], (method, compressed, last["eval/accuracy"])
     assert all(math.isfinite(row["eval/accuracy"]) for row in result.history)
     assert (result.summary["comm/bytes_up"] == 0) == (method == "local")
+
+
+def test_compress_on_chooses_the_direction_whose_bytes_shrink():
+    """8-bit QSGD on one direction: ``up`` shrinks only comm/bytes_up, ``down`` only comm/bytes_down, ``both`` both;
+    the other direction's bytes are exactly those of no channel."""
+    plain = run_experiment(tiny_config(federation__rounds=1), progress=False).history[0]
+    rows = {d: run_experiment(tiny_config(federation__rounds=1, channel__quantize="qsgd", channel__bits=8,
+                                          channel__compress_on=d), progress=False).history[0]
+            for d in ("up", "down", "both")}
+    up, down = "comm/bytes_up", "comm/bytes_down"
+    assert rows["up"][up] < plain[up] / 3 and rows["up"][down] == plain[down]
+    assert rows["down"][down] < plain[down] / 3 and rows["down"][up] == plain[up]
+    assert (rows["both"][up], rows["both"][down]) == (rows["up"][up], rows["down"][down])
