@@ -122,6 +122,10 @@ def test_a_cosine_schedule_that_would_raise_the_lr_is_refused():
     assert e.value.key == "federation.lr_min"
     fed = load_config("quickstart", ["federation.lr_schedule=cosine", "federation.lr=0.1", "federation.lr_min=0.01"])
     assert fed.federation.lr_at(1) == 0.1 and abs(fed.federation.lr_at(fed.federation.rounds) - 0.01) < 1e-12
+    mid = fed.federation.rounds // 2 + 1
+    assert 0.01 < fed.federation.lr_at(mid) < 0.1
+    flat = load_config("quickstart", ["federation.lr_schedule=constant", "federation.lr=0.1", "federation.lr_min=0.01"])
+    assert {flat.federation.lr_at(r) for r in (1, mid, flat.federation.rounds)} == {0.1}  # lr_min is not read
 
 
 @pytest.mark.parametrize("overrides, text", [

@@ -52,9 +52,9 @@ def test_a_colluding_attack_on_uploads_without_a_model_is_refused_not_run_as_a_n
 def test_min_max_goes_as_far_as_the_benign_updates_spread():
     """Benign (0, 0) and (2, 0): mu = (1, 0), sigma = (sqrt 2, 0), p = -sigma; the farthest benign update is within
     the largest benign distance 2 while 1 + sqrt(2) gamma <= 2: gamma = 1 / sqrt 2, the update (0, 0)."""
-    got = min_max(torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64), "std")
+    got = min_max(torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64), perturbation="std")
     assert torch.allclose(got, torch.zeros(2, dtype=torch.float64), atol=1e-4)
-    up = min_max(torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64), "unit_vec")  # p = (-1, 0): gamma 1
+    up = min_max(torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64), perturbation="unit_vec")  # gamma 1
     assert torch.allclose(up, torch.zeros(2, dtype=torch.float64), atol=1e-4)
     forged = _step(attack="min_max", estimate="omniscient", perturbation="sign")
     b = torch.tensor([UPDATES[2], UPDATES[3]], dtype=torch.float64)

@@ -44,7 +44,7 @@ def test_the_trigger_by_hand():
 
 
 def test_each_flip_by_hand():
-    cfg = tiny_config(adversary__attack="label_flip", adversary__fraction=0.5)
+    cfg = tiny_config(adversary__attack="label_flip", adversary__fraction=0.5, adversary__flip="reverse")
     y = np.array([0, 1, 2, 3, 3], dtype=np.int64)
     assert poisoned_labels(cfg.adversary, 0, 1, y, 4)[0].tolist() == [3, 2, 1, 0, 0]
     mapped = cfg.adversary.model_copy(update={"flip": "map", "flip_map": [1, 0, 3, 2]})

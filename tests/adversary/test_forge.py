@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,7 +74,7 @@ def test_forged_logits_put_the_target_above_every_row_and_keep_the_rest():
 
 
 def test_inflated_counts_and_forged_histograms_change_only_what_the_client_reports():
-    inflated, honest = _sent("inflate_count", count_factor=2.5)
+    inflated, honest = _sent(attack="inflate_count", count_factor=2.5)
     assert (inflated.num_samples, honest.num_samples) == (30, 12)
     forged, honest = _sent("forge_histogram", target=7)
     assert forged.label_counts.tolist() == [0] * 7 + [4, 0, 0] and honest.label_counts.tolist()[:3] == [3, 0, 1]
@@ -130,6 +131,11 @@ def test_the_most_available_clients_are_the_ones_online_longest(tmp_path):
     assert malicious_clients(cfg) == {1, 3}
     assert malicious_clients(cfg.model_copy(update={"adversary": cfg.adversary.model_copy(
         update={"fraction": 0.6})})) == {0, 1, 3}
+    # choose=random (the default): round(0.4 x 5) = 2 drawn by the run's seed alone, whatever the trace says
+    drawn = cfg.model_copy(update={"adversary": cfg.adversary.model_copy(update={"choose": "random"})})
+    want = set(np.random.default_rng(derive_seed(0, "adversary")).choice(5, size=2, replace=False).tolist())
+    assert malicious_clients(drawn) == want and len({frozenset(malicious_clients(drawn.model_copy(
+        update={"seed": s}))) for s in range(8)}) > 1
     with pytest.raises(ConfigError, match="adversary.choose: most_available ranks"):
         tiny_config(adversary__attack="scale", adversary__scale=2.0, adversary__fraction=0.4,
                     adversary__choose="most_available")

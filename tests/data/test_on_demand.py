@@ -174,3 +174,19 @@ def test_only_a_run_that_keeps_the_cache_is_refused_a_rule_that_votes_per_slot()
     for extra in ({"algorithm__report_model": "oca"}, {"algorithm__name": "fedkf"}):
         with pytest.raises(ConfigError, match="a vote per registered client"):
             validate_experiment(tiny_config(**on_demand, **extra))
+
+
+def test_the_configs_client_size_and_its_spread_set_every_clients_size():
+    """data.client_size=40 with client_size_sigma=0: every client holds 40 examples (32 to train, 8 to test);
+    with sigma 0.5 the sizes spread log-normally around it (their mean within 3 % over 20,000 clients)."""
+    from fedray.data import build_federated_data
+    from tests.conftest import tiny_config
+
+    exact = tiny_config(data__partition="on_demand", data__num_clients=20_000, data__client_size=40,
+                        data__client_size_sigma=0.0)
+    data = build_federated_data(exact.data, exact.seed)
+    assert set(data.client_sizes().tolist()) == {32} and set(data.client_test_sizes().tolist()) == {8}
+    spread = exact.model_copy(update={"data": exact.data.model_copy(update={"client_size_sigma": 0.5})})
+    sizes = build_federated_data(spread.data, spread.seed)
+    total = sizes.client_sizes() + sizes.client_test_sizes()
+    assert total.std() > 10 and abs(total.mean() / 40 - 1) < 0.03

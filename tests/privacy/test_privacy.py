@@ -64,7 +64,8 @@ def test_epsilon_matches_opacus_like_with_like():
     from opacus.accountants import PRVAccountant
     from opacus.accountants.analysis import rdp as opacus_rdp
 
-    cfg = tiny_config(privacy__mechanism="central", privacy__noise_multiplier=1.2, system__devices="uniform")
+    cfg = tiny_config(privacy__mechanism="central", privacy__noise_multiplier=1.2, privacy__accountant="rdp",
+                      system__devices="uniform")
     assert not amplification(cfg)[0]  # the simulated system decides who arrives
     orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
     theirs = opacus_rdp.get_privacy_spent(orders=orders, rdp=opacus_rdp.compute_rdp(
@@ -238,6 +239,10 @@ def test_with_every_update_within_a_large_clip_the_clip_falls_geometrically_to_t
                       privacy__adaptive_clip=True, privacy__clip_lr=1.0, privacy__count_noise=0.01, federation__rounds=4)
     clips = [r["privacy/clip"] for r in run_experiment(cfg, progress=False).history]
     assert clips[0] == 100.0 and all(0.59 < b / a < 0.63 for a, b in zip(clips, clips[1:]))  # exp(-1/2) = 0.607
+    # the 0.9 quantile: C shrinks by exp(-eta (1 - 0.9)) = 0.905 a round
+    high = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"target_quantile": 0.9})})
+    clips = [r["privacy/clip"] for r in run_experiment(high, progress=False).history]
+    assert clips[0] == 100.0 and all(0.89 < b / a < 0.92 for a, b in zip(clips, clips[1:]))
 
 
 def _dp_step(model, x, y, clip, noise, batches="passes", seed=0):

@@ -116,9 +116,11 @@ def test_staleness_is_the_server_steps_since_the_dispatch():
     assert staleness_weight("polynomial", 0) == 1.0 and staleness_weight("polynomial", 3) == 0.5
 
 
-def test_a_stale_upload_is_weighted_by_its_age(tmp_path):
-    """Client 1 (slow) is dispatched at version 0 and arrives after the server stepped twice on client 0."""
-    s = _schedule(tmp_path, speeds=[10, 1], concurrency=2, buffer=1, staleness="polynomial")
+@pytest.mark.parametrize("staleness, weight", [("polynomial", 1 / math.sqrt(1 + 3)), ("none", 1.0)])
+def test_a_stale_upload_is_weighted_by_its_age(tmp_path, staleness, weight):
+    """Client 1 (slow) is dispatched at version 0 and arrives after the server stepped three times on client 0:
+    (1 + 3)^-1/2 with polynomial weights, 1 without."""
+    s = _schedule(tmp_path, speeds=[10, 1], concurrency=2, buffer=1, staleness=staleness)
     s.dispatch()
     _time_all(s)  # client 0 takes 1 s, client 1 10 s
     for version in (0, 1):
@@ -130,7 +132,7 @@ def test_a_stale_upload_is_weighted_by_its_age(tmp_path):
     s.next_event()  # client 0 again, at 3 s
     s.take_buffer()
     assert s.next_event() == (1, True, 10.0) and s.clock.clock == 10.0
-    assert s.take_buffer() == ([1], [0], [1 / math.sqrt(1 + 3)], [3])
+    assert s.take_buffer() == ([1], [0], [weight], [3])
 
 
 def test_a_client_that_goes_offline_or_passes_the_deadline_is_a_dropout(tmp_path):

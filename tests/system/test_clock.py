@@ -68,8 +68,13 @@ def test_overcommitment_aggregates_exactly_the_k_earliest(tmp_path):
 def test_overcommitment_selects_the_product_rounded_up(tmp_path, per_round, overcommit, selected):
     """ceil(k x overcommit): 2.6 -> 3, 3.3 -> 4 (a product that is not a whole number is rounded up, not down), and a
     whole product in floating point (2 x 1.5, 4 x 1.25) exactly itself."""
-    clock = _clock(tmp_path, [(c, 10, 1000, 1000, 0) for c in range(8)], per_round=per_round, overcommit=overcommit)
-    assert len(clock.select(1)) == selected
+    clock = _clock(tmp_path, [(c, 10, 1000, 1000, 0) for c in range(8)], per_round=per_round, overcommit=overcommit,
+                   availability="always", selection="uniform")
+    from fedray.seeding import derive_rng
+
+    # every client online, a uniform draw of the round's seeded stream
+    want = np.sort(derive_rng(0, "sample", 1).choice(np.arange(8), size=selected, replace=False)).tolist()
+    assert clock.select(1) == want and len(want) == selected
 
 
 def test_a_tie_goes_to_the_lower_client_id(tmp_path):
