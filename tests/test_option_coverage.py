@@ -11,8 +11,6 @@ GAPS = {
     "dafkd: algorithm.disc_lr=<not 0.001>",
     "dafkd: algorithm.distill_data=generated",
     "dafkd: algorithm.disc_head=own",
-    "fedcd: algorithm.gamma_tol=<not 1e-09>",
-    "fedcd: algorithm.gamma_max_iter=<not 500>",
     "fedd3a: algorithm.weighting=onehot",
     "fedd3a: algorithm.distill_optimizer=adam",
     "feddf: algorithm.distill_optimizer=adam",
@@ -30,10 +28,7 @@ GAPS = {
     "fedgen: algorithm.diversity_weight=<not 1.0>",
     "fedgen: algorithm.label_counts=data",
     "fedgen: algorithm.label_counts=batches",
-    "fedgkd: algorithm.cache_init=initial",
-    "fedgkd: algorithm.cache_init=participated",
     "fedkf: algorithm.generator_lr=<not 0.001>",
-    "fedkf: algorithm.activation_norm=mean",
 }
 
 

@@ -81,6 +81,14 @@ def test_server_step_weights_the_uploaded_logits_by_eq4():
     assert metrics["server/gamma_argmax_client"] == 7 and metrics["server/gamma_max"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["server/teacher_ce"] < metrics["server/uniform_ce"]
     assert algo.broadcast(state, 2).teacher is state.teacher  # next round's teacher is this batch's ensemble
+    # the solver's budget from the config: one iteration of SLSQP leaves a gap a loose tolerance accepts
+    for over, check in (({"algorithm__gamma_max_iter": 1}, lambda m: m["server/gamma_iterations"] == 1),
+                        ({"algorithm__gamma_tol": 0.5}, lambda m: m["server/gamma_iterations"]
+                         < metrics["server/gamma_iterations"])):
+        short = FedCD(validate_experiment(tiny_config(**FEDCD, algorithm__shared_batch=4, **over)), None)
+        short.server_data = algo.server_data
+        assert check(short.server_update(short.init_server_state(None), uploads, ServerContext(
+            round=1, seed=0, device=torch.device("cpu"), modules=None))[1]), over
 
 
 def test_the_uniform_teacher_is_the_mean_of_the_clients_logit_tables_by_hand():

@@ -150,10 +150,17 @@ def test_fedavg_oca_reports_the_oca_model_and_trains_exactly_like_fedavg():
     assert b["comm/bytes_down"] == a["comm/bytes_down"]
 
 
-def test_fedprox_takes_the_cache_options_too():
-    cfg = tiny_config(algorithm__name="fedprox", algorithm__report_model="oca", algorithm__cache_init="participated")
-    algo = get_algorithm("fedprox")(cfg, SPEC4)
-    assert algo.uses_cache and algo.init_server_state(_scalar_model(1.0)).cache.mode == "participated"
+@pytest.mark.parametrize("name", ["fedprox", "fedgkd"])
+@pytest.mark.parametrize("mode", ["initial", "participated"])
+def test_fedprox_and_fedgkd_take_the_cache_options_too(name, mode):
+    """Their server step keeps FedAvg's cache: the OCA model of the schedule above, by hand, for each
+    cache_init."""
+    cfg = tiny_config(algorithm__name=name, algorithm__report_model="oca", algorithm__cache_init=mode)
+    algo = get_algorithm(name)(cfg, SPEC4)
+    state = algo.init_server_state(_scalar_model(0.0))
+    assert algo.uses_cache and state.cache.mode == mode
+    state, _ = algo.server_update(state, [_up(*u) for u in SCHEDULE[0]], _ctx(1))
+    assert _w(state.cache.oca) == pytest.approx(OCA[mode][0], rel=1e-6)
 
 
 # --- T2: generator losses ----------------------------------------------------------------------------
@@ -190,8 +197,8 @@ def test_information_entropy_loss_is_0_for_a_uniform_batch_mean_and_1_for_a_one_
     assert float(l_ie) == pytest.approx(0.0, abs=1e-6) and float(l_oh) == pytest.approx(math.log(2))
     # the paper's L1 form of Eq. 4: -mean over samples of ||f||_1
     f = torch.tensor([[1.0, -2.0], [3.0, 0.0]])
-    assert float(generator_losses(flat[:2], f, "l1")[2]) == pytest.approx(-3.0)
-    assert float(generator_losses(flat[:2], f, "mean")[2]) == pytest.approx(-1.5)
+    assert float(generator_losses(flat[:2], f, activation_norm="l1")[2]) == pytest.approx(-3.0)
+    assert float(generator_losses(flat[:2], f, activation_norm="mean")[2]) == pytest.approx(-1.5)
 
 
 def test_generator_loss_signs_drive_confidence_and_activation_up():
