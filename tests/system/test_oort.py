@@ -69,24 +69,16 @@ def test_the_exploration_share_holds_and_exploitation_takes_the_rest():
 def test_the_cut_off_admits_only_clients_near_the_kth_utility():
     """With c = 0.95 and no pool, 3 of 10 explored clients whose utilities fall off sharply after the 3rd are the 3
     exploited every time; FedScale's pool of 10 x 3 lets the others in."""
-    oort = _oort(10, exploration=0.0, exploration_min=0.0, clip=1.0)
     utilities = np.array([100.0, 99.0, 98.0, 10, 9, 8, 7, 6, 5, 4])
-    oort.feedback(1, np.arange(10), np.arange(10), utilities, np.ones(10), 1.0)
-    for r in range(2, 8):
-        assert oort.select(r, np.arange(10), 3).tolist() == [0, 1, 2]
-    pooled = _oort(10, exploration=0.0, exploration_min=0.0, clip=1.0, pool_factor=10)
-    pooled.feedback(1, np.arange(10), np.arange(10), utilities, np.ones(10), 1.0)
-    seen = set()
-    for r in range(2, 30):
-        seen |= set(pooled.select(r, np.arange(10), 3).tolist())
-    assert seen - {0, 1, 2}
+
+    def exploited(rounds, **cfg):
+        oort = _oort(10, exploration=0.0, exploration_min=0.0, clip=1.0, **cfg)
+        oort.feedback(1, np.arange(10), np.arange(10), utilities, np.ones(10), 1.0)
+        return {c for r in range(2, rounds) for c in oort.select(r, np.arange(10), 3).tolist()}
+    assert exploited(8) == {0, 1, 2}
+    assert exploited(30, pool_factor=10) - {0, 1, 2}
     # FedScale's cut-off c = 0.05: every explored client is within 5 % of the 3rd's utility, all may be drawn
-    low_cut = _oort(10, exploration=0.0, exploration_min=0.0, clip=1.0, cutoff=0.05)
-    low_cut.feedback(1, np.arange(10), np.arange(10), utilities, np.ones(10), 1.0)
-    seen = set()
-    for r in range(2, 30):
-        seen |= set(low_cut.select(r, np.arange(10), 3).tolist())
-    assert seen - {0, 1, 2}
+    assert exploited(30, cutoff=0.05) - {0, 1, 2}
 
 
 def test_exploration_samples_among_the_window_of_largest_declared_sizes():
