@@ -11,9 +11,6 @@ GAPS = {
     "dafkd: algorithm.disc_lr=<not 0.001>",
     "dafkd: algorithm.distill_data=generated",
     "dafkd: algorithm.disc_head=own",
-    "fedd3a: algorithm.weighting=onehot",
-    "fedd3a: algorithm.distill_optimizer=adam",
-    "feddf: algorithm.distill_optimizer=adam",
     "fedftg: algorithm.gen_steps_per_teacher=<not 1>",
     "fedftg: algorithm.lr_decay=<not 0.998>",
     "fedftg: algorithm.hard_weight=<not 1.0>",
@@ -21,13 +18,9 @@ GAPS = {
     "fedftg: algorithm.diversity_weight=<not 1.0>",
     "fedftg: algorithm.freeze_student_bn=True",
     "fedftg: algorithm.eval_average=True",
-    "fedgen: algorithm.noise=normal",
-    "fedgen: algorithm.noise=uniform",
     "fedgen: algorithm.gen_server_batch_size=<not None>",
     "fedgen: algorithm.gen_lr_decay=<not 0.98>",
     "fedgen: algorithm.diversity_weight=<not 1.0>",
-    "fedgen: algorithm.label_counts=data",
-    "fedgen: algorithm.label_counts=batches",
     "fedkf: algorithm.generator_lr=<not 0.001>",
 }
 

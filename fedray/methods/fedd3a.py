@@ -193,6 +193,14 @@ class FedD3A(Algorithm):
         n = len(self.server_data.x) if self.server_data is not None else 0
         return int(self.params.distill_epochs * n) * (1 + uploads)
 
+    def settings(self, round_: int) -> DistillSettings:
+        """Eq. 8's distillation of round ``round_``: the server's lr follows the clients' schedule
+        (``federation.lr_schedule``), the same factor each round."""
+        p, fed = self.params, self.cfg.federation
+        return DistillSettings(lr=p.distill_lr * fed.lr_at(round_) / fed.lr, optimizer=p.distill_optimizer,
+                               batch_size=p.distill_batch_size, epochs=p.distill_epochs, temperature=p.temperature,
+                               reverse_kl=p.kl_direction == "student_teacher")
+
     def server_update(self, state: GlobalModel, uploads: list[FedD3AUpload],
                       ctx: ServerContext) -> tuple[GlobalModel, dict[str, float]]:
         assert self.server_data is not None
@@ -208,13 +216,8 @@ class FedD3A(Algorithm):
         targets = torch.einsum("nk,knc->nc", alpha, probs)  # Eq. 7
         start = (ctx.aggregation.mean([u.weights for u in uploads], [u.num_samples for u in uploads])
                  if not self.heterogeneous else state.weights)
-        fed = self.cfg.federation
-        # the server's lr follows the clients' schedule (federation.lr_schedule): the same factor each round
-        settings = DistillSettings(lr=p.distill_lr * fed.lr_at(ctx.round) / fed.lr, optimizer=p.distill_optimizer,
-                                   batch_size=p.distill_batch_size, epochs=p.distill_epochs,
-                                   temperature=p.temperature, reverse_kl=p.kl_direction == "student_teacher")
-        weights, metrics = distil(m.model, start, x, targets, self.spec, settings, derive_seed(ctx.seed, "fedd3a/distill"),
-                                  ctx.cuda_graphs)
+        weights, metrics = distil(m.model, start, x, targets, self.spec, self.settings(ctx.round),
+                                  derive_seed(ctx.seed, "fedd3a/distill"), ctx.cuda_graphs)
         metrics.update({"server/alpha_entropy": float(normalised_entropy(alpha, dim=1).mean()),
                         "server/alpha_max_mean": float(alpha.max(1).values.mean()),
                         "server/r_mean": float(r.mean()), "server/r_std": float(r.std())})

@@ -80,11 +80,13 @@ def test_two_round_run_repeats_and_reports_its_mechanism(extra):
 def test_weightings_change_the_teacher_not_the_clients():
     base = dict(algorithm__name="fedd3a", federation__rounds=1, federation__local_steps=15, **SERVER)
     runs = {w: run_experiment(tiny_config(**base, algorithm__weighting=w), progress=False).history[0]
-            for w in ("soft", "avg")}
+            for w in ("soft", "avg", "onehot")}
     assert runs["soft"]["train/loss"] == runs["avg"]["train/loss"]  # round 1: same clients
     assert runs["soft"]["diag/teacher_acc_soft"] == runs["avg"]["diag/teacher_acc_soft"]
     assert runs["soft"]["diag/student_acc_start"] == runs["avg"]["diag/student_acc_start"]  # the same average
     assert runs["soft"]["server/alpha_entropy"] < runs["avg"]["server/alpha_entropy"] == pytest.approx(1.0)
+    # one teacher per sample: every row one-hot, entropy 0 and the largest weight 1
+    assert runs["onehot"]["server/alpha_entropy"] == 0.0 and runs["onehot"]["server/alpha_max_mean"] == 1.0
 
 
 def test_feddf_distils_the_mean_logits_with_early_stopping():
@@ -362,3 +364,15 @@ def test_server_distillation_replayed_as_a_cuda_graph_gives_the_eager_numbers(gr
     untimed = [[{k: v for k, v in row.items() if not k.startswith("time/")} for row in r.history] for r in runs]
     assert untimed[0] == untimed[1] and "server/kd_loss_last" in untimed[1][-1]
     assert (len(graphs_on_cpu) > 0) == graphed
+
+
+@pytest.mark.parametrize("name", ["feddf", "fedd3a"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_the_server_distils_with_the_configured_optimizer(name, optimizer):
+    """algorithm.distill_optimizer reaches FedDF's and FedD3A's distillation settings (what each optimizer's step
+    is: tests/learning/test_proxy_distill.py, by hand)."""
+    from fedray.methods import resolve_experiment
+
+    cfg = tiny_config(algorithm__name=name, algorithm__distill_optimizer=optimizer, **SERVER)
+    algo = resolve_experiment(cfg).build(DataSpec((1, 16, 16), 10, 6, (0.5,), (0.25,)))
+    assert (algo.settings() if name == "feddf" else algo.settings(1)).optimizer == optimizer

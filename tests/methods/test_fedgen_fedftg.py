@@ -349,3 +349,30 @@ def test_a_label_held_by_a_single_sample_gets_its_holder_all_the_weight():
     shares, held = label_shares(torch.tensor([[1, 0, 2], [0, 0, 2]]))
     assert held.tolist() == [True, False, True]
     assert shares.tolist() == [[1.0, 0.0, 0.5], [0.0, 0.0, 0.5]]
+
+
+@pytest.mark.parametrize("counts", ["data", "batches"])
+def test_fedgens_uploaded_label_counts_follow_the_config(counts):
+    """algorithm.label_counts=data (the paper): the counts of the client's data; batches (the authors' code): of the
+    labels its round's batches drew."""
+    from fedray.learning.training import run_update
+    from tests.methods.plans import client_step
+
+    with client_step(**method_overrides("fedgen"), algorithm__label_counts=counts) as step:
+        got = run_update(step.ctx, step.plan).upload.label_counts
+        y = step.ctx.y if counts == "data" else step.ctx.y[torch.cat(step.ctx.batch_plan().index)]
+        assert got.tolist() == torch.bincount(y.cpu(), minlength=10).tolist()
+
+
+@pytest.mark.parametrize("noise", ["normal", "uniform"])
+def test_fedgens_generator_noise_is_the_configured_distribution(noise):
+    """noise=normal (the paper): N(0, I); uniform (the authors' code): U[0, 1)."""
+    from fedray.methods import resolve_experiment
+
+    cfg = tiny_config(**method_overrides("fedgen"), algorithm__noise=noise)
+    algo = resolve_experiment(cfg).build(type("S", (), {"input_shape": (1, 16, 16), "num_classes": 10})())
+    z = algo.draw_noise(4000, torch.Generator().manual_seed(0))
+    if noise == "uniform":
+        assert z.min() >= 0 and z.max() < 1 and abs(float(z.mean()) - 0.5) < 0.01
+    else:
+        assert z.min() < -2 and abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
