@@ -140,7 +140,7 @@ def test_proxy_distillation_never_reads_the_servers_labels():
     labelled = dafkd_config(algorithm__distill_data="proxy", **{**PROXY, "data__server_data__labelled": True})
     a, b = _run_rounds(unlabelled, 2)[0], _run_rounds(labelled, 2)[0]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    generated = _run_rounds(dafkd_config(**PROXY), 2)[0]
+    generated = _run_rounds(dafkd_config(algorithm__distill_data="generated", **PROXY), 2)[0]
     assert not all(torch.equal(a[k], generated[k]) for k in a)
 
 
@@ -164,7 +164,7 @@ def test_an_averaged_head_is_the_mean_of_the_uploaded_heads_and_every_client_sta
     cfg = dafkd_config(algorithm__disc_head="averaged", algorithm__aggregation="uniform")
     _, outcomes, server_state, client_states = _run_rounds(cfg, 2)
     assert server_state.disc is not None
-    own = _run_rounds(dafkd_config(), 2)[2]
+    own = _run_rounds(dafkd_config(algorithm__disc_head="own"), 2)[2]
     assert own.disc is None  # the paper's: no head at the server
     # every client the last round trained ended from the same start; their heads' mean is the server's
     heads = [client_states[c].disc for c in _round_clients(cfg, 2)]
