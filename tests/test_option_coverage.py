@@ -7,8 +7,6 @@ from tests.option_coverage import census
 #: tiny case (then leave this list); a value not here that no test sets fails the test below
 GAPS = {
     "dafkd: algorithm.ensemble=probs",
-    "dafkd: algorithm.gen_lr=<not 0.001>",
-    "dafkd: algorithm.disc_lr=<not 0.001>",
     "fedftg: algorithm.gen_steps_per_teacher=<not 1>",
     "fedftg: algorithm.lr_decay=<not 0.998>",
     "fedftg: algorithm.hard_weight=<not 1.0>",
@@ -19,7 +17,6 @@ GAPS = {
     "fedgen: algorithm.gen_server_batch_size=<not None>",
     "fedgen: algorithm.gen_lr_decay=<not 0.98>",
     "fedgen: algorithm.diversity_weight=<not 1.0>",
-    "fedkf: algorithm.generator_lr=<not 0.001>",
 }
 
 

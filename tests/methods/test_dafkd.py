@@ -746,3 +746,25 @@ def test_the_generators_weight_decay_is_its_own_when_set(vectorize):
     (_, _, s0, _), (_, _, s1, _), (_, _, s2, _) = runs
     assert all(torch.equal(s0.generator[k], s1.generator[k]) for k in s0.generator)
     assert not all(torch.equal(s0.generator[k], s2.generator[k]) for k in s0.generator)
+
+
+def test_the_generators_and_discriminators_steps_take_their_configured_lrs():
+    """algorithm.gen_lr: after one local step, Adam's first, each generator parameter has moved by at most gen_lr,
+    the largest by gen_lr itself. algorithm.disc_lr: the head's steps are the federation's SGD at disc_lr, so doubling
+    disc_lr doubles the head's first move."""
+    from fedray.learning.training import run_update
+    from tests.methods.plans import client_step
+
+    heads = []
+    for disc_lr in (0.03, 0.06):
+        with client_step(**{**SMALL, "algorithm__gen_lr": 0.02, "algorithm__disc_lr": disc_lr,
+                            "federation__local_steps": 1}) as s:
+            result = run_update(s.ctx, s.plan)
+            names = [k for k, _ in s.ctx.modules.generator.named_parameters()]
+            step = max(float((result.upload.generator[k] - s.payload.generator[k]).abs().max()) for k in names)
+            assert step == pytest.approx(0.02, rel=1e-3) and step <= 0.02 * (1 + 1e-5)
+            heads.append(torch.cat([(result.state.disc[k] - s.state.disc[k]).flatten()
+                                    for k, _ in s.ctx.modules.disc.named_parameters()]))
+    # two SGD updates move the head in a step (the classifier's loss, then Eq. 2's), the second from where the
+    # first left it: doubled to within the first-order change of the second's gradient
+    assert heads[0].abs().max() > 0 and torch.allclose(heads[1], 2 * heads[0], rtol=0.02, atol=1e-6)

@@ -429,3 +429,16 @@ def test_the_adversarial_generator_loss_by_hand():
         want = l_ie + 0.3 * l_oh + 0.2 * l_a - 0.7 * kl
         assert float(loss.detach()) == pytest.approx(float(want.detach()), rel=1e-5)
         assert float(figures["train/l_a"].detach()) == pytest.approx(float(l_a.detach()), rel=1e-5)
+
+
+def test_the_generators_adam_step_takes_the_configured_lr():
+    """algorithm.generator_lr: Adam's first step moves each generator weight by at most the lr, by the lr itself
+    where its gradient is far above Adam's eps (one local step, the generator's first)."""
+    from fedray.learning.training import run_update
+    from tests.methods.plans import client_step
+
+    with client_step(algorithm__name="fedkf", algorithm__generator_lr=0.02, federation__local_steps=1) as s:
+        new = run_update(s.ctx, s.plan).state
+        params = dict(s.ctx.modules.generator.named_parameters())  # not BatchNorm's running statistics
+        moved = torch.cat([(new.weights[k] - s.ctx.modules.generator_init[k]).abs().flatten() for k in params])
+        assert float(moved.max()) == pytest.approx(0.02, rel=1e-3) and float(moved.max()) <= 0.02 * (1 + 1e-5)
