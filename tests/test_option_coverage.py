@@ -13,7 +13,6 @@ GAPS = {
     "fedftg: algorithm.cls_weight=<not 1.0>",
     "fedftg: algorithm.diversity_weight=<not 1.0>",
     "fedftg: algorithm.freeze_student_bn=True",
-    "fedftg: algorithm.eval_average=True",
     "fedgen: algorithm.gen_server_batch_size=<not None>",
     "fedgen: algorithm.gen_lr_decay=<not 0.98>",
     "fedgen: algorithm.diversity_weight=<not 1.0>",

@@ -376,3 +376,13 @@ def test_fedgens_generator_noise_is_the_configured_distribution(noise):
         assert z.min() >= 0 and z.max() < 1 and abs(float(z.mean()) - 0.5) < 0.01
     else:
         assert z.min() < -2 and abs(float(z.mean())) < 0.01 and abs(float(z.std()) - 1) < 0.01
+
+
+def test_fedftgs_eval_average_scores_the_average_before_fine_tuning():
+    """algorithm.eval_average=true: eval/*_avg score the clients' plain average before fine-tuning as well; false:
+    no such figures; the model reported is the fine-tuned one either way."""
+    base = {**method_overrides("fedftg"), "federation__rounds": 1}
+    with_avg = run_experiment(tiny_config(**base, algorithm__eval_average=True), progress=False).history[-1]
+    plain = run_experiment(tiny_config(**base, algorithm__eval_average=False), progress=False).history[-1]
+    assert "eval/accuracy_avg" in with_avg and not any(k.endswith("_avg") for k in plain)
+    assert with_avg["eval/accuracy"] == plain["eval/accuracy"]  # the same fine-tuned model is reported
