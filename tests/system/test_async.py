@@ -146,6 +146,21 @@ def test_a_client_that_goes_offline_or_passes_the_deadline_is_a_dropout(tmp_path
     assert s.clock.busy_s.tolist() == [1.0, 0.5, 5.0]
 
 
+def test_at_the_deadline_or_going_offline_as_it_finishes_an_upload_arrives(tmp_path):
+    """The boundaries, as the synchronous clock has them: a client whose work ends exactly at the deadline (10
+    samples at 2/s: 5 s, deadline 5 s) arrives, and so does one that goes offline exactly as it finishes (1 s of work,
+    online until 1 s); a hair later each is a dropout."""
+    s = _schedule(tmp_path, speeds=[10, 2], concurrency=2, buffer=2, deadline=5.0, online=[(0, 0, 1.0), (1, 0, 100)])
+    s.dispatch()
+    _time_all(s)
+    assert s.next_event() == (0, True, 1.0) and s.next_event() == (1, True, 5.0)
+    late = _schedule(tmp_path, speeds=[10, 2], concurrency=2, buffer=2, deadline=4.999,
+                     online=[(0, 0, 0.999), (1, 0, 100)])
+    late.dispatch()
+    _time_all(late)
+    assert late.next_event()[:2] == (0, False) and late.next_event()[:2] == (1, False)
+
+
 def test_the_fedbuff_step_by_hand():
     """Two uploads from the model sent at version 0, one fresh and one two steps stale, polynomial weights:
     w_now + sum_k p_k s_k (w_k - w_sent) / sum_k p_k; fresh uploads of weight 1 give FedAvg's average exactly."""
