@@ -283,7 +283,7 @@ class RuntimeConfig(_Strict):
     )
     client_state_memory: int | None = Field(
         default=None, ge=1, description="in process: at most this many clients' states (and channel states) in "
-        "memory, the least recently used of the others on disk (fedray/runtime/client_store.py); null: all in memory. "
+        "memory, the least recently used of the others on disk (fedray/learning/store.py); null: all in memory. "
         "On Ray, Ray's object store spills them beyond its memory")
     client_state_dir: str | None = Field(default=None, description="client_state_memory: the folder the states "
                                          "beyond it go to; default a temporary folder of the run's")
