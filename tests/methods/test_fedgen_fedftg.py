@@ -386,3 +386,20 @@ def test_fedftgs_eval_average_scores_the_average_before_fine_tuning():
     plain = run_experiment(tiny_config(**base, algorithm__eval_average=False), progress=False).history[-1]
     assert "eval/accuracy_avg" in with_avg and not any(k.endswith("_avg") for k in plain)
     assert with_avg["eval/accuracy"] == plain["eval/accuracy"]  # the same fine-tuned model is reported
+
+
+def test_fedftgs_generator_loss_takes_each_configured_weight():
+    """hard_weight x L_md + cls_weight x L_cls + diversity_weight x L_dis / K: with all three 0 the generator's
+    gradient is 0 and Adam leaves it where it was; any one of them alone moves it."""
+    from tests.methods.test_dafkd import _run_rounds
+
+    zero = {"algorithm__hard_weight": 0.0, "algorithm__cls_weight": 0.0, "algorithm__diversity_weight": 0.0}
+
+    def moved(**weights) -> bool:
+        cfg = tiny_config(**method_overrides("fedftg"), federation__rounds=1, **weights)
+        start, after = _run_rounds(cfg, 0)[2].generator, _run_rounds(cfg, 1)[2].generator
+        params = [k for k in start if not k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+        return not all(torch.equal(start[k], after[k]) for k in params)  # BatchNorm's statistics move anyway
+    assert not moved(**zero)
+    for key in zero:
+        assert moved(**{**zero, key: 1.0}), key
