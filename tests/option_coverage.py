@@ -7,7 +7,8 @@ value), and for any other field one value other than its default. A test names `
 test file writes the key in one of the ways tests set options (``section__key=value`` for tiny_config,
 ``"section.key": value`` or ``"section.key=value"`` for a config dict or the command line, and ``key=value`` in a
 constructor of the section's class, e.g. ``SystemConfig(deadline_s=5.0)``) with that value in the same statement.
-A method's parameter counts only in a test file that names the method (its ``algorithm.name`` or its class).
+A method's parameter counts only in a test that names the method (its ``algorithm.name`` or its class), or that
+names none in a file of that method's tests.
 
 This is a census, not a proof: it finds options that no test sets, so that a new option cannot arrive untested;
 that the test checks the option's effect by hand is the reviewer's part. ``EXEMPT`` lists what needs no test, and why.
@@ -169,6 +170,8 @@ def named(opt: Option, files: dict[str, str], statements: dict[str, list[str]]) 
         for st, context in statements[path]:
             if name not in st:
                 continue
+            if opt.method and not _about(opt, context, Path(path).stem):
+                continue
             for i, key in enumerate(keys):
                 if i == 3 and not bare_ok:
                     continue
@@ -184,6 +187,19 @@ def named(opt: Option, files: dict[str, str], statements: dict[str, list[str]]) 
                     if any(v not in (repr(opt.default), str(opt.default), "None") for v in _values_after(st, key)):
                         found[opt.labels()[0]] = True
     return found
+
+
+def _about(opt: Option, context: str, stem: str) -> bool:
+    """Whether a test (``context``: its source) is about ``opt``'s method: it names that method (its name quoted, its
+    class, or a helper named for it), or it names no built-in method and its file is that method's (a file of two
+    methods' tests counts a test for the method it names)."""
+    from fedray.methods import ALGORITHMS
+
+    quoted = set(re.findall(r"""["']([a-z0-9_]+)["']""", context)) & set(ALGORITHMS)
+    if opt.method in quoted or re.search(rf"\b({re.escape(opt.method_class)}|{re.escape(opt.method)}_\w+)\b",
+                                         context):  # its class, or a helper named for it (dafkd_config)
+        return True
+    return not quoted and opt.method in stem
 
 
 def census() -> tuple[list[str], list[str]]:

@@ -94,7 +94,7 @@ def test_an_oracle_run_weighs_the_generated_classes_by_the_uploaded_label_counts
 
     monkeypatch.setattr(server, "label_share_weights", spy)
     cfg = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="label_share")
-    base = dafkd_config(algorithm__generator="conditional")
+    base = dafkd_config(algorithm__generator="conditional", algorithm__alpha_source="discriminator")
     result, reference = run_experiment(cfg, progress=False), run_experiment(base, progress=False)
     assert seen["y"].tolist() == (torch.arange(48) % 10).tolist()  # distill_samples=48, every class in turn
     data_counts = torch.stack([torch.bincount(torch.as_tensor(_client_labels(cfg, c)), minlength=10)

@@ -161,6 +161,8 @@ def test_fedprox_and_fedgkd_take_the_cache_options_too(name, mode):
     assert algo.uses_cache and state.cache.mode == mode
     state, _ = algo.server_update(state, [_up(*u) for u in SCHEDULE[0]], _ctx(1))
     assert _w(state.cache.oca) == pytest.approx(OCA[mode][0], rel=1e-6)
+    plain = get_algorithm(name)(tiny_config(algorithm__name=name, algorithm__report_model="aca"), SPEC4)
+    assert not plain.uses_cache and plain.init_server_state(_scalar_model(0.0)).cache is None
 
 
 # --- T2: generator losses ----------------------------------------------------------------------------
