@@ -762,7 +762,7 @@ def test_the_generators_and_discriminators_steps_take_their_configured_lrs():
             result = run_update(s.ctx, s.plan)
             names = [k for k, _ in s.ctx.modules.generator.named_parameters()]
             step = max(float((result.upload.generator[k] - s.payload.generator[k]).abs().max()) for k in names)
-            assert step == pytest.approx(0.02, rel=1e-3) and step <= 0.02 * (1 + 1e-5)
+            assert step == pytest.approx(0.02, rel=1e-3) and step <= 0.02 + 1e-6  # float32 parameters
             heads.append(torch.cat([(result.state.disc[k] - s.state.disc[k]).flatten()
                                     for k, _ in s.ctx.modules.disc.named_parameters()]))
     # two SGD updates move the head in a step (the classifier's loss, then Eq. 2's), the second from where the

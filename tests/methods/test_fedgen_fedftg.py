@@ -403,3 +403,20 @@ def test_fedftgs_generator_loss_takes_each_configured_weight():
     assert not moved(**zero)
     for key in zero:
         assert moved(**{**zero, key: 1.0}), key
+
+
+def test_fedgens_generator_step_takes_the_configured_batch_and_decayed_lr():
+    """gen_server_batch_size=6: each generator step draws 6 labels (not federation.batch_size); gen_lr_decay=0.5 at
+    round 3: Adam's first step moves each parameter by at most gen_lr x 0.5^2, the largest by that itself."""
+    from fedray.methods.api import ServerContext
+
+    algo, modules, state = _server("fedgen", algorithm__gen_steps=1, algorithm__gen_server_batch_size=6,
+                                   algorithm__gen_lr=1e-2, algorithm__gen_lr_decay=0.5,
+                                   algorithm__gen_weight_decay=0.0)
+    calls, hook = _first_inputs(modules.generator)
+    new, _ = algo.server_update(state, _uploads(modules, COUNTS), ServerContext(3, 0, torch.device("cpu"), modules))
+    hook.remove()
+    assert len(calls[0][1]) == 6
+    start, end = _params(state.generator, modules.generator), _params(new.generator, modules.generator)
+    moved = max(float((end[k] - start[k]).abs().max()) for k in start)
+    assert moved == pytest.approx(1e-2 * 0.25, rel=1e-3) and moved <= 1e-2 * 0.25 + 1e-6  # float32 parameters
