@@ -147,7 +147,10 @@ def _key_patterns(opt: Option) -> list[str]:
 
 
 def _values_after(statement: str, key: str) -> list[str]:
-    return re.findall(key + r"""\s*["']?([^,)\s"'}\]]+)""", statement)
+    """The values ``key`` is set to: the token after it, and the other branch of a conditional (``1.0 if ... else
+    0.0``)."""
+    return (re.findall(key + r"""\s*["']?([^,)\s"'}\]]+)""", statement)
+            + re.findall(key + r"""[^,)]*?\belse\s+["']?([^,)\s"'}\]]+)""", statement))
 
 
 def named(opt: Option, files: dict[str, str], statements: dict[str, list[str]]) -> dict[str, bool]:

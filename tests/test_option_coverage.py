@@ -10,7 +10,6 @@ GAPS = {
     "fedftg: algorithm.gen_steps_per_teacher=<not 1>",
     "fedftg: algorithm.lr_decay=<not 0.998>",
     "fedftg: algorithm.freeze_student_bn=True",
-    "fedgen: algorithm.diversity_weight=<not 1.0>",
 }
 
 
