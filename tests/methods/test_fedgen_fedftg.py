@@ -420,3 +420,25 @@ def test_fedgens_generator_step_takes_the_configured_batch_and_decayed_lr():
     start, end = _params(state.generator, modules.generator), _params(new.generator, modules.generator)
     moved = max(float((end[k] - start[k]).abs().max()) for k in start)
     assert moved == pytest.approx(1e-2 * 0.25, rel=1e-3) and moved <= 1e-2 * 0.25 + 1e-6  # float32 parameters
+
+
+def test_fedftgs_generator_steps_follow_gen_steps_per_teacher_and_the_decayed_lr():
+    """One teacher, one iteration, no student step: gen_steps_per_teacher=2 runs the generator's step twice (one more
+    forward call than with 1); lr_decay=0.5 at round 3: its first Adam step moves each parameter by at most
+    gen_lr x 0.5^2, the largest by that itself."""
+    from fedray.methods.api import ServerContext
+
+    def server_round(steps: int, round_: int):
+        algo, modules, state = _server("fedftg", algorithm__iterations=1, algorithm__student_steps=0,
+                                       algorithm__gen_lr=1e-2, algorithm__lr_decay=0.5,
+                                       algorithm__gen_steps_per_teacher=steps)
+        calls, hook = _first_inputs(modules.generator)
+        new, _ = algo.server_update(state, _uploads(modules, [COUNTS[0]]),
+                                    ServerContext(round_, 0, torch.device("cpu"), modules))
+        hook.remove()
+        start, end = _params(state.generator, modules.generator), _params(new.generator, modules.generator)
+        return len(calls), max(float((end[k] - start[k]).abs().max()) for k in start)
+
+    (calls_1, moved), (calls_2, _) = server_round(1, 3), server_round(2, 3)
+    assert calls_2 - calls_1 == 1
+    assert moved == pytest.approx(1e-2 * 0.25, rel=1e-3) and moved <= 1e-2 * 0.25 + 1e-6  # float32 parameters
