@@ -7,7 +7,6 @@ from tests.option_coverage import census
 #: tiny case (then leave this list); a value not here that no test sets fails the test below
 GAPS = {
     "dafkd: algorithm.ensemble=probs",
-    "fedftg: algorithm.freeze_student_bn=True",
 }
 
 

@@ -185,7 +185,7 @@ def _server(name: str, **params):
     return algo, modules, algo.init_server_state(modules)
 
 
-def _uploads(modules, counts: list[list[int]], zero_heads: bool = False):
+def _uploads(modules, counts: list[list[int]], zero_heads: bool = False, model_name: str = "lenet5"):
     """One upload per row of ``counts`` (label counts over 10 classes), each a differently drawn model."""
     from fedray.learning.weights import clone_weights
     from fedray.methods.fedgen import LabelCountUpload
@@ -193,7 +193,7 @@ def _uploads(modules, counts: list[list[int]], zero_heads: bool = False):
     ups = []
     for k, row in enumerate(counts):
         torch.manual_seed(100 + k)
-        model = build_model("lenet5", (1, 16, 16), 10)
+        model = build_model(model_name, (1, 16, 16), 10)
         if zero_heads:
             with torch.no_grad():
                 model.head.weight.zero_()
@@ -442,3 +442,19 @@ def test_fedftgs_generator_steps_follow_gen_steps_per_teacher_and_the_decayed_lr
     (calls_1, moved), (calls_2, _) = server_round(1, 3), server_round(2, 3)
     assert calls_2 - calls_1 == 1
     assert moved == pytest.approx(1e-2 * 0.25, rel=1e-3) and moved <= 1e-2 * 0.25 + 1e-6  # float32 parameters
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_fedftgs_student_keeps_its_batchnorm_statistics_when_frozen(freeze):
+    """freeze_student_bn=true: fine-tuning on generated images leaves the student's BatchNorm running statistics
+    those of the clients' average (real data); false: the generated batches move them."""
+    from fedray.learning.weights import weighted_average
+    from fedray.methods.api import ServerContext
+
+    algo, modules, state = _server("fedftg", model__name="resnet8_bn", algorithm__iterations=1,
+                                   algorithm__student_steps=1, algorithm__freeze_student_bn=freeze)
+    uploads = _uploads(modules, COUNTS, model_name="resnet8_bn")
+    new, _ = algo.server_update(state, uploads, ServerContext(1, 0, torch.device("cpu"), modules))
+    average = weighted_average([u.weights for u in uploads], [u.num_samples for u in uploads])
+    stats = [k for k in average if k.endswith(("running_mean", "running_var"))]
+    assert stats and all(torch.equal(new.weights[k], average[k]) for k in stats) == freeze
