@@ -768,3 +768,17 @@ def test_the_generators_and_discriminators_steps_take_their_configured_lrs():
     # two SGD updates move the head in a step (the classifier's loss, then Eq. 2's), the second from where the
     # first left it: doubled to within the first-order change of the second's gradient
     assert heads[0].abs().max() > 0 and torch.allclose(heads[1], 2 * heads[0], rtol=0.02, atol=1e-6)
+
+
+@pytest.mark.parametrize("ensemble", ["probs", "logits"])
+def test_a_clients_soft_outputs_are_its_tempered_probabilities_or_its_logits(ensemble):
+    """algorithm.ensemble: what Eq. 7's ensemble sums, s_k(x) = softmax(z_k(x) / T) (probs, the paper) or z_k(x)
+    (logits, the authors' code), for the classifier loaded in the modules (eval mode)."""
+    algo = DaFKD(dafkd_config(algorithm__ensemble=ensemble, algorithm__temperature=2.0), SPEC_TINY)
+    modules = algo.build_modules()
+    x = torch.randn(5, *SPEC_TINY.input_shape, generator=torch.Generator().manual_seed(0))
+    s, f = algo.client_outputs(modules, x)
+    with torch.no_grad():
+        z = modules.model(x)
+    want = torch.softmax(z / 2.0, dim=1) if ensemble == "probs" else z
+    assert torch.allclose(s, want, atol=1e-6) and f.shape == (5,) and ((f > 0) & (f < 1)).all()
