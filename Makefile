@@ -47,10 +47,11 @@ run: install data
 # Three test processes (pytest-xdist): much of the suite waits on Ray, subprocesses and sweeps rather than computing
 # (with two, the 2-core machine was busy 1.2 cores on average): the suite took 509 s with three, 559 s with two and
 # 548 s with four on this 2-core Intel Xeon. Work stealing with the slow tests first (tests/conftest.py) keeps them
-# busy to the end. TEST_WORKERS=0: one process.
+# busy to the end; the 15 slowest are listed at the end of every run (what to make cheaper first). TEST_WORKERS=0:
+# one process.
 TEST_WORKERS ?= 3
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # Mutation testing of fedray/methods/ and fedray/learning/ against the fast tests (outside `make test` and CI: hours
 # on a 2-core CPU; a stopped run resumes): the record is benchmarks/results/mutation.md.
