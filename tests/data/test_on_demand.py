@@ -142,6 +142,7 @@ def test_a_personalised_method_keeps_states_of_the_clients_that_trained_and_scor
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about a minute: started first, so that it does not end a worker's queue
 def test_on_ray_and_after_a_resume_clients_made_on_demand_give_the_in_process_figures(ray_local, tmp_path):
     """100,000 clients made on demand: on Ray's workers (the server in an actor), stopped after round 2 and resumed
     there, every figure is the in-process run's: each client's data is made the same wherever and whenever; the
