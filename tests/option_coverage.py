@@ -17,6 +17,7 @@ that the test checks the option's effect by hand is the reviewer's part. ``EXEMP
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import typing
 from dataclasses import dataclass
@@ -192,13 +193,18 @@ def named(opt: Option, files: dict[str, str], statements: dict[str, list[str]]) 
     return found
 
 
+@functools.cache
+def _method_names() -> frozenset[str]:
+    from fedray.methods import ALGORITHMS
+
+    return frozenset(ALGORITHMS)
+
+
 def _about(opt: Option, context: str, stem: str) -> bool:
     """Whether a test (``context``: its source) is about ``opt``'s method: it names that method (its name quoted, its
     class, or a helper named for it), or it names no built-in method and its file is that method's (a file of two
     methods' tests counts a test for the method it names)."""
-    from fedray.methods import ALGORITHMS
-
-    quoted = set(re.findall(r"""["']([a-z0-9_]+)["']""", context)) & set(ALGORITHMS)
+    quoted = set(re.findall(r"""["']([a-z0-9_]+)["']""", context)) & _method_names()
     if opt.method in quoted or re.search(rf"\b({re.escape(opt.method_class)}|{re.escape(opt.method)}_\w+)\b",
                                          context):  # its class, or a helper named for it (dafkd_config)
         return True

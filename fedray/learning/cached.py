@@ -90,10 +90,10 @@ def init_cache(w0: Weights, num_clients: int, mode: str = "initial", running: bo
                slots: MutableMapping[int, Weights] | None = None) -> ModelCache:
     """Round-0 cache: no slot filled yet, OCA = w0 (Alg. 1 line 2: w_hat^0 <- w0). ``running``: the OCA model from a
     running sum (module docstring), the slots in ``slots`` (a dict when None)."""
-    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in w0.items() if torch.is_floating_point(v)}
+    total = ({k: torch.zeros_like(v, dtype=torch.float64) for k, v in w0.items() if torch.is_floating_point(v)}
+             if running else None)
     return ModelCache(initial=w0, slots={} if slots is None else slots,
-                      sizes=torch.zeros(num_clients, dtype=torch.int64), oca=w0, mode=mode,
-                      total=total if running else None)
+                      sizes=torch.zeros(num_clients, dtype=torch.int64), oca=w0, mode=mode, total=total)
 
 
 def oca_members(cache: ModelCache, votes: bool = False) -> tuple[list[Weights], list[float]]:
@@ -160,11 +160,11 @@ def _update_running(cache: ModelCache, client_ids: list[int], weights: list[Weig
         cache.slots[cid] = w
         cache.sizes[cid] = int(n)
     filled = int((cache.sizes > 0).sum())
-    mass = float(cache.sizes.sum())
-    empty = int(cache.sizes.numel()) - filled
-    w0_mass = empty * mass / filled if cache.mode == "initial" and filled else 0.0
     if not filled:
         return cache
+    mass = float(cache.sizes.sum())
+    empty = int(cache.sizes.numel()) - filled
+    w0_mass = empty * mass / filled if cache.mode == "initial" else 0.0
     oca = {}
     for key, ref in cache.initial.items():
         if key not in total:
