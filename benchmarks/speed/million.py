@@ -3,6 +3,7 @@ registered clients and 1,000 a round (issue 70).
 
     .venv/bin/python benchmarks/speed/million.py [--clients 10000 100000 1000000] [--per-round 1000] [--rounds 3]
         [--data synthetic fmnist] [--system off on] [--runtimes local ray] [--out benchmarks/results]
+    .venv/bin/python benchmarks/speed/million.py --floor-only   # Ray's floor alone, into the record
 
 Each cell runs in a process of its own (so that its peak memory is its own): ``fedray``'s ``synthetic`` preset with
 ``data.partition=on_demand`` (synthetic 1x16x16 images, a fixed base of 20,000; clients of 60 examples on average)
@@ -15,7 +16,9 @@ imports, to the run's set-up done before round 1: data, runtime, Ray), the peak 
 sampled every second, Ray's processes included), the median round time (rounds 2..R: round 1 pays one-off costs), and
 the clients derived in process (the sampled plus the evaluated; on Ray the workers make them). Targets (issue 70): a round at 1,000,000 within 1.1x of the same
 round at 10,000; peak under 4 GB in process without the system, under 6 GB with its availability trace, at most 1 GB
-more on Ray; start-up under 60 s. Writes ``OUT/million.json`` and ``OUT/million.md``.
+more on Ray; start-up under 60 s. With the Ray cells, Ray's floor: what Ray and its idle workers cost before any data
+or client (each worker imports torch), so that a Ray cell's extra splits into Ray's and the run's. Writes
+``OUT/million.json`` and ``OUT/million.md``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from system_scale import system_overrides  # noqa: E402
 
 TARGETS = {"round_ratio": 1.1, "peak_local_gb": 4.0, "peak_local_system_gb": 6.0, "ray_extra_gb": 1.0,
            "startup_s": 60.0}
+RAY_WORKERS = 2  # client workers of a Ray cell: one a core here
 
 
 def cell_overrides(clients: int, per_round: int, rounds: int, data: str, system: bool, runtime: str,
@@ -47,7 +51,7 @@ def cell_overrides(clients: int, per_round: int, rounds: int, data: str, system:
         out += ["data.dataset=fashion_mnist", "data.pseudo_base_clients=1000", "data.alpha=0.5",
                 "data.min_samples=2"]
     if runtime == "ray":
-        out += ["runtime.num_workers=2", "runtime.num_cpus_per_worker=1"]
+        out += [f"runtime.num_workers={RAY_WORKERS}", "runtime.num_cpus_per_worker=1"]
     if system and traces is not None:
         out += system_overrides(traces / "devices.parquet", traces / "online.parquet")
     return out
@@ -88,6 +92,47 @@ def run_cell(overrides: list[str]) -> dict:
             "runtime": result.summary.get("runtime")}
 
 
+def run_floor(workers: int) -> dict:
+    """Ray's own cost here (``--floor-only``): the process tree's PSS with a local Ray started as a run starts it and
+    ``workers`` idle actors that imported torch and the client worker's code, less this process's before Ray started;
+    no data, no client, no model. What a Ray cell adds above its in-process cell beyond this is the run's."""
+    import psutil
+    import ray
+    import torch  # noqa: F401  (the driver of a run has imported it before Ray starts)
+
+    from fedray.load import load_config
+    from fedray.runtime.ray_start import start_ray
+
+    def tree() -> list[tuple[str, int]]:
+        me, rows = psutil.Process(), []
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                rows.append((p.name() if p.pid != me.pid else "driver", p.memory_full_info().pss))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return rows
+
+    before = sum(pss for _, pss in tree())
+    start_ray(load_config("synthetic", ["runtime.backend=ray"]))
+
+    @ray.remote(num_cpus=1)
+    class Idle:
+        def __init__(self):
+            import fedray.runtime.core  # noqa: F401  (torch with it)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    actors = [Idle.remote() for _ in range(workers)]
+    ray.get([a.pid.remote() for a in actors])
+    time.sleep(3)  # Ray's agents settle after the workers start
+    rows = tree()
+    ray.shutdown()
+    workers_gb = [pss / 2**30 for name, pss in rows if name.startswith("ray::Idle")]
+    return {"workers": workers, "extra_gb": (sum(pss for _, pss in rows) - before) / 2**30,
+            "per_worker_gb": sum(workers_gb) / max(len(workers_gb), 1)}
+
+
 def round_s(result: dict) -> float:
     """A cell's round time: the median of rounds 2..R (round 1 pays one-off costs; the median, because this
     machine's CPU time varies by tens of percent from minute to minute, a round at a time)."""
@@ -111,9 +156,16 @@ def markdown(record: dict) -> str:
         lines.append(f"| {c['data']} | {c['system']} | {c['runtime']} | {c['clients']:,} | {r['startup_s']:.1f} | "
                      f"{r['peak_pss_gb']:.2f} | {round_s(r):.2f} | "
                      f"{'—' if r['derivations'] is None else format(r['derivations'], ',')} |")
+    floor = record.get("ray_floor")
+    if floor:
+        lines += ["", f"Ray's floor here: {floor['extra_gb']:.2f} GB above the driver alone, with {floor['workers']} "
+                  f"idle workers ({floor['per_worker_gb']:.2f} GB each: torch and the worker's code imported) and "
+                  "Ray's own processes, before any data, client or model (`--floor-only`); \"above floor\" is a Ray "
+                  "cell's extra less this."]
     lines += ["", "Targets (issue 70): " + "; ".join(f"{k} {v:g}" for k, v in record["targets"].items()), "",
               "| data | system | runtime | round at max / at min registered | peak at max (GB) | Ray's extra (GB) "
-              "| slowest start-up (s) | met |", "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+              "| above floor (GB) | slowest start-up (s) | met |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     lines += [target_row(record, key) for key in sorted({(c["data"], c["system"], c["runtime"])
                                                          for c in record["cells"]})]
     return "\n".join(lines) + "\n"
@@ -128,12 +180,12 @@ def target_row(record: dict, key: tuple[str, str, str]) -> str:
     ok = {c["clients"]: c["result"] for c in record["cells"]
           if (c["data"], c["system"], c["runtime"]) == key and "error" not in c["result"]}
     if len(ok) < 2:
-        return f"| {data} | {system} | {runtime} | not measured | | | | no |"
+        return f"| {data} | {system} | {runtime} | not measured | | | | | no |"
     lo, hi = ok[min(ok)], ok[max(ok)]
     ratio = round_s(hi) / round_s(lo)
     startup = max(r["startup_s"] for r in ok.values())
     met = ratio <= t["round_ratio"] and startup <= t["startup_s"]
-    extra = "—"
+    extra = above = "—"
     if runtime == "local":
         met &= hi["peak_pss_gb"] <= t["peak_local_system_gb" if system == "on" else "peak_local_gb"]
     else:
@@ -141,10 +193,13 @@ def target_row(record: dict, key: tuple[str, str, str]) -> str:
                 == (data, system, "local", max(ok)) and "error" not in c["result"]]
         if here:
             extra = f"{hi['peak_pss_gb'] - here[0]['peak_pss_gb']:.2f}"
+            if record.get("ray_floor"):
+                above = f"{hi['peak_pss_gb'] - here[0]['peak_pss_gb'] - record['ray_floor']['extra_gb']:.2f}"
             met &= hi["peak_pss_gb"] - here[0]["peak_pss_gb"] <= t["ray_extra_gb"]
         else:
             met = False
-    return (f"| {data} | {system} | {runtime} | {ratio:.2f} | {hi['peak_pss_gb']:.2f} | {extra} | {startup:.1f} | "
+    return (f"| {data} | {system} | {runtime} | {ratio:.2f} | {hi['peak_pss_gb']:.2f} | {extra} | {above} | "
+            f"{startup:.1f} | "
             f"{'yes' if met else 'no'} |")
 
 
@@ -158,6 +213,9 @@ def main() -> None:
     ap.add_argument("--runtimes", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--cell", nargs="*", help=argparse.SUPPRESS)  # one cell's overrides, run in this process
+    ap.add_argument("--floor-cell", type=int, help=argparse.SUPPRESS)  # Ray's floor with N workers, in this process
+    ap.add_argument("--floor-only", action="store_true", help="measure Ray's floor alone into OUT/million.json (its "
+                    "cells kept)")
     ap.add_argument("--report-only", action="store_true", help="rewrite OUT/million.md from OUT/million.json")
     ap.add_argument("--merge", action="store_true", help="replace only these cells in OUT/million.json (a cell "
                     "rerun on a quiet machine)")
@@ -169,13 +227,23 @@ def main() -> None:
     if args.cell is not None:
         print(json.dumps(run_cell(args.cell)))
         return
+    if args.floor_cell is not None:
+        print(json.dumps(run_floor(args.floor_cell)))
+        return
     sys.path.insert(0, str(Path(__file__).parents[1] / "papers"))
     from harness import device_name
 
     from system_scale import write_traces
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cells = []
+    cells, floor = [], None
+    if "ray" in args.runtimes:
+        done = subprocess.run([sys.executable, __file__, "--floor-cell", str(RAY_WORKERS)], capture_output=True,
+                              text=True)
+        floor = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+        print(json.dumps({"ray_floor": floor}), flush=True)
+    if args.floor_only:
+        args.clients, args.merge = [], True
     with tempfile.TemporaryDirectory() as tmp:
         for clients in args.clients:
             traces = None
@@ -203,11 +271,12 @@ def main() -> None:
         fresh = {key(c): c for c in cells}
         record["cells"] = [fresh.pop(key(c), c) for c in record["cells"]] + list(fresh.values())
         record["command"] += f"; then {command}"
+        record["ray_floor"] = floor or record.get("ray_floor")
         record["machine"] = device_name("cpu")  # the machine of the rerun cells: rerun them on the record's
     else:
         record = {"benchmark": "million", "date": time.strftime("%Y-%m-%d %H:%M"),
                   "machine": device_name("cpu"),
-                  "command": command, "targets": TARGETS, "cells": cells}
+                  "command": command, "targets": TARGETS, "ray_floor": floor, "cells": cells}
     out.mkdir(parents=True, exist_ok=True)
     (out / "million.json").write_text(json.dumps(record, indent=1) + "\n")
     (out / "million.md").write_text(markdown(record))
