@@ -156,9 +156,14 @@ class Oort:
         sc = self.scores(round_, ids)
         order = np.lexsort((ids, -sc))  # highest first, ties to the lower id
         ids, sc = ids[order], sc[order]
-        cut = self.cfg.cutoff * sc[n - 1]
-        admitted = max(int(np.sum(sc >= cut)), n, min(ids.size, math.ceil(self.cfg.pool_factor * n)))
+        admitted = self.admitted(sc, n)
         return self._draw(ids[:admitted], sc[:admitted], n, rng)
+
+    def admitted(self, sc: np.ndarray, n: int) -> int:
+        """How many of the scores ``sc`` (highest first) exploitation draws ``n`` from: those at or above ``cutoff``
+        times the n-th highest, at least ``n`` and at least ``pool_factor`` x n (FedScale's pool) of them."""
+        cut = self.cfg.cutoff * sc[n - 1]
+        return max(int(np.sum(sc >= cut)), n, min(sc.size, math.ceil(self.cfg.pool_factor * n)))
 
     def _explore(self, ids: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
         """``n`` of the unexplored ``ids``: among the sample_window x n of largest declared size (penalised by a
@@ -193,7 +198,8 @@ class Oort:
         mine = np.intersect1d(self.last_pick["exploit"], self.reported)
         self.exploit_utility.append(float(self.utility[mine].sum() / (mine.size + 1e-4)))
         w, hist = self.cfg.pacer_step, self.exploit_utility
-        if not (round_ >= 2 * w and round_ % w == 0 and len(hist) >= 2 * w):
+        # two windows of history (one entry a round from round 2 at most) means round_ > 2 W already
+        if not (round_ % w == 0 and len(hist) >= 2 * w):
             return
         before, now = sum(hist[-2 * w:-w]), sum(hist[-w:])
         step = self.cfg.pacer_delta

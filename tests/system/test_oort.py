@@ -172,3 +172,167 @@ def test_a_run_selects_by_oort_and_its_keys_are_checked():
 
             resolve_experiment(tiny_config(**overrides))
         assert e.value.key == key, e.value
+
+
+# --- every boundary and constant of the selector, by hand ------------------------------------------------------------
+
+
+def _timed(n, durations, utilities=None, **cfg):
+    """An Oort of ``n`` clients of which 0..len(durations)-1 reported in round 1 after ``durations``."""
+    oort = _oort(n, **cfg)
+    heard = np.arange(len(durations))
+    oort.feedback(1, heard, heard, np.ones(heard.size) if utilities is None else np.asarray(utilities, float),
+                  np.asarray(durations, float), waited=max(durations))
+    return oort
+
+
+@pytest.mark.parametrize("percentile, preferred", [(40, 3.0), (99, 5.0), (100, math.inf)])
+def test_t_is_the_percentiles_entry_of_the_sorted_durations_and_unbounded_at_100(percentile, preferred):
+    """Durations 5, 1, 4, 2, 3 sorted: T is entry min(int(5 p / 100), 4): p = 40 -> entry 2 (3 s), p = 99 -> entry 4
+    (5 s, the last, not one before it); p = 100: no T at all (no penalty, no figure)."""
+    oort = _timed(6, [5, 1, 4, 2, 3], round_percentile=percentile)
+    oort.select(2, np.arange(6), 2)
+    assert oort.preferred_s == preferred
+    assert oort.sim().get("sim/oort_preferred_s", math.inf) == preferred
+
+
+def test_eps_decays_by_its_factor_each_round_down_to_its_floor():
+    oort = _oort(10, exploration=0.5, exploration_decay=0.5, exploration_min=0.1)
+    seen = []
+    for r in (1, 2, 3):
+        oort.select(r, np.arange(10), 2)
+        seen.append(oort.sim()["sim/oort_exploration"])
+    assert seen == [0.25, 0.125, 0.1]
+
+
+def test_the_penalty_at_t_itself_is_none_and_below_a_second_it_is_still_t_over_t():
+    """T = 0.2 s (the 40th percentile of 0.1, 0.2, 0.5): the client of 0.2 s is not slower than T; the one of 0.5 s
+    is penalised by (0.2 / 0.5)^2 even though both are under a second (the floor on t is 1e-4 s, not 1 s)."""
+    oort = _timed(3, [0.1, 0.2, 0.5], round_percentile=40, alpha=2.0)
+    oort.select(2, np.arange(3), 1)
+    assert oort.preferred_s == 0.2
+    assert oort.penalty(np.arange(3)) == pytest.approx([1.0, 1.0, (0.2 / 0.5) ** 2], rel=1e-12)
+
+
+def test_scores_clip_at_the_quantile_ignore_zero_utilities_and_divide_the_temporal_term_by_the_last_round():
+    """Utilities 0, 0.5, 2, 4, 8 (client 0's zero is no positive utility): clip = 0.5 -> positive entry
+    int(4 x 0.5) = 2 (4.0); low = 0.999 x 0.5; clients last heard in round 2, scored at round 5: the temporal term
+    is sqrt(0.1 ln 5 / 2)."""
+    oort = _oort(5, clip=0.5, round_percentile=100)
+    oort.feedback(2, np.arange(5), np.arange(5), np.array([0.0, 0.5, 2.0, 4.0, 8.0]), np.ones(5), 1.0)
+    low, clip = 0.999 * 0.5, 4.0
+    temporal = math.sqrt(0.1 * math.log(5) / 2)
+    hand = [abs((min(u, clip) - low) / (clip * 0 + 8.0 - low) + temporal) for u in (0.0, 0.5, 2.0, 4.0, 8.0)]
+    assert oort.scores(5, np.arange(5)) == pytest.approx(hand, rel=1e-12)
+
+
+def test_equal_utilities_span_a_thousandth_of_their_value_and_all_zero_utilities_score_only_the_temporal_term():
+    oort = _oort(3, round_percentile=100)
+    oort.feedback(1, np.arange(3), np.arange(3), np.ones(3), np.ones(3), 1.0)
+    temporal = math.sqrt(0.1 * math.log(2))
+    # (1 - 0.999) / max(1 - 0.999, 1e-4) = 1: the range is the thousandth, not the floor
+    assert oort.scores(2, np.arange(3)) == pytest.approx([1 + temporal] * 3, rel=1e-9)
+    zero = _oort(3, round_percentile=100)
+    zero.feedback(1, np.arange(3), np.arange(3), np.zeros(3), np.ones(3), 1.0)
+    assert zero.scores(2, np.arange(3)) == pytest.approx([temporal] * 3, rel=1e-12)
+
+
+@pytest.mark.parametrize("scores, n, cfg, admitted", [
+    ([10, 9.5, 9.5, 9.4, 1], 2, {}, 4),  # cut 0.95 x 9.5 = 9.025: 10, 9.5, 9.5 and 9.4 are in, 1 is not
+    ([10, 9.5, 9.025, 9.0, 1], 2, {}, 3),  # a score exactly at the cut is admitted
+    ([10, 9.5, 9.0, 1, 1], 3, {"cutoff": 1.0}, 3),  # at least n, whatever the cut
+    ([10, 5, 1, 1, 1, 1, 1], 2, {"pool_factor": 1.5}, 3),  # FedScale's pool: ceil(1.5 x 2) = 3
+    ([10, 5, 1], 2, {"pool_factor": 10}, 3),  # the pool is capped at the candidates
+], ids=["cut", "at-the-cut", "at-least-n", "pool", "pool-capped"])
+def test_exploitation_admits_scores_at_or_above_the_cut_off_times_the_nth(scores, n, cfg, admitted):
+    assert _oort(1, **cfg).admitted(np.array(scores, float), n) == admitted
+
+
+def test_pure_exploitation_selects_exactly_k_and_exploration_weighs_by_size_times_penalty():
+    """exploration 0: K = 2 clients, none of them an explorer (client 0 is not added); among two unexplored clients
+    of equal declared size, the one the server already waited long for (penalised) loses a window of 1."""
+    oort = _oort(6, exploration=0.0, exploration_min=0.0, cutoff=1.0)
+    oort.feedback(1, np.arange(1, 6), np.arange(1, 6), np.arange(1.0, 6.0), np.ones(5), 1.0)
+    chosen = oort.select(2, np.arange(1, 6), 2)
+    assert chosen.tolist() == [4, 5] and oort.sim()["sim/oort_explored"] == 0
+    fresh = _oort(4, exploration=1.0, exploration_decay=1.0, exploration_min=1.0, sample_window=1.0,
+                  round_percentile=50)
+    fresh.register(np.array([5, 5, 5, 5]))
+    fresh.feedback(1, np.array([0, 1, 2]), np.array([0, 1]), np.ones(2), np.array([1.0, 2.0]), waited=10.0)
+    fresh.last[:] = 0  # clients 0 and 1 as if their reports were lost: all four unexplored, 2 known slow
+    for r in range(2, 6):
+        assert fresh.select(r, np.array([2, 3]), 1).tolist() == [3]
+
+
+def test_a_round_that_takes_every_online_client_counts_those_heard_from_in_any_round_as_exploited():
+    oort = _oort(4)
+    oort.feedback(1, np.array([0]), np.array([0]), np.ones(1), np.ones(1), 1.0)
+    oort.take_all(np.array([0, 1, 2]))
+    assert oort.last_pick["exploit"].tolist() == [0] and oort.last_pick["explore"].tolist() == [1, 2]
+
+
+def test_a_zero_weight_is_drawn_only_when_the_others_are_taken():
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        assert Oort._draw(np.array([7, 8]), np.array([0.0, 5.0]), 1, rng).tolist() == [8]
+    assert sorted(Oort._draw(np.array([7, 8]), np.array([0.0, 5.0]), 2, np.random.default_rng(0)).tolist()) == [7, 8]
+
+
+def test_the_blacklist_holds_counts_above_its_bound_the_most_picked_first():
+    oort = _oort(8, blacklist_rounds=2, blacklist_max=0.25)
+    oort.picked[:] = [2, 5, 3, 4, 0, 0, 0, 0]
+    assert oort.blacklist().tolist() == [1, 3]  # of 5, 4, 3 the 2 (0.25 x 8) most picked
+    oort.cfg.blacklist_max = 1.0
+    assert oort.blacklist().tolist() == [1, 2, 3]  # client 0, picked exactly 2 times, is not above 2
+    oort.feedback(1, np.array([4, 5]), np.array([4]), np.ones(1), np.ones(1), 1.0)
+    assert oort.picked[4:6].tolist() == [1, 0]  # one count a round it arrived in
+
+
+def test_feedback_gives_a_silent_client_at_least_the_time_waited():
+    """Client 0 was measured at 3 s and client 1 at 30 s; in round 2 neither arrives within the 10 s waited: 0's
+    duration becomes 10 (at least that), 1's stays 30, and never-timed client 2's becomes 10."""
+    oort = _timed(4, [3.0, 30.0])
+    oort.feedback(2, np.array([0, 1, 2]), np.array([], dtype=np.int64), np.ones(0), np.ones(0), waited=10.0)
+    assert oort.duration[:3].tolist() == [10.0, 30.0, 10.0] and oort.timed[:3].all() and not oort.timed[3]
+
+
+def test_the_pacer_records_from_round_2_and_moves_only_on_its_window():
+    """No record in round 1 (nothing exploited yet); from round 2 one a round. W = 2: the pacer looks at rounds 6
+    and 8 (multiples of W with two windows of history), never at 2, 4, 7 or 9, and compares the last W entries with
+    the W just before them, not with older ones."""
+    def schedule(pacer):
+        oort = _oort(4, pacer=pacer, pacer_step=2, pacer_delta=10.0, round_percentile=30)
+        oort._pace(1)
+        assert oort.exploit_utility == []
+        oort.last_pick = {"exploit": np.array([0]), "explore": np.zeros(0, np.int64)}
+        oort.reported = np.array([0])
+        percentiles = []
+        utilities = [1.0, 20.0, 20.0, 9.0, 8.0, 8.0, 9.0, 5.0]
+        for r, u in zip(range(2, 10), utilities):
+            oort.utility[0] = u
+            oort._pace(r)
+            percentiles.append(oort.percentile)
+        assert oort.exploit_utility == pytest.approx(utilities, rel=1e-4)
+        return percentiles
+    # round 6: [20, 20] then [9, 8]: fell, T relaxes; round 8: [9, 8] then [8, 9]: the same (the older 20s are not
+    # in the window), T stays
+    assert schedule("paper") == [30, 30, 30, 30, 40, 40, 40, 40]
+    # FedScale's: round 6 changed by 23 of 40 (neither within 10 % nor 5-fold): stays; round 8 by 0: relaxes
+    assert schedule("fedscale") == [30, 30, 30, 30, 30, 30, 40, 40]
+
+
+@pytest.mark.parametrize("pacer, history, start, percentile", [
+    ("paper", [4, 4, 4, 4], 30.0, 30.0),  # the same utility: T stays
+    ("paper", [4, 4, 3, 3], 97.5, 100.0),  # relaxed up to 100, not past it
+    ("fedscale", [10, 10, 9, 9], 30.0, 37.5),  # exactly 10 % less: relaxes
+    ("fedscale", [1, 1, 6, 6], 30.0, 22.5),  # exactly 5-fold more (|12 - 2| = 5 x 2): tightens
+    ("fedscale", [1, 1, 4.5, 4.5], 30.0, 30.0),  # 4.5-fold: stays
+    ("fedscale", [4, 4, 4.2, 4.2], 97.5, 100.0),
+], ids=["paper-equal", "paper-cap", "fedscale-10pc", "fedscale-5x", "fedscale-4.5x", "fedscale-cap"])
+def test_the_pacers_thresholds_at_their_boundaries(pacer, history, start, percentile):
+    oort = _oort(4, pacer=pacer, pacer_step=2, pacer_delta=7.5, round_percentile=start)
+    oort.exploit_utility = list(history[:-1])
+    oort.last_pick = {"exploit": np.array([0]), "explore": np.zeros(0, np.int64)}
+    oort.reported, oort.utility[0] = np.array([0]), history[-1] * (1 + 1e-4)  # the mean divides by 1 + 1e-4
+    oort._pace(4)
+    assert oort.percentile == percentile
