@@ -291,6 +291,8 @@ def test_speeds_that_vary_are_seeded_per_round_and_client_around_the_device(tmp_
     again = Devices.build(cfg(0.5), 4, seed=3).time_parts(np.array([2]), np.array([100.0]), np.array([1e6]),
                                                            np.array([1e6]), 7)
     assert again["compute_s"][0] == one["compute_s"][0]  # a resumed run draws the same
+    total = dev.client_time(np.array([2]), np.array([100.0]), np.array([1e6]), np.array([1e6]), 7)[0]
+    assert total == pytest.approx(sum(part[0] for part in one.values()), rel=1e-12)  # t_k of round 7's speeds
     compute = np.array([dev.time_parts(np.array([1]), np.array([100.0]), np.array([0.0]), np.array([0.0]), r)
                         ["compute_s"][0] for r in range(1, 2001)])
     assert len(set(compute.tolist())) == 2000  # another draw each round

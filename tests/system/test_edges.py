@@ -1,0 +1,65 @@
+"""The availability models and the clock's stop at their edges: a time exactly at an interval's start or end, a
+time a rounding error short of a cycle's end, nobody online, nobody ever changing; and what the stop names."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fedray.system.availability import CyclicTrace, Markov, TraceAvailability
+from fedray.system.clock import SystemClock
+
+
+def test_a_trace_changes_strictly_after_the_time_asked_its_intervals_end_exclusive():
+    """Client 0 online [10, 20), client 1 [20, 30): at 10 the next change is 20 (not 10 itself); at 20 it is 30;
+    at 20 client 0 is offline and client 1 online until 30."""
+    trace = TraceAvailability(2, np.array([0, 1]), np.array([10.0, 20.0]), np.array([20.0, 30.0]))
+    assert trace.next_change(10.0) == 20.0 and trace.next_change(20.0) == 30.0 and trace.next_change(30.0) == math.inf
+    online, until = trace.at(20.0)
+    assert online.tolist() == [False, True] and until[1] == 30.0
+    assert trace.next_online(5.0) == 10.0 and trace.next_online(10.0) == 10.0 and trace.next_online(30.0) == math.inf
+
+
+def test_markov_keeps_its_time_and_with_nobody_online_waits_for_the_first_to_come_back():
+    chain = Markov(3, 10.0, 10.0, seed=0)
+    chain.online[:], chain.until[:] = False, [7.0, 4.0, 9.0]  # all offline, back at 7, 4 and 9
+    assert chain.next_online(1.0) == 4.0 and chain.next_change(1.0) == 4.0
+    assert chain.state()["time"] == 1.0
+    online, until = chain.at(5.0)  # client 1 came back at 4: online until 4 + an exponential draw
+    assert online.tolist() == [False, True, False] and until[1] > 5.0 and chain.state()["time"] == 5.0
+    assert chain.next_online(5.0) == 5.0 and chain.next_change(5.0) == min(7.0, until[1])
+
+
+def test_a_cyclic_trace_a_rounding_error_short_of_the_cycles_end_reads_as_the_next_cycles_start():
+    """Online [0, 5) of a 10 s cycle: at 30 - 5e-10 s (t mod 10 rounds to just under 10) the client is online, until
+    35, as at 30 itself."""
+    cyc = CyclicTrace(1, np.array([0]), np.array([0.0]), np.array([5.0]), np.array([10.0]))
+    for t in (30.0 - 5e-10, 30.0):
+        online, until = cyc.at(t)
+        assert online.dtype == bool and online.tolist() == [True] and until.tolist() == [35.0]
+    assert cyc.at(35.0)[0].tolist() == [False]
+
+
+def test_a_cyclic_trace_online_the_whole_cycle_never_changes_and_an_empty_one_is_never_online():
+    always = CyclicTrace(1, np.array([0]), np.array([0.0]), np.array([10.0]), np.array([10.0]))
+    assert always.next_change(3.0) == math.inf and always.at(25.0)[1].tolist() == [math.inf]
+    empty = CyclicTrace(2, np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.array([10.0, 10.0]))
+    assert empty.next_online(3.0) == math.inf and not empty.at(3.0)[0].any()
+
+
+@pytest.mark.parametrize("availability, key", [
+    ("markov", "system.mean_online_s"), ("trace", "system.availability_trace"),
+    ("fedscale", "system.availability_trace"), ("always", "system.availability")])
+def test_the_stop_names_the_key_that_lengthens_online_periods_of_each_availability_model(availability, key):
+    clock = SimpleNamespace(cfg=SimpleNamespace(availability=availability, deadline_s=2.0),
+                            dry={"late": 0, "offline": 3, "fastest": 1.5})
+    stop = SystemClock.no_arrivals(clock, "round 9")
+    assert str(stop) == f"round 9; 3 went offline before they finished: give the clients longer online periods ({key})"
+    both = SystemClock.no_arrivals(clock, "round 9", late=1, offline=2, fastest=4.0)
+    assert str(both) == ("round 9; 1 finished after system.deadline_s=2 s (the fastest in 4.0 s): raise "
+                         f"system.deadline_s; 2 went offline before they finished: give the clients longer online "
+                         f"periods ({key})")
+    assert str(SystemClock.no_arrivals(clock, "round 9", offline=0)) == "round 9; no client finished its work"
