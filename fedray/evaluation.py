@@ -235,6 +235,27 @@ class EvalIndex:
                             loss_sum=loss_sum[has])
 
 
+    def merged(self, parts: list[dict[str, list]]) -> tuple[dict[str, dict[str, float]], ClientScores | None]:
+        """Each scored model's figures (:meth:`metrics`; the global model's, suffix "", with :meth:`membership`) and
+        the global model's per-client ones, from the parts of an evaluation spread over processes (each a
+        :meth:`fedray.runtime.core.ClientWorkerCore.evaluate_global`: per model, its batches' (start, stop,
+        correct, loss)); the parts' batches together cover the evaluation set once."""
+        scored, clients = {}, None
+        for suffix in parts[0]:
+            ok = np.zeros(self.size, dtype=bool)
+            loss = np.zeros(self.size, dtype=np.float32) if suffix == "" else None
+            for part in parts:
+                for start, stop, correct, ce in part[suffix]:
+                    ok[start:stop] = correct
+                    if loss is not None:
+                        loss[start:stop] = ce
+            scored[suffix] = self.metrics(ok)
+            if loss is not None:
+                scored[suffix].update(self.membership(loss))
+                clients = self.client_scores(ok, loss)
+        return scored, clients
+
+
 def local_test_set(data: FederatedData, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The local test splits of ``clients``, in order, as one array of images and one of labels
     (:meth:`~fedray.data.federated.FederatedData.client_test_data`: made on demand, one derivation a client)."""

@@ -196,6 +196,39 @@ def test_spread_evaluation_and_personal_counts_match_the_whole_pass(tiny, val):
         assert (val_c, val_n) == (int(whole[index.num_test : index.val_stop].sum()), 10 * val)
 
 
+def test_the_workers_parts_of_an_evaluation_merged_give_the_servers_figures(tiny):
+    """What the Ray runtime does, in process: the server's models to score (the global one, OCA, and ACA,
+    which differs), worker k of 2 scoring every 2nd fixed batch of each (ClientWorkerCore.evaluate_global), the parts
+    merged (EvalIndex.merged): the same eval/* and per-client figures as the server scoring them itself."""
+    import torch
+
+    from fedray.data import build_federated_data
+    from fedray.runtime.local import LocalRuntime
+    from fedray.runtime.server_core import report_eval
+
+    cfg = tiny(data__num_clients=4, algorithm__report_model="oca", federation__eval_batch_size=64)
+    rt = LocalRuntime(cfg, build_federated_data(cfg.data, cfg.seed))
+    try:
+        torch.manual_seed(2)
+        state = rt.server.state
+        state.weights = {k: v + 0.3 * torch.randn_like(v) if v.is_floating_point() else v
+                         for k, v in state.weights.items()}
+        models, report = rt.server.eval_models()
+        assert sorted(models) == ["", "aca"]  # the global model is OCA (reported): scored once
+        parts = [rt.worker.evaluate_global(models, k, 2) for k in range(2)]
+        chunks = rt.server.evaluator.chunks()
+        assert len(chunks) > 4 and [len(p[""]) for p in parts] == [len(chunks[0::2]), len(chunks[1::2])]
+        assert all(ce is None for p in parts for *_, ce in p["aca"]) and all(ce is not None for p in parts
+                                                                                for *_, ce in p[""])
+        scored, clients = rt.server.evaluator.index.merged(parts)
+        want, want_clients = rt.server.evaluation()
+        assert report_eval(scored, report) == want and scored["aca"] != scored[""]
+        for field in ("client", "correct", "samples", "loss_sum"):
+            assert np.array_equal(getattr(clients, field), getattr(want_clients, field)), field
+    finally:
+        rt.close()
+
+
 @pytest.mark.parametrize("name,channels_last", [("lenet5", True), ("resnet8_bn", True), ("resnet8", False),
                                                 ("mlp", False)])
 def test_evaluation_models_take_the_faster_layout_on_a_cpu_and_predict_the_same(tiny, name, channels_last):

@@ -339,19 +339,7 @@ class RayRuntime(Runtime):
         models_ref, report = self.server.eval_models()
         parts = self.pool.run_on_all(lambda workers: [w.evaluate_global.remote(models_ref, k, len(workers))
                                                       for k, w in enumerate(workers)], "evaluation")
-        scored, clients = {}, None
-        for suffix in parts[0]:
-            ok = np.zeros(self.eval_index.size, dtype=bool)
-            loss = np.zeros(self.eval_index.size, dtype=np.float32) if suffix == "" else None
-            for part in parts:
-                for start, stop, correct, ce in part[suffix]:
-                    ok[start:stop] = correct
-                    if loss is not None:
-                        loss[start:stop] = ce
-            scored[suffix] = self.eval_index.metrics(ok)
-            if loss is not None:
-                scored[suffix].update(self.eval_index.membership(loss))
-                clients = self.eval_index.client_scores(ok, loss)
+        scored, clients = self.eval_index.merged(parts)
         return report_eval(scored, report), clients
 
     def _evaluate_clients(self, client_ids: list[int]) -> list[tuple]:
