@@ -1,5 +1,6 @@
-"""Mutation testing of the methods and the learning helpers: how many one-line changes to ``fedray/methods/`` and
-``fedray/learning/`` the fast tests catch, and which ones they let through.
+"""Mutation testing of the engine: how many one-line changes to the methods, the learning helpers, the simulated
+system, the channel and its stages (compression, privacy, adversaries), the simulation loop, the evaluation, the
+result table and the in-process runtime the fast tests catch, and which ones they let through.
 
 Tool: mutmut 3 (``[tool.mutmut]`` in pyproject.toml has the scope and the tests). Chosen over cosmic-ray because it
 runs each mutant only against the tests that reach the mutated function (recorded in one instrumented pass of the
@@ -7,17 +8,22 @@ suite) in a process forked from one that has already imported torch, so a mutant
 a fresh interpreter and the whole suite; and because ``mutmut show`` / ``mutmut apply`` put any mutant on disk to
 look at. Its mutants: operators, constants, strings, arguments dropped or set to None, calls, returns.
 
-Scope: every function of fedray/methods/ and fedray/learning/ (module-level code and class bodies are not mutated
-by mutmut 3), against tests/methods, tests/learning, tests/vectorized, tests/test_every_method.py and the tests of
-the system simulation's hooks (tests/system/test_work.py, test_async.py), without the tests marked ray, realdata or
-slow, with OMP_NUM_THREADS=1 (forked children and OpenMP's thread pool deadlock).
+Scope (``SCOPE`` in mutation_state.py, ``only_mutate`` in pyproject.toml): every function (module-level code and
+class bodies are not mutated by mutmut 3) of fedray/methods/, fedray/learning/ (the robust aggregation rules
+included), fedray/system/, fedray/channel/, fedray/privacy/, fedray/adversary/, fedray/simulation.py,
+fedray/evaluation.py, fedray/report/table.py and the in-process runtime (fedray/runtime/local.py, core.py,
+server_core.py, base.py, root.py, personal.py, server_inputs.py: what runs a round on either runtime; the Ray-only
+modules need Ray, which the fast tests do not start), against the tests of those folders, the every-method tests and
+the bad-input and validation tests, without the tests marked ray, realdata or slow, with OMP_NUM_THREADS=1 (forked
+children and OpenMP's thread pool deadlock).
 
     .venv/bin/python benchmarks/quality/mutation.py               # mutmut run (resumes where it stopped), the record
     .venv/bin/python benchmarks/quality/mutation.py --record-only # the record from mutants/ as it is
 
-``make mutation`` runs the first. The record: ``benchmarks/results/mutation.{json,md}``. A survivor is "in a loss"
+``make mutation`` runs the first. The record: ``benchmarks/results/mutation.{json,md}``, with the score per folder. A survivor is "in a loss"
 when the changed line lies in a function (or a function nested in one) whose name says it computes a loss, a
-distillation teacher or its weights (LOSS below); every survivor in a loss must be killed by a test or be named in
+distillation teacher or its weights (LOSS below); every survivor in a loss, in fedray/system/ or in the runtime
+(ACCOUNTABLE below) must be killed by a test or be named in
 ``benchmarks/quality/equivalent_mutants.json`` with the reason it changes nothing a test could see. That file
 keys a mutant by its function and its changed line (``fedray.methods.fedkf:FedKF._load_generator: <old> -> <new>``),
 so renumbered mutants keep their verdict.
@@ -64,8 +70,17 @@ from mutation_state import (MUTANTS, OUT, ROOT, SCOPE, VERDICTS, mutmut_version,
 EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
 SAVE_EVERY_S = 300
 # a function computing a loss, a distillation teacher or a teacher's weights (by its name, or a name it nests in)
-LOSS = re.compile(r"loss|_kl|kl_|^kl|kd|bce|entropy|distil|teacher|diversity|correlation_weights|objective|"
+LOSS = re.compile(r"loss|_kl|kl_|^kl|^kd|bce|entropy|distil|teacher|diversity|correlation_weights|objective|"
                   r"qffl_terms|label_shares|generator_losses|subspace_weights|projection_cosine|ensemble")
+# folders whose every survivor, like a loss's, is killed by a test or explained (issue 72: the simulated system and
+# the runtime, where a wrong clock or a dropped state passes every accuracy test)
+ACCOUNTABLE = ("fedray/system/", "fedray/runtime/")
+
+
+def folder_of(rel: str) -> str:
+    """The record's per-folder row: ``fedray/system/clock.py`` -> ``fedray/system``; a top-level module is its own."""
+    head, _, _ = rel.rpartition("/")
+    return rel if head == "fedray" else head if head.count("/") == 1 else "/".join(head.split("/")[:2])
 
 
 def _without(pattern: str, text: str) -> str:
@@ -150,7 +165,7 @@ def _changes(source_lines: list[str], spans: dict, key: str) -> tuple[int, str, 
 
 def mutants_of_scope():
     """Every mutant of the scope: (name, file, status, function with the closures it nests in, old line, new line,
-    in a loss)."""
+    accountable: in a loss, the system or the runtime)."""
     for meta_path in sorted(MUTANTS.glob("fedray/**/*.py.meta")):
         rel = meta_path.relative_to(MUTANTS).as_posix()[: -len(".meta")]
         if not rel.startswith(SCOPE):
@@ -166,25 +181,27 @@ def mutants_of_scope():
             line, old, new = _changes(lines, spans, key.rsplit(".", 1)[-1])
             nested = _enclosing(definitions, line)[1:]  # below the mutant's own (renamed) function
             in_loss = bool(LOSS.search(func.rsplit(".", 1)[-1]) or any(LOSS.search(n) for n in nested))
-            yield key, rel, status_of(code), ".".join([func, *nested]), module, old, new, in_loss
+            yield (key, rel, status_of(code), ".".join([func, *nested]), module, old, new,
+                   in_loss or rel.startswith(ACCOUNTABLE))
 
 
 def collect() -> dict:
-    """Every mutant of the scope with its status; survivors with their changed line and whether it is in a loss."""
+    """Every mutant of the scope with its status; survivors with their changed line and whether it must be explained."""
     equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
     mutants, survivors = [], []
-    for key, rel, status, where, module, old, new, in_loss in mutants_of_scope():
-        mutants.append({"name": key, "file": rel, "status": status, "in_loss": in_loss})
+    for key, rel, status, where, module, old, new, accountable in mutants_of_scope():
+        mutants.append({"name": key, "file": rel, "status": status, "accountable": accountable})
         if status not in ("survived", "no tests"):
             continue
         label = f"{module}:{where}: {old} -> {new}"
         rule, reason = verdict_of(old, new, equivalent.get(label))
         survivors.append({"name": key, "file": rel, "status": status, "function": where, "old": old,
-                          "new": new, "in_loss": in_loss, "equivalent": reason, "rule": rule, "label": label})
+                          "new": new, "accountable": accountable, "equivalent": reason, "rule": rule, "label": label})
     counts = Counter(m["status"] for m in mutants)
-    loss_counts = Counter(m["status"] for m in mutants if m["in_loss"])
+    accountable_counts = Counter(m["status"] for m in mutants if m["accountable"])
     stale = sorted(set(equivalent) - {s["label"] for s in survivors})
-    return {"mutants": mutants, "survivors": survivors, "counts": dict(counts), "loss_counts": dict(loss_counts),
+    return {"mutants": mutants, "survivors": survivors, "counts": dict(counts),
+            "accountable_counts": dict(accountable_counts),
             "stale_equivalents": stale}
 
 
@@ -193,30 +210,36 @@ def write_record(found: dict, meta: dict) -> None:
     total = sum(counts.values())
     caught = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
     equivalent = [s for s in survivors if s["equivalent"]]
-    unexplained_loss = [s for s in survivors if s["in_loss"] and not s["equivalent"]]
+    unexplained = [s for s in survivors if s["accountable"] and not s["equivalent"]]
     checked = total - counts.get("not checked", 0)
     summary = {"mutants": total, "checked": checked, "killed": counts.get("killed", 0),
                "timeout": counts.get("timeout", 0), "survived": counts.get("survived", 0),
                "no_tests": counts.get("no tests", 0), "equivalent": len(equivalent),
-               "survived_in_losses_unexplained": len(unexplained_loss),
+               "survived_accountable_unexplained": len(unexplained),
                "score": round(caught / max(checked - len(equivalent), 1), 4)}
     per_file = {}
     for m in found["mutants"]:
         row = per_file.setdefault(m["file"], Counter())
         row[m["status"]] += 1
-    lc = found["loss_counts"]
-    loss_survivors = [s for s in survivors if s["in_loss"]]
-    summary["in_losses"] = {"mutants": sum(lc.values()), "checked": sum(lc.values()) - lc.get("not checked", 0),
+    lc = found["accountable_counts"]
+    accountable_survivors = [s for s in survivors if s["accountable"]]
+    summary["accountable"] = {"mutants": sum(lc.values()), "checked": sum(lc.values()) - lc.get("not checked", 0),
                             "killed": lc.get("killed", 0), "timeout": lc.get("timeout", 0),
-                            "survived": len(loss_survivors),
-                            "equivalent": sum(1 for s in loss_survivors if s["equivalent"]),
-                            "unexplained": len(unexplained_loss)}
-    record = {"meta": meta, "summary": summary, "per_file": {k: dict(v) for k, v in sorted(per_file.items())},
+                            "survived": len(accountable_survivors),
+                            "equivalent": sum(1 for s in accountable_survivors if s["equivalent"]),
+                            "unexplained": len(unexplained)}
+    per_folder: dict[str, Counter] = {}
+    for f, c in per_file.items():
+        per_folder.setdefault(folder_of(f), Counter()).update(c)
+    for s in equivalent:
+        per_folder[folder_of(s["file"])]["equivalent"] += 1
+    record = {"meta": meta, "summary": summary, "per_folder": {k: dict(v) for k, v in sorted(per_folder.items())},
+              "per_file": {k: dict(v) for k, v in sorted(per_file.items())},
               "survivors": survivors, "stale_equivalents": found["stale_equivalents"]}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "mutation.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
     md = [
-        "# Mutation testing: fedray/methods/ and fedray/learning/ against the fast tests",
+        "# Mutation testing of the engine against the fast tests",
         "",
         f"{meta['tool']}; {meta['date']}, commit {meta['commit']}, {meta['device']}; wall time "
         f"{meta['wall_s'] / 60:.0f} min{' (the sum of the runs that built it)' if meta.get('runs', 1) > 1 else ''}.",
@@ -229,17 +252,24 @@ def write_record(found: dict, meta: dict) -> None:
         f"| {total} | {checked} | {summary['killed']} | {summary['timeout']} | {summary['survived']} | "
         f"{summary['no_tests']} | {summary['equivalent']} | {summary['score']:.1%} |",
         "",
-        f"In losses (the LOSS pattern below): {summary['in_losses']['mutants']} mutants, "
-        f"{summary['in_losses']['checked']} checked, {summary['in_losses']['killed']} killed, "
-        f"{summary['in_losses']['timeout']} timeout, {summary['in_losses']['survived']} survived: "
-        f"{summary['in_losses']['equivalent']} equivalent, {summary['in_losses']['unexplained']} not explained.",
+        f"Accountable (in a loss, the LOSS pattern below, or in {' or '.join(ACCOUNTABLE)}): "
+        f"{summary['accountable']['mutants']} mutants, "
+        f"{summary['accountable']['checked']} checked, {summary['accountable']['killed']} killed, "
+        f"{summary['accountable']['timeout']} timeout, {summary['accountable']['survived']} survived: "
+        f"{summary['accountable']['equivalent']} equivalent, {summary['accountable']['unexplained']} not explained.",
         "",
         *([f"**Not complete**: {total - checked} of the {total} mutants are not checked yet, "
-           f"{summary['in_losses']['mutants'] - summary['in_losses']['checked']} of them in losses; `make mutation` "
+           f"{summary['accountable']['mutants'] - summary['accountable']['checked']} of them accountable; `make mutation` "
            "goes on where this stopped.", ""] if total - checked else []),
         "Score: (killed + timeout) / (checked - equivalent). A timeout is a mutant that made the tests hang or "
         "loop, counted as caught, as mutmut does. \"No test reaches it\": the function never ran under the selected "
         "tests (the Ray, real-data and slow tests are outside the scope).",
+        "",
+        "## Per folder",
+        "",
+        "| folder | mutants | checked | killed | timeout | survived | no tests | equivalent | score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *(_folder_row(f, c) for f, c in record["per_folder"].items()),
         "",
         "## Per file",
         "",
@@ -249,21 +279,22 @@ def write_record(found: dict, meta: dict) -> None:
     for f, c in record["per_file"].items():
         md.append(f"| `{f}` | {sum(c.values())} | {c.get('killed', 0)} | {c.get('timeout', 0)} | "
                   f"{c.get('survived', 0)} | {c.get('no tests', 0)} |")
-    md += ["", "## Survivors in losses", "",
-           "A loss, a distillation teacher or its weights (the script's LOSS pattern on the function's name). Each is "
+    md += ["", "## Accountable survivors", "",
+           "In a loss, a distillation teacher or its weights (the script's LOSS pattern on the function's name), in "
+           "the simulated system or in the runtime. Each is "
            "killed by a test or explained as equivalent here.", ""]
-    loss_rows = [s for s in survivors if s["in_loss"]]
-    if not loss_rows:
+    accountable_rows = [s for s in survivors if s["accountable"]]
+    if not accountable_rows:
         md.append("None.")
     else:
         md += ["| function | change | verdict |", "| --- | --- | --- |"]
-        for s in loss_rows:
+        for s in accountable_rows:
             verdict = (f"equivalent ({s['rule']}): {s['equivalent']}" if s["rule"] not in (None, "explained")
                        else f"equivalent: {s['equivalent']}" if s["equivalent"] else "**not explained**")
             md.append(f"| `{s['function']}` | `{_cell(s['old'])}` -> `{_cell(s['new'])}` | {verdict} |")
-    others = [s for s in survivors if not s["in_loss"]]
+    others = [s for s in survivors if not s["accountable"]]
     md += ["", "## Other survivors", "",
-           f"{len(others)} outside the losses (bookkeeping, error messages, options the fast tests do not reach), "
+           f"{len(others)} elsewhere (bookkeeping, error messages, options the fast tests do not reach), "
            "listed with their change in `mutation.json` (`survivors`). By file:", ""]
     for f, n in Counter(s["file"] for s in others).most_common():
         md.append(f"- `{f}`: {n}")
@@ -271,6 +302,15 @@ def write_record(found: dict, meta: dict) -> None:
         md += ["", "## Stale verdicts", "", "Named in equivalent_mutants.json but no longer surviving:", ""]
         md += [f"- `{_cell(k)}`" for k in found["stale_equivalents"]]
     (OUT / "mutation.md").write_text("\n".join(md) + "\n")
+
+
+def _folder_row(folder: str, c: dict) -> str:
+    mutants = sum(v for k, v in c.items() if k != "equivalent")
+    checked = mutants - c.get("not checked", 0)
+    caught = c.get("killed", 0) + c.get("timeout", 0) + c.get("caught by type check", 0)
+    score = f"{caught / (checked - c.get('equivalent', 0)):.1%}" if checked > c.get("equivalent", 0) else "—"
+    return (f"| `{folder}` | {mutants} | {checked} | {c.get('killed', 0)} | {c.get('timeout', 0)} | "
+            f"{c.get('survived', 0)} | {c.get('no tests', 0)} | {c.get('equivalent', 0)} | {score} |")
 
 
 def _cell(text: str) -> str:
@@ -342,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         fresh = not any(MUTANTS.glob("fedray/**/*.py.meta"))
         if fresh and VERDICTS.exists():
             # a fresh checkout: the committed verdicts, then one known mutant so that mutmut generates every mutant
-            # (keeping the verdicts of unchanged functions) and collects the tests' reach before the losses go first
+            # (keeping the verdicts of unchanged functions) and collects the tests' reach before the accountable go first
             known = next((key for key, code in restore_verdicts().items() if status_of(code) == "killed"), None)
             if known:
                 subprocess.run(mutmut + [known], cwd=ROOT, env=env)
@@ -353,9 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         resumed = any(m["status"] != "not checked" for m in found)
         meta.update(wall_s=previous.get("wall_s", 0.0) if resumed else 0.0,
                     runs=previous.get("runs", 0) + 1 if resumed else 1)
-        # the losses' unchecked mutants first (mutmut otherwise takes the fastest first, and the slowest, in the
+        # the accountable unchecked mutants first (mutmut otherwise takes the fastest first, and the slowest, in the
         # helpers every test reaches, take hours): a run stopped early has still checked what the record must explain
-        losses = [m["name"] for m in found if m["in_loss"] and m["status"] == "not checked"]
+        losses = [m["name"] for m in found if m["accountable"] and m["status"] == "not checked"]
         # a non-zero exit is mutmut refusing to go on (a test failing with no mutant in: its verdicts would mean
         # nothing), not a score
         code = _run_saving(mutmut + losses, env, meta, start) if losses else 0

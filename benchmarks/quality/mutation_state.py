@@ -13,7 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 MUTANTS = ROOT / "mutants"
 OUT = ROOT / "benchmarks" / "results"
 VERDICTS = OUT / "mutation-verdicts.json"  # the resume state, committed with the record
-SCOPE = ("fedray/methods", "fedray/learning")
+# what `[tool.mutmut]`'s only_mutate names (pyproject.toml), as path prefixes
+SCOPE = ("fedray/methods", "fedray/learning", "fedray/system", "fedray/channel", "fedray/privacy", "fedray/adversary",
+         "fedray/simulation.py", "fedray/evaluation.py", "fedray/report/table.py", "fedray/runtime/local.py",
+         "fedray/runtime/core.py", "fedray/runtime/server_core.py", "fedray/runtime/base.py", "fedray/runtime/root.py",
+         "fedray/runtime/personal.py", "fedray/runtime/server_inputs.py")
 # mutmut 3's exit codes (mutmut/stats.py)
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious",
           36: "timeout", 24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "caught by type check",

@@ -44,6 +44,8 @@ def test_every_declaration_and_hook_of_the_contract_is_on_the_page():
 
     ticked = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(re.findall(r"`([^`\n]+)`", DOC.read_text()))))
     instance = {"cfg", "spec", "params", "server_data", "client_label_counts"}  # set by Algorithm.__init__
-    missing = {cls.__name__: sorted(n for n in {*dir(cls), *instance} if not n.startswith("_") and n not in ticked)
+    # (mutmut's copies of each method, `xǁAlgorithmǁcaches__mutmut_1`, are not the contract: `make mutation`)
+    missing = {cls.__name__: sorted(n for n in {*dir(cls), *instance}
+                                    if not n.startswith("_") and n not in ticked and "__mutmut_" not in n)
                for cls in (Algorithm, PersonalisedAlgorithm, FedAvg)}
     assert not any(missing.values()), f"not on docs/writing-a-method.md: {missing}"
