@@ -101,6 +101,41 @@ def test_g0_is_the_methods_client_update_on_the_root_data():
         assert torch.allclose(g, upload.weights[k].double() - payload.weights[k].double(), rtol=1e-4, atol=1e-6), k
 
 
+@register_algorithm
+class RoundAndStateShown(FedAvg):
+    """FedAvg whose upload's first tensor carries what its client saw: the round, the learning rate, whose state."""
+
+    name = "test_round_and_state_shown"
+    robust_means = ("weights",)
+
+    def init_client_state(self, client_id):
+        return {"owner": client_id}
+
+    def client_update(self, ctx, payload, state):
+        result = run_update(ctx, super().client_update(ctx, payload, state))
+        first = next(k for k, v in result.upload.weights.items() if torch.is_floating_point(v))
+        shown = payload.weights[first].clone()
+        shown.view(-1)[:3] += torch.tensor([ctx.round, ctx.fed.lr, state["owner"]], dtype=shown.dtype)
+        result.upload = dataclasses.replace(result.upload, weights={**result.upload.weights, first: shown})
+        return result
+
+
+def test_the_root_client_trains_as_a_client_of_that_round_with_its_own_state():
+    """Server step 3 under a cosine schedule: the pseudo-client (id -1, its state from init_client_state(-1)) sees
+    round 3 and round 3's learning rate."""
+    from fedray.runtime.root import ROOT_CLIENT, RootTraining
+
+    cfg = tiny_config(**ROOT, algorithm__name="test_round_and_state_shown", federation__lr_schedule="cosine",
+                      federation__rounds=5)
+    data = build_federated_data(cfg.data, cfg.seed)
+    server = ServerCore(cfg, data, torch.device("cpu"))
+    root = RootTraining(cfg, server.algo, server.algo.build_modules(), torch.device("cpu"))
+    payload = server.algo.broadcast(server.state, 3)
+    _, g0 = root.update(3, payload).update[0]
+    assert g0.reshape(-1)[:3].tolist() == pytest.approx([3, cfg.federation.lr_at(3), ROOT_CLIENT], rel=1e-6)
+    assert cfg.federation.lr_at(3) != cfg.federation.lr
+
+
 # --- in a run -------------------------------------------------------------------------------------------------------
 @register_algorithm
 class SignFlipClient1(FedAvg):
