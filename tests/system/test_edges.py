@@ -63,3 +63,63 @@ def test_the_stop_names_the_key_that_lengthens_online_periods_of_each_availabili
                          f"system.deadline_s; 2 went offline before they finished: give the clients longer online "
                          f"periods ({key})")
     assert str(SystemClock.no_arrivals(clock, "round 9", offline=0)) == "round 9; no client finished its work"
+
+
+# --- the trace readers at their edges --------------------------------------------------------------------------------
+
+def _csv(tmp_path, header, rows):
+    path = tmp_path / "t.csv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+def _refused(read, *args):
+    from fedray.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        read(*args)
+    assert e.value.key == "k"
+    return str(e.value).split("t.csv: ", 1)[1]  # the message after the path
+
+
+DEVICES = "client,compute_sps,up_mbps,down_mbps,latency_ms"
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["0,1,1,1,0", "1,1,1,1,5", "0,2,1,1,5"], "row 3: client 0 is listed again (first in row 1); give one row per "
+     "client"),
+    (["0,1,1,1,0", "2,1,1,1,5"], "row 2, column client: 2 is not a client id; allowed: 0..1 (data.num_clients=2)"),
+    (["0,1,1,1,0", "1.5,1,1,1,0"], "row 2, column client: 1.5 is not a client id; allowed: 0..1 "
+     "(data.num_clients=2)"),
+    (["-1,1,1,1,0", "1,1,1,1,0"], "row 1, column client: -1 is not a client id; allowed: 0..1 (data.num_clients=2)"),
+    (["1,1,1,1,0"], "client 0 has no row (1 of data.num_clients=2 missing); give one row per client id 0..1"),
+    (["0,1,1,1,0", "1,1,1,1,-1"], "row 2, column latency_ms: -1; must be >= 0"),
+    (["0,1,1,1,0", "1,1,0,1,0"], "row 2, column up_mbps: 0; must be > 0"),
+], ids=["again-row-1", "id-at-n", "id-not-whole", "id-negative", "missing", "latency", "zero-speed"])
+def test_a_device_trace_is_refused_at_each_edge_naming_the_row(rows, message, tmp_path):
+    from fedray.system.traces import read_device_trace
+
+    path = _csv(tmp_path, DEVICES, rows)
+    assert _refused(read_device_trace, "k", path, 2) == message
+    read_device_trace("k", _csv(tmp_path, DEVICES, ["1,1,1,1,0", "0,2,1,1,0"]), 2)  # 0 latency, any order: fine
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["0,0,10", "1,-1,5"], "row 2, column start_s: -1; must be >= 0"),
+    (["0,0,10", "1,2,-5"], "row 2, column end_s: -5; must be >= 0"),
+    (["0,0,10", "1,5,5"], "row 2, column end_s: 5 is not after start_s=5"),
+    (["1,0,5", "0,20,30", "0,0,25"], "row 2, column start_s: client 0's interval [20, 30) overlaps row 3's [0, 25); "
+     "merge them"),
+], ids=["start", "end", "zero-length", "overlap"])
+def test_an_availability_trace_is_refused_at_each_edge_naming_the_row(rows, message, tmp_path):
+    from fedray.system.traces import read_availability_trace
+
+    assert _refused(read_availability_trace, "k", _csv(tmp_path, "client,start_s,end_s", rows), 2) == message
+
+
+def test_touching_intervals_read_as_one_and_apart_ones_as_two(tmp_path):
+    from fedray.system.traces import read_availability_trace
+
+    rows = ["1,7,9", "0,10,50", "0,0,10", "0,60,70", "1,0,7"]
+    client, start, end = read_availability_trace("k", _csv(tmp_path, "client,start_s,end_s", rows), 2)
+    assert client.tolist() == [0, 0, 1] and start.tolist() == [0, 60, 0] and end.tolist() == [50, 70, 9]
