@@ -227,3 +227,23 @@ def test_a_pickle_asking_for_another_class_is_refused_unbuilt(tmp_path):
         check_traces(SystemConfig(devices="fedscale", trace=path), 3)
     assert "asks to build a posix.system" in e.value.message and "refused unbuilt" in e.value.message, e.value
     assert not (tmp_path / "ran").exists()
+
+
+def test_numpy_values_pickled_by_numpy_1_or_2_read_the_same_without_a_deprecation(tmp_path):
+    """FedScale's pickles were written by numpy 1 (``numpy.core.multiarray``); numpy 2 names ``numpy._core`` and
+    keeps ``numpy.core`` as a deprecated alias: both spellings read as today's numpy, never through the alias."""
+    import warnings
+
+    profiles = {1: {"computation": np.float64(2.5), "communication": np.float64(40.0)},
+                0: {"computation": np.float32(3.0), "communication": 50}}
+    text = pickle.dumps(profiles, protocol=0)
+    assert b"numpy._core" in text or b"numpy.core" in text
+    for spelling in (b"numpy._core", b"numpy.core"):
+        path = tmp_path / f"{spelling.decode()}.pkl"
+        path.write_bytes(text.replace(b"numpy._core", spelling).replace(b"numpy.core", spelling))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dev = Devices.build(SystemConfig(devices="fedscale", trace=str(path)), num_clients=2, seed=0)
+        # client c reads profile (c + 1) mod 2: client 0 profile 1, client 1 profile 0
+        got = dev.client_time(np.arange(2), np.array([1000.0, 1000.0]), np.zeros(2), np.zeros(2))
+        assert got.tolist() == pytest.approx([3 * 2.5, 3 * 3.0], rel=1e-6)
