@@ -149,9 +149,6 @@ class ServerActor:
         self.inbox = {c: u for c, u in self.inbox.items() if c in set(keep)}
         return self.core.step(round_, uploads, client_ids, versions, weights, live)
 
-    def evaluate(self) -> dict[str, float]:
-        return self.core.evaluate()
-
     def evaluation(self):
         return self.core.evaluation()
 

@@ -187,9 +187,6 @@ class ServerCore:
         """The models an evaluation scores and how they are reported: see :func:`eval_models`."""
         return eval_models(self.algo, self.state)
 
-    def evaluate(self) -> dict[str, float]:
-        return self.evaluation()[0]
-
     def evaluation(self) -> tuple[dict[str, float], ClientScores]:
         """``eval/*`` (see :func:`report_eval`) and the global model's per-client figures."""
         models, report = self.eval_models()

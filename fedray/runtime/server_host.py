@@ -102,7 +102,7 @@ class ActorServer:
         return models_ref, self._get(report_ref)
 
     def call(self, method: str, *args: Any) -> Any:
-        """``evaluate``, ``evaluation``, ``global_weights``, ``export_state`` or ``import_state``."""
+        """``evaluation``, ``global_weights``, ``export_state`` or ``import_state``."""
         return self._get(getattr(self.actor, method).remote(*args))
 
     def _get(self, ref: ray.ObjectRef, where: str = "") -> Any:
