@@ -306,3 +306,16 @@ def test_on_ray_an_async_task_whose_worker_dies_runs_again_to_the_same_model(ray
     local.step(1, [0], [0], [1.0])
     want = local.global_weights()
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_an_async_step_sums_every_wait_for_a_client_to_come_online(tmp_path):
+    """Two clients of 2.5 s work, one at a time, a buffer of 2; client 0 online [5, 8), client 1 [9, 10) and
+    [12, 20): the step waits 5 s for client 0 (arrives at 7.5; its upload keeps it busy in the buffer), 1.5 s for
+    client 1 (whose upload, due at 11.5, is lost when it goes offline at 10), then 2 s more: client 1 arrives at 14.5.
+    The step's idle time is the three waits, 8.5 s."""
+    s = _schedule(tmp_path, speeds=[4, 4], concurrency=1, buffer=2,
+                  online=[(0, 5, 8), (1, 9, 10), (1, 12, 20)])
+    work = _Work()
+    report = s.step(1, work)
+    assert work.steps == [[0, 1]] and work.dropped == [1]
+    assert report.sim["sim/idle_s"] == 8.5 and report.sim["sim/dropouts"] == 1.0 and s.clock.clock == 14.5
