@@ -99,6 +99,17 @@ def test_a_schedule_registered_from_a_test_runs_and_dispatches_its_own_way():
     assert result.history[-1]["eval/accuracy"] is not None and "sim/round_s" not in result.history[-1]
 
 
+def test_a_schedule_name_is_taken_once_and_registering_the_same_class_again_changes_nothing():
+    from fedray.system.protocol import SCHEDULES
+
+    assert register_schedule(RoundRobin) is RoundRobin and SCHEDULES["test_round_robin"] is RoundRobin
+    for name in ("test_round_robin", "sync"):  # a test's, and a built-in one named by its module
+        impostor = type("Impostor", (RoundRobin,), {"name": name})
+        with pytest.raises(ValueError, match=f"schedule name '{name}' is already taken"):
+            register_schedule(impostor)
+        assert SCHEDULES[name] is not impostor
+
+
 def test_an_unknown_mode_is_refused_naming_the_modes_allowed():
     from fedray.errors import ConfigError
 
