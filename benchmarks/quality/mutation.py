@@ -13,9 +13,9 @@ class bodies are not mutated by mutmut 3) of fedray/methods/, fedray/learning/ (
 included), fedray/system/, fedray/channel/, fedray/privacy/, fedray/adversary/, fedray/simulation.py,
 fedray/evaluation.py, fedray/report/table.py and the in-process runtime (fedray/runtime/local.py, core.py,
 server_core.py, base.py, root.py, personal.py, server_inputs.py: what runs a round on either runtime; the Ray-only
-modules need Ray, which the fast tests do not start), against the tests of those folders, the every-method tests and
-the bad-input and validation tests, without the tests marked ray, realdata or slow, with OMP_NUM_THREADS=1 (forked
-children and OpenMP's thread pool deadlock).
+modules need Ray, which the fast tests do not start), against every fast test but those that read what no mutant
+changes (documents, benchmark records, the install, import rules: ``[tool.mutmut]`` lists them), without the tests
+marked ray, realdata or slow, with OMP_NUM_THREADS=1 (forked children and OpenMP's thread pool deadlock).
 
     .venv/bin/python benchmarks/quality/mutation.py               # mutmut run (resumes where it stopped), the record
     .venv/bin/python benchmarks/quality/mutation.py --record-only # the record from mutants/ as it is
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                     "whose id contains TEST reaches, after that test was mended: a flaky test's failures were "
                     "counted as kills, its chance passes as survivals")
     ap.add_argument("--retry-survivors", metavar="FUNCTION", help="set back to unchecked the survivors of FUNCTION "
-                    "(clone_weights, Algorithm.parse_params) after a test reaching it was added")
+                    "(clone_weights, Algorithm.parse_params) after a test reaching it was added; '*': all of them")
     args = ap.parse_args(argv)
     if args.recheck or args.retry_survivors:
         reset = recheck(args.recheck) if args.recheck else retry_survivors(args.retry_survivors)
