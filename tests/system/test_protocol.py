@@ -118,14 +118,15 @@ def test_an_unknown_mode_is_refused_naming_the_modes_allowed():
     assert e.value.key == "federation.mode" and "allowed: sync, async" in e.value.message
 
 
+@register_schedule  # at import, once: a test run twice in one process (mutmut's) would register a second class
+class Stale(RoundRobin):
+    name = "test_stale"
+    stale = True
+
+
 def test_a_stale_schedule_is_refused_to_a_method_without_asynchronous_support():
     from fedray.errors import ConfigError
     from fedray.methods import resolve_experiment
-
-    @register_schedule
-    class Stale(RoundRobin):
-        name = "test_stale"
-        stale = True
 
     with pytest.raises(ConfigError) as e:
         resolve_experiment(tiny_config(federation__mode="test_stale", algorithm__name="scaffold"))
