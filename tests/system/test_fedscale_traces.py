@@ -135,6 +135,7 @@ BAD_DEVICES = [  # each message whole, after the file's path
     ({1: {"computation": 0.0, "communication": 1.0}}, ": profile 1, field computation: 0.0; must be a number > 0"),
     ({1: {"computation": 1.0, "communication": "fast"}}, ": profile 1, field communication: 'fast'; must be a number "
      "> 0"),
+    ({1: [1.0, 2.0]}, ": profile 1: a list, not a dict with fields 'computation' and 'communication'"),
 ]
 
 
@@ -171,6 +172,23 @@ BAD_BEHAVIOUR = [  # each message whole, after the file's path
      "(finite, >= 0)"),
     ({"x": {**BEHAVIOUR["x"], "active": [], "inactive": []}}, ": none of the entries data.num_clients=3 clients get "
      "has an online interval: no client would ever be online"),
+    ({}, " holds an empty dict, not FedScale's client behaviour trace (a dict {key: {'active': [s], 'inactive': [s], "
+     "'finish_time': s, ...}})"),
+    (_entry(finish_time="soon"), ": entry 'x', field finish_time: 'soon'; must be a number > 0 (the period, s, after "
+     "which the entry's intervals repeat)"),
+    (_entry(inactive=[10, "b"]), ": entry 'x', field inactive: 'b' is not a number (seconds)"),
+    (_entry(active=[[0, 1]], inactive=[10]), ": entry 'x', field active: [0, 1] is not a number (seconds)"),
+    (_entry(inactive=[10, math.inf]), ": entry 'x', field inactive: interval 1 [50, inf] must lie within [0, "
+     "finish_time] (finite, >= 0)"),
+    # the second entry's intervals: their index counts within the entry, their clash is the entry's own
+    ({**BEHAVIOUR, "y": {"active": [30], "inactive": [20], "finish_time": 40}}, ": entry 'y', field inactive: "
+     "interval 0 [30, 20] ends before it starts"),
+    ({"x": {"active": [0], "inactive": [3], "finish_time": 40}, "y": {"active": [0, 5], "inactive": [10, 20],
+                                                                        "finish_time": 40}},
+     ": entry 'y', field active: interval 1 [5, 20] overlaps interval 0 [0, 10]"),
+    # a value's repr up to 40 characters is shown whole, a longer one cut to 37 and "..."
+    (_entry(inactive="a" * 38), f": entry 'x', field inactive: must be a list of numbers (seconds), not '{'a' * 38}'"),
+    (_entry(inactive="a" * 39), f": entry 'x', field inactive: must be a list of numbers (seconds), not '{'a' * 36}..."),
 ]
 
 
@@ -187,6 +205,71 @@ def test_touching_intervals_merge_and_a_zero_length_one_is_dropped(tmp_path):
     client, start, end, period = read_fedscale_behaviour("system.availability_trace", path, 2)
     assert (client.tolist(), start.tolist(), end.tolist(), period.tolist()) == (
         [0, 0, 1, 1], [0, 70, 0, 70], [30, 80, 30, 80], [100, 100])
+
+
+def test_each_entry_merges_its_own_touching_intervals_and_client_c_gets_entry_c_plus_1():
+    """Entries x, y, z; client c gets keys[(c + 1) % 3]: clients 0..3 -> y, z, x, y. y's [0, 10] and [10, 20]
+    touch and merge; x's [0, 0.5] and z's [5, 8] touch no interval of their own entry; x's cycle of 1 s is a cycle."""
+    import tempfile
+    from pathlib import Path
+
+    trace = {"x": {"active": [0], "inactive": [0.5], "finish_time": 1},
+             "y": {"active": [10, 0], "inactive": [20, 10], "finish_time": 40},
+             "z": {"active": [5], "inactive": [8], "finish_time": 50}}
+    with tempfile.TemporaryDirectory() as d:
+        client, start, end, period = read_fedscale_behaviour("system.availability_trace",
+                                                             _pickle(Path(d), trace), 4)
+    assert (client.tolist(), start.tolist(), end.tolist(), period.tolist()) == (
+        [0, 1, 2, 3], [0, 5, 0, 0], [20, 8, 0.5, 20], [40, 50, 1, 40])
+
+
+def test_a_trace_file_rewritten_is_read_again_whether_its_size_or_its_time_changed(tmp_path):
+    """The reader caches a file by path, modification time and size: a rewrite of the same size (floats pickle
+    in 8 bytes) with a new time, or of a new size with the old time, is read again."""
+    import os
+
+    from fedray.system.fedscale import read_fedscale_devices
+
+    path = _pickle(tmp_path, PROFILES, "d.pkl")
+    mtime = os.stat(path).st_mtime_ns
+
+    def sps():
+        return read_fedscale_devices("system.trace", path, 1)["compute_sps"].tolist()  # client 0: profile 1
+
+    assert sps() == [pytest.approx(1000 / 30)]
+    _pickle(tmp_path, {**PROFILES, 1: {"computation": 20.0, "communication": 1000.0}}, "d.pkl")
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # same size, one second later
+    assert sps() == [pytest.approx(1000 / 60)]
+    _pickle(tmp_path, {**PROFILES, 1: {"computation": 40.0, "communication": 1000.0, "note": "longer"}}, "d.pkl")
+    os.utime(path, ns=(mtime + 10**9, mtime + 10**9))  # a new size, the time read before
+    assert sps() == [pytest.approx(1000 / 120)]
+
+
+@pytest.mark.parametrize("data, detail", [
+    (b"", "EOFError: Ran out of input"),
+    (b"Fx\n.", "ValueError: could not convert string to float: 'x"),  # an error of two lines: its first
+    (None, "MemoryError: no detail"),  # an error without a message
+])
+def test_a_file_that_is_not_a_pickle_is_refused_naming_the_error(tmp_path, monkeypatch, data, detail):
+    from fedray.system import fedscale
+
+    path = tmp_path / "t.pkl"
+    path.write_bytes(b"\x80\x05N." if data is None else data)
+    if data is None:
+        def load(self):
+            raise MemoryError()
+
+        monkeypatch.setattr(fedscale._TraceUnpickler, "load", load)
+    with pytest.raises(ConfigError) as e:
+        check_traces(SystemConfig(devices="fedscale", trace=str(path)), 3)
+    assert e.value.key == "system.trace" and e.value.message == f"{path} is not a readable pickle ({detail})"
+
+
+def test_a_trace_that_is_not_a_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        check_traces(SystemConfig(devices="fedscale", trace=str(tmp_path / "none.pkl")), 3)
+    assert e.value.key == "system.trace" and e.value.message == (
+        f"{tmp_path / 'none.pkl'} is not a file; give FedScale's pickle (docs/system.md#fedscales-traces)")
 
 
 @pytest.mark.parametrize("csv, cycle, message", [
@@ -225,11 +308,13 @@ def test_a_pickle_asking_for_another_class_is_refused_unbuilt(tmp_path):
     path = _pickle(tmp_path, {1: {"computation": Exploit(), "communication": 1.0}})
     with pytest.raises(ConfigError) as e:
         check_traces(SystemConfig(devices="fedscale", trace=path), 3)
-    assert "asks to build a posix.system" in e.value.message and "refused unbuilt" in e.value.message, e.value
+    assert e.value.key == "system.trace" and e.value.message == (
+        f"{path} asks to build a {os.system.__module__}.system, which FedScale's traces never hold; refused unbuilt "
+        "(a pickle can run code: only dicts, lists, numbers, strings and numpy values are read)"), e.value
     assert not (tmp_path / "ran").exists()
 
 
-def test_numpy_values_pickled_by_numpy_1_or_2_read_the_same_without_a_deprecation(tmp_path):
+def test_numpy_values_pickled_by_numpy_1_or_2_read_the_same_without_a_deprecation(tmp_path, monkeypatch):
     """FedScale's pickles were written by numpy 1 (``numpy.core.multiarray``); numpy 2 names ``numpy._core`` and
     keeps ``numpy.core`` as a deprecated alias: both spellings read as today's numpy, never through the alias."""
     import warnings
@@ -247,3 +332,20 @@ def test_numpy_values_pickled_by_numpy_1_or_2_read_the_same_without_a_deprecatio
         # client c reads profile (c + 1) mod 2: client 0 profile 1, client 1 profile 0
         got = dev.client_time(np.arange(2), np.array([1000.0, 1000.0]), np.zeros(2), np.zeros(2))
         assert got.tolist() == pytest.approx([3 * 2.5, 3 * 3.0], rel=1e-6)
+    # arrays in a protocol-5 pickle are built by numpy.core.numeric._frombuffer, which numpy 2 reads only as
+    # numpy._core's (its numpy.core alias warns, unlike the scalars' and older arrays' functions it keeps for pickles)
+    from numpy._core import numeric
+
+    trace = {"x": {"active": np.array([0.0, 50.0]), "inactive": np.array([10.0, 100.0]), "finish_time": 100}}
+    for spelling in ("numpy._core", "numpy.core"):  # a frame's length counts the name: pickled under each spelling
+        path = tmp_path / f"b-{spelling}.pkl"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            monkeypatch.setattr(numeric._frombuffer, "__module__", f"{spelling}.numeric")
+            path.write_bytes(text := pickle.dumps(trace, protocol=5))
+        assert f"{spelling}.numeric".encode() in text and b"_frombuffer" in text
+        monkeypatch.undo()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = read_fedscale_behaviour("system.availability_trace", str(path), 1)
+        assert [a.tolist() for a in got] == [[0, 0], [0, 50], [10, 100], [100]]
