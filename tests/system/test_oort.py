@@ -336,3 +336,57 @@ def test_the_pacers_thresholds_at_their_boundaries(pacer, history, start, percen
     oort.reported, oort.utility[0] = np.array([0]), history[-1] * (1 + 1e-4)  # the mean divides by 1 + 1e-4
     oort._pace(4)
     assert oort.percentile == percentile
+
+
+def test_a_fresh_oort_has_picked_and_heard_from_no_one_and_its_state_says_so():
+    """Before round 1 (a checkpoint taken then, a round's figures read then): nobody exploited, explored or
+    reported."""
+    oort = _oort(4)
+    state = oort.state()
+    assert (state["exploit"].size, state["explore"].size, state["reported"].size) == (0, 0, 0)
+    assert oort.sim() == {"sim/oort_explored": 0.0, "sim/oort_exploration": 0.9}
+    copy = _oort(4)
+    copy.load(state)
+    assert copy.sim() == oort.sim() and copy.reported.size == 0
+
+
+def test_a_selection_of_explored_clients_only_is_integer_client_ids():
+    """Every client explored: exploration takes none, and the ids (the clock indexes its arrays with them) stay
+    integers."""
+    oort = _oort(4, exploration=0.0, exploration_min=0.0)
+    oort.feedback(1, np.arange(4), np.arange(4), np.array([1.0, 2.0, 3.0, 4.0]), np.ones(4), 1.0)
+    chosen = oort.select(2, np.arange(4), 2)
+    assert chosen.dtype.kind == "i" and oort.last_pick["explore"].size == 0 and chosen.size == 2
+
+
+def test_declared_sizes_registered_again_leave_an_explored_clients_utility():
+    """A resumed run registers the clients' sizes again: only the unexplored take them."""
+    oort = _oort(3)
+    oort.register(np.array([10, 20, 30]))
+    oort.feedback(1, np.array([1]), np.array([1]), np.array([2.5]), np.ones(1), 1.0)
+    oort.register(np.array([11, 21, 31]))
+    assert oort.utility.tolist() == [11.0, 2.5, 31.0]
+
+
+def test_exploitation_taking_its_whole_pool_leaves_the_rounds_stream_to_exploration():
+    """Two explored clients and k - n_explore = 2 exploited: both are taken without a draw, so exploration's draw
+    among the four fresh clients is the one a round of exploration alone makes (same seed, same round)."""
+    for round_ in range(2, 12):
+        both = _oort(6, exploration=0.5, exploration_decay=1.0, exploration_min=0.5, sample_window=4.0)
+        both.register(np.array([0, 0, 5, 6, 7, 8]))
+        both.feedback(1, np.array([0, 1]), np.array([0, 1]), np.array([1.0, 2.0]), np.ones(2), 1.0)
+        alone = _oort(6, exploration=1.0, exploration_decay=1.0, exploration_min=1.0, sample_window=4.0)
+        alone.register(np.array([0, 0, 5, 6, 7, 8]))
+        picked = both.select(round_, np.arange(6), 3)
+        assert sorted(both.last_pick["exploit"].tolist()) == [0, 1] and picked.size == 3
+        assert both.last_pick["explore"].tolist() == alone.select(round_, np.arange(2, 6), 1).tolist()
+
+
+def test_a_round_draws_afresh():
+    """The same state selecting in different rounds: the draws are seeded by the round, not repeated."""
+    picks = set()
+    for round_ in range(2, 22):
+        oort = _oort(4, exploration=1.0, exploration_decay=1.0, exploration_min=1.0)
+        oort.register(np.array([5, 5, 5, 5]))
+        picks.add(tuple(oort.select(round_, np.arange(4), 1).tolist()))
+    assert len(picks) > 1
