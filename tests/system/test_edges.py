@@ -33,6 +33,20 @@ def test_markov_keeps_its_time_and_with_nobody_online_waits_for_the_first_to_com
     assert chain.next_online(5.0) == 5.0 and chain.next_change(5.0) == min(7.0, until[1])
 
 
+def test_every_model_gives_an_offline_client_no_online_period():
+    """at(t)'s second array, the end of each client's current online period, is -inf for a client offline at t in
+    every model (the clock reads it for the clients it selects, all online)."""
+    models = [Markov(4, 10.0, 10.0, seed=1),
+              TraceAvailability(3, np.array([0, 2]), np.array([0.0, 8.0]), np.array([5.0, 9.0])),
+              CyclicTrace(3, np.array([0, 2]), np.array([0.0, 8.0]), np.array([5.0, 9.0]), np.full(3, 10.0))]
+    for model in models:
+        for t in (0.0, 3.0, 8.5, 23.0):
+            online, until = model.at(t)
+            assert until.dtype == np.float64 and (until[~online] == -math.inf).all() and (until[online] > t).all()
+            assert (~online).any() or isinstance(model, Markov)
+    assert models[2].at(23.0)[1].tolist() == [25.0, -math.inf, -math.inf]
+
+
 def test_a_cyclic_trace_a_rounding_error_short_of_the_cycles_end_reads_as_the_next_cycles_start():
     """Online [0, 5) of a 10 s cycle: at 30 - 5e-10 s (t mod 10 rounds to just under 10) the client is online, until
     35, as at 30 itself."""
