@@ -319,3 +319,31 @@ def test_an_async_step_sums_every_wait_for_a_client_to_come_online(tmp_path):
     report = s.step(1, work)
     assert work.steps == [[0, 1]] and work.dropped == [1]
     assert report.sim["sim/idle_s"] == 8.5 and report.sim["sim/dropouts"] == 1.0 and s.clock.clock == 14.5
+
+
+def test_an_async_step_stops_after_a_slot_count_of_dropouts_in_a_row_naming_each_cause(tmp_path):
+    """Two clients at once, deadline 5 s: client 1 (5 s of work, exactly the deadline) goes offline at 0.5 s for
+    good, a dropout offline, not late; client 0 (10 s) misses every deadline. The step stops at the first dropout past
+    DROPOUTS_PER_SLOT x concurrency = 200 in a row with the buffer empty: 201, of which 200 late, 1 offline, the
+    fastest 5 s."""
+    from fedray.errors import RunFailure
+    from fedray.system.fedbuff import DROPOUTS_PER_SLOT
+
+    s = _schedule(tmp_path, speeds=[1, 2], concurrency=2, buffer=1, deadline=5.0, online=[(0, 0, 1e9), (1, 0, 0.5)])
+    work = _Work()
+    with pytest.raises(RunFailure) as e:
+        s.step(1, work)
+    assert DROPOUTS_PER_SLOT * 2 == 200 and len(work.dropped) == 201 and not work.steps
+    assert str(e.value) == (
+        "round 1: 201 clients in a row dropped out and none arrived; 200 finished after system.deadline_s=5 s (the "
+        "fastest in 5.0 s): raise system.deadline_s; 1 went offline before they finished: give the clients longer "
+        "online periods (system.availability_trace)")
+    assert e.value.resumable is False
+
+
+def test_fedbuff_built_from_a_config_keeps_its_options():
+    cfg = tiny_config(federation__mode="async", system__devices="uniform", federation__staleness="polynomial",
+                      data__num_clients=6)
+    s = FedBuff.build(cfg, 6)
+    assert s.staleness == "polynomial" and s.buffer_size == cfg.federation.buffer()
+    assert s.concurrency == cfg.federation.in_flight()

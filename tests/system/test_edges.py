@@ -137,3 +137,17 @@ def test_touching_intervals_read_as_one_and_apart_ones_as_two(tmp_path):
     rows = ["1,7,9", "0,10,50", "0,0,10", "0,60,70", "1,0,7"]
     client, start, end = read_availability_trace("k", _csv(tmp_path, "client,start_s,end_s", rows), 2)
     assert client.tolist() == [0, 0, 1] and start.tolist() == [0, 60, 0] and end.tolist() == [50, 70, 9]
+
+
+def test_the_online_seconds_are_those_of_the_runs_own_seeded_process():
+    """online_seconds walks the availability process of the run's seed: another seed, other seconds; each client
+    online at 0 in the clock's own process has seconds online from 0 on."""
+    from fedray.system import SystemConfig
+    from fedray.system.clock import online_seconds
+
+    cfg = SystemConfig(devices="uniform", availability="markov", mean_online_s=10.0, mean_offline_s=20.0)
+    seconds = {seed: online_seconds(cfg, 6, seed, 100.0) for seed in (0, 1)}
+    assert seconds[0].tolist() != seconds[1].tolist()
+    for seed, online in seconds.items():
+        at_zero, until = SystemClock(cfg, 6, 2, seed).availability.at(0.0)
+        assert (online[at_zero] >= np.minimum(until[at_zero], 100.0)).all() and (online <= 100.0).all()
