@@ -124,11 +124,41 @@ def test_a_device_trace_is_refused_at_each_edge_naming_the_row(rows, message, tm
     (["0,0,10", "1,5,5"], "row 2, column end_s: 5 is not after start_s=5"),
     (["1,0,5", "0,20,30", "0,0,25"], "row 2, column start_s: client 0's interval [20, 30) overlaps row 3's [0, 25); "
      "merge them"),
-], ids=["start", "end", "zero-length", "overlap"])
+    (["0,0,10", "1,0,25", "1,20,30"], "row 3, column start_s: client 1's interval [20, 30) overlaps row 2's [0, 25); "
+     "merge them"),
+    (["0,0,10", "2,0,5"], "row 2, column client: 2 is not a client id; allowed: 0..1 (data.num_clients=2)"),
+], ids=["start", "end", "zero-length", "overlap", "overlap-second-client", "id-at-n"])
 def test_an_availability_trace_is_refused_at_each_edge_naming_the_row(rows, message, tmp_path):
     from fedray.system.traces import read_availability_trace
 
     assert _refused(read_availability_trace, "k", _csv(tmp_path, "client,start_s,end_s", rows), 2) == message
+
+
+def test_a_trace_file_missing_empty_or_rewritten(tmp_path):
+    """A path that is no file, and an empty file, refused naming the key and the file; a cell Python reads as a
+    number and pyarrow does not (1_000) read as that number; a file rewritten to another size at the same
+    modification time read again (the reader caches by path, time and size)."""
+    import os
+
+    from fedray.errors import ConfigError
+    from fedray.system.traces import read_availability_trace
+
+    missing = tmp_path / "none.csv"
+    with pytest.raises(ConfigError) as e:
+        read_availability_trace("k", str(missing), 2)
+    assert e.value.key == "k" and e.value.message == (
+        f"{missing} is not a file; give a CSV or parquet file with columns client, start_s, end_s")
+    empty = tmp_path / "t.csv"
+    empty.write_text("")
+    with pytest.raises(ConfigError) as e:
+        read_availability_trace("k", str(empty), 2)
+    assert e.value.key == "k" and e.value.message == f"{empty} is not a readable CSV or parquet file (Empty CSV file)"
+    path = _csv(tmp_path, "client,start_s,end_s", ["0,0,1_000", "1,5,20"])
+    mtime = os.stat(path).st_mtime_ns
+    assert read_availability_trace("k", path, 2)[2].tolist() == [1000, 20]
+    _csv(tmp_path, "client,start_s,end_s", ["0,0,1_000", "1,5,200"])
+    os.utime(path, ns=(mtime, mtime))
+    assert read_availability_trace("k", path, 2)[2].tolist() == [1000, 200]
 
 
 def test_touching_intervals_read_as_one_and_apart_ones_as_two(tmp_path):
