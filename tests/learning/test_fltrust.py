@@ -17,7 +17,8 @@ from fedray.errors import ConfigError
 from fedray.learning.robust import FLTrust
 from fedray.learning.training import run_update
 from fedray.methods import ClientContext, register_algorithm, resolve_experiment
-from fedray.methods.fedavg import FedAvg
+from fedray.learning.boundary import model_field
+from fedray.methods.fedavg import FedAvg, ModelUpload
 from fedray.runtime.core import ClientWorkerCore
 from fedray.runtime.server_core import ServerCore
 from fedray.seeding import derive_seed
@@ -103,26 +104,36 @@ def test_g0_is_the_methods_client_update_on_the_root_data():
 
 @register_algorithm
 class RoundAndStateShown(FedAvg):
-    """FedAvg whose upload's first tensor carries what its client saw: the round, the learning rate, whose state."""
+    """FedAvg whose upload's first tensor carries what its client saw: the round, the learning rate, whose state,
+    whether the model bank gave it a module of its architecture (1) or not (0), its id; its broadcasts' rounds
+    noted."""
 
     name = "test_round_and_state_shown"
     robust_means = ("weights",)
+    broadcasts: list[int] = []
 
     def init_client_state(self, client_id):
         return {"owner": client_id}
+
+    def broadcast(self, state, round_):
+        self.broadcasts.append(round_)
+        return super().broadcast(state, round_)
 
     def client_update(self, ctx, payload, state):
         result = run_update(ctx, super().client_update(ctx, payload, state))
         first = next(k for k, v in result.upload.weights.items() if torch.is_floating_point(v))
         shown = payload.weights[first].clone()
-        shown.view(-1)[:3] += torch.tensor([ctx.round, ctx.fed.lr, state["owner"]], dtype=shown.dtype)
+        own = float(ctx.own_model().state_dict().keys() == payload.weights.keys())
+        shown.view(-1)[:5] += torch.tensor([ctx.round, ctx.fed.lr, state["owner"], own, ctx.client_id],
+                                           dtype=shown.dtype)
         result.upload = dataclasses.replace(result.upload, weights={**result.upload.weights, first: shown})
         return result
 
 
 def test_the_root_client_trains_as_a_client_of_that_round_with_its_own_state():
     """Server step 3 under a cosine schedule: the pseudo-client (id -1, its state from init_client_state(-1)) sees
-    round 3 and round 3's learning rate."""
+    round 3 and round 3's learning rate, and a module of its architecture from the server's model bank; the server
+    trains it from its broadcast for round 3. Without labelled server data the root training refuses to start."""
     from fedray.runtime.root import ROOT_CLIENT, RootTraining
 
     cfg = tiny_config(**ROOT, algorithm__name="test_round_and_state_shown", federation__lr_schedule="cosine",
@@ -132,8 +143,69 @@ def test_the_root_client_trains_as_a_client_of_that_round_with_its_own_state():
     root = RootTraining(cfg, server.algo, server.algo.build_modules(), torch.device("cpu"))
     payload = server.algo.broadcast(server.state, 3)
     _, g0 = root.update(3, payload).update[0]
-    assert g0.reshape(-1)[:3].tolist() == pytest.approx([3, cfg.federation.lr_at(3), ROOT_CLIENT], rel=1e-6)
+    assert g0.reshape(-1)[:5].tolist() == pytest.approx([3, cfg.federation.lr_at(3), ROOT_CLIENT, 1, ROOT_CLIENT],
+                                                        rel=1e-6)
     assert cfg.federation.lr_at(3) != cfg.federation.lr
+    RoundAndStateShown.broadcasts.clear()
+    _, g0 = server._root_update(3).update[0]
+    assert RoundAndStateShown.broadcasts == [3] and g0.reshape(-1)[3] == pytest.approx(1, rel=1e-6)
+    server.algo.server_data = dataclasses.replace(server.algo.server_data, y=None)
+    with pytest.raises(ValueError) as e:
+        RootTraining(cfg, server.algo, server.algo.build_modules(), torch.device("cpu"))
+    assert str(e.value) == "aggregation.rule=fltrust needs labelled data.server_data on the server"
+
+
+@dataclasses.dataclass
+class Counts:
+    """An upload with no model field against the payload: nothing for g_0."""
+
+    values: torch.Tensor
+
+
+@register_algorithm
+class NoModelUploaded(FedAvg):
+    name = "test_no_model_uploaded"
+    robust_means = ("weights",)
+
+    def client_update(self, ctx, payload, state):
+        result = run_update(ctx, super().client_update(ctx, payload, state))
+        result.upload = Counts(torch.zeros(3))
+        return result
+
+
+@dataclasses.dataclass
+class WithPrivate(ModelUpload):
+    """FedAvg's upload and a model the payload does not carry (sent whole, as a private discriminator is)."""
+
+    private: dict = model_field(against=None, default_factory=dict)
+
+
+@register_algorithm
+class PrivateModelUploaded(FedAvg):
+    name = "test_private_model_uploaded"
+    robust_means = ("weights",)
+
+    def client_update(self, ctx, payload, state):
+        result = run_update(ctx, super().client_update(ctx, payload, state))
+        result.upload = WithPrivate(result.upload.weights, result.upload.num_samples,
+                                    private={k: 2 * v for k, v in result.upload.weights.items()})
+        return result
+
+
+def test_g0_reads_only_the_model_fields_against_the_payload_and_none_stops_the_server_naming_the_type():
+    from fedray.runtime.root import RootTraining
+
+    def root_update(method):
+        cfg = tiny_config(**ROOT, algorithm__name=method)
+        server = ServerCore(cfg, build_federated_data(cfg.data, cfg.seed), torch.device("cpu"))
+        root = RootTraining(cfg, server.algo, server.algo.build_modules(), torch.device("cpu"))
+        return root.update(1, server.algo.broadcast(server.state, 1)).update
+
+    assert {path[0] for path, _ in root_update("test_private_model_uploaded")} == {"weights"}
+    with pytest.raises(RuntimeError) as e:
+        root_update("test_no_model_uploaded")
+    assert str(e.value) == ("aggregation.rule=fltrust: Counts declares no model field against the payload "
+                            "(model_field(against=...)), so the server has no update to trust")
 
 
 # --- in a run -------------------------------------------------------------------------------------------------------
