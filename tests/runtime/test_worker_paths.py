@@ -1,0 +1,43 @@
+"""A worker's two paths for a client's work: alone (a Ray task's ``train``) and among others (the in-process
+``train_many``) send one client the same message through a channel that reads the payload and hears it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from fedray.data import build_federated_data
+from fedray.runtime.local import LocalRuntime
+from tests.conftest import tiny_config
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b or (type(a) is type(b) and repr(a) == repr(b))  # a skeleton's placeholders: one per packet
+
+
+def test_one_client_alone_sends_what_it_sends_among_others():
+    """Top-k of the update against the payload with error feedback, then the adaptive clip: after round 1 moved the
+    clip, round 2's client 0 alone and in train_many sends the same message, carrying the same channel state; a
+    client told no clip, or sent no payload to take its update against, would not."""
+    cfg = tiny_config(channel__sparsify="topk", channel__fraction=0.1, channel__error_feedback=True,
+                      privacy__mechanism="central", privacy__noise_multiplier=0.001, privacy__clip=0.05,
+                      privacy__adaptive_clip=True, privacy__clip_lr=1.0, privacy__count_noise=0.01,
+                      federation__rounds=2, data__num_clients=4, federation__clients_per_round=4)
+    rt = LocalRuntime(cfg, build_federated_data(cfg.data, cfg.seed))
+    rt.start(1, [0, 1, 2, 3], 0)
+    rt.results([0, 1, 2, 3])
+    rt.step(1, [0, 1, 2, 3], [0, 0, 0, 0], None)
+    payload = rt.server.payload(1)[0]
+    assert rt.worker.channel.heard(payload)["clip"] != 0.05  # the clip moved in round 1
+    alone = rt.worker.train(2, 0, payload, None, None)
+    among = rt.worker.train_many(2, [0], payload, [None], [None])[0]
+    assert _same(alone[0], among[0]) and _same(alone[3], among[3])
