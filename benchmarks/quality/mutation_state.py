@@ -87,10 +87,11 @@ def recheck(test: str) -> int:
 def retry_survivors(function: str) -> int:
     """Sets the survivors of ``function`` (``clone_weights``, ``Algorithm.parse_params``) back to unchecked, after a
     test that reaches it was added: mutmut keeps a verdict while the function is unchanged, and a new test is not in
-    its reach yet, so ``recheck`` cannot name it; ``*``: every survivor (after the test selection grew). Kills stand:
-    one more test cannot undo them."""
+    its reach yet, so ``recheck`` cannot name it; ``*``: every survivor (after the test selection grew). A mutant no
+    test reached ("no tests") is a survivor too: a test added since may reach it. Kills stand: one more test cannot
+    undo them."""
     hit = _set_back(lambda func, code: (function == "*" or function in (_shown(func), _shown(func).rpartition(".")[2]))
-                    and status_of(code) == "survived")
+                    and status_of(code) in ("survived", "no tests"))
     if not hit:
         raise SystemExit(f"--retry-survivors {function!r}: no survivor in a function of that name")
     return hit
