@@ -347,3 +347,39 @@ def test_fedbuff_built_from_a_config_keeps_its_options():
     s = FedBuff.build(cfg, 6)
     assert s.staleness == "polynomial" and s.buffer_size == cfg.federation.buffer()
     assert s.concurrency == cfg.federation.in_flight()
+
+
+def test_an_async_step_stops_where_the_trace_ends_or_a_clients_work_is_lost_and_counts_no_server_work_unsaid(
+        tmp_path):
+    """Nobody online from 5 s on and none training: the step cannot dispatch (not resumable as it is); a work
+    whose figures never come (its worker failed past its retries) stops the run, resumable from its checkpoint; a
+    server step that reports no sim/server_samples takes no server time."""
+    from fedray.errors import RunFailure
+
+    ended = _schedule(tmp_path, speeds=[10, 10], concurrency=2, buffer=1, online=[(0, 0, 1), (1, 0, 1)])
+    ended.clock.clock = 5.0
+    with pytest.raises(RunFailure) as e:
+        ended.dispatch()
+    assert str(e.value) == ("no client can train at simulated time 5 s or later (the availability trace ends); give a "
+                            "longer system.availability_trace or fewer rounds") and e.value.resumable is False
+
+    class Lost(_Work):
+        def results(self, client_ids):
+            return [None for _ in client_ids]
+
+    lost = _schedule(tmp_path, speeds=[10, 10], concurrency=1, buffer=1)
+    with pytest.raises(RunFailure) as e:
+        lost.step(1, Lost())
+    assert e.value.resumable is True and str(e.value) == (
+        f"client {sorted(lost.flight)[0]}'s work was lost (its worker failed past runtime.max_client_retries); "
+        "resume the run from its last checkpoint")
+
+    class Unsaid(_Work):
+        def step(self, round_, client_ids, versions, weights):
+            from fedray.system import Step
+
+            return Step([{} for _ in client_ids], {})
+
+    quiet = _schedule(tmp_path, speeds=[10, 5], concurrency=2, buffer=1, server_sps=500.0)
+    report = quiet.step(1, Unsaid())
+    assert report.sim["sim/server_s"] == 0.0 and report.sim["sim/round_s"] == 1.0
