@@ -259,3 +259,16 @@ def test_what_fltrust_needs_is_refused_in_one_line(overrides, key):
     with pytest.raises(ConfigError) as e:
         resolve_experiment(tiny_config(**overrides))
     assert e.value.key == key and "\n" not in str(e.value)
+
+
+def test_the_root_client_trains_in_the_channels_last_layout_where_the_workers_do():
+    """runtime.cpu_channels_last on a CPU: the server's root-training modules and its model bank's are moved to the
+    channels-last layout, as a worker's are (tests/runtime/test_channels_last.py: the same figures to rounding)."""
+    from tests.runtime.test_channels_last import _layouts
+
+    cfg = tiny_config(**ROOT, algorithm__name="test_round_and_state_shown", runtime__cpu_channels_last=True)
+    server = ServerCore(cfg, build_federated_data(cfg.data, cfg.seed), torch.device("cpu"))
+    server._root_update(1)
+    modules = [m for m in vars(server._root.modules).values() if isinstance(m, torch.nn.Module)]
+    assert modules and all(_layouts(m) == {True} for m in modules)
+    assert server._root.models.channels_last is True and _layouts(server._root.models.get(cfg.model.name)) == {True}
