@@ -171,7 +171,7 @@ def mutants_of_scope():
         if not rel.startswith(SCOPE):
             continue
         codes = json.loads(meta_path.read_text())["exit_code_by_key"]
-        if not codes:
+        if not codes or not (MUTANTS / rel).exists():  # no mutants file: removed for mutmut to make again
             continue
         source = (MUTANTS / rel).read_text()
         lines, definitions = source.splitlines(), _definitions(source)
