@@ -244,9 +244,12 @@ def test_a_sign_flipped_client_gets_zero_trust():
 
 def test_the_servers_root_training_counts_on_the_simulated_clock():
     """sim/server_samples: FedAvg's server averages (0 examples); the root training's 4 steps of 16 are one pass over
-    the 50 root examples (5 a class), the last batch short: 50 examples, as a client's would count."""
-    cfg = tiny_config(**ROOT, system__devices="heterogeneous", federation__rounds=1, tracking__enabled=False)
-    assert run_experiment(cfg, progress=False).history[0]["sim/server_samples"] == 50
+    the 50 root examples (5 a class), the last batch short: 50 examples, as a client's would count; at
+    system.server_sps = 25 the server works 2 s of the round."""
+    cfg = tiny_config(**ROOT, system__devices="heterogeneous", federation__rounds=1, tracking__enabled=False,
+                      system__server_sps=25.0)
+    first = run_experiment(cfg, progress=False).history[0]
+    assert first["sim/server_samples"] == 50 and first["sim/server_s"] == 2.0
 
 
 # --- the config ----------------------------------------------------------------------------------------------------

@@ -390,3 +390,17 @@ def test_a_round_draws_afresh():
         oort.register(np.array([5, 5, 5, 5]))
         picks.add(tuple(oort.select(round_, np.arange(4), 1).tolist()))
     assert len(picks) > 1
+
+
+def test_the_rounds_hand_each_clients_reported_utility_to_oort():
+    from fedray.system.oort import UTILITY
+    from fedray.system.rounds import ClockRounds
+
+    cfg = tiny_config(data__num_clients=6, federation__clients_per_round=2, system__devices="uniform",
+                      system__selection="oort")
+    rounds = ClockRounds(cfg, 6)
+    rounds.register(np.full(6, 10))
+    chosen = rounds.select(1)
+    arrived = rounds.admit(chosen, [{"work_samples": 10, "bytes_up": 0, UTILITY: 3.0 + c} for c in chosen],
+                           [0] * len(chosen))
+    assert arrived == chosen and rounds.clock.oort.utility[arrived].tolist() == [3.0 + c for c in arrived]
