@@ -162,14 +162,12 @@ class Counts:
     values: torch.Tensor
 
 
-@register_algorithm
-class NoModelUploaded(FedAvg):
-    name = "test_no_model_uploaded"
-    robust_means = ("weights",)
+class UploadReplaced(FedAvg):
+    """FedAvg whose upload is replaced by ``replaced(upload)``."""
 
     def client_update(self, ctx, payload, state):
         result = run_update(ctx, super().client_update(ctx, payload, state))
-        result.upload = Counts(torch.zeros(3))
+        result.upload = self.replaced(result.upload)
         return result
 
 
@@ -181,15 +179,21 @@ class WithPrivate(ModelUpload):
 
 
 @register_algorithm
-class PrivateModelUploaded(FedAvg):
-    name = "test_private_model_uploaded"
-    robust_means = ("weights",)
+class NoModelUploaded(UploadReplaced):
+    name, robust_means = "test_no_model_uploaded", ("weights",)
 
-    def client_update(self, ctx, payload, state):
-        result = run_update(ctx, super().client_update(ctx, payload, state))
-        result.upload = WithPrivate(result.upload.weights, result.upload.num_samples,
-                                    private={k: 2 * v for k, v in result.upload.weights.items()})
-        return result
+    @staticmethod
+    def replaced(upload):
+        return Counts(torch.zeros(3))
+
+
+@register_algorithm
+class PrivateModelUploaded(UploadReplaced):
+    name, robust_means = "test_private_model_uploaded", ("weights",)
+
+    @staticmethod
+    def replaced(upload):
+        return WithPrivate(upload.weights, upload.num_samples, private={k: 2 * v for k, v in upload.weights.items()})
 
 
 def test_g0_reads_only_the_model_fields_against_the_payload_and_none_stops_the_server_naming_the_type():
