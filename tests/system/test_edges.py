@@ -181,3 +181,27 @@ def test_the_online_seconds_are_those_of_the_runs_own_seeded_process():
     for seed, online in seconds.items():
         at_zero, until = SystemClock(cfg, 6, 2, seed).availability.at(0.0)
         assert (online[at_zero] >= np.minimum(until[at_zero], 100.0)).all() and (online <= 100.0).all()
+
+
+def test_a_rounds_speeds_are_each_clients_own_lognormal_draws_by_hand():
+    """system.speed_sigma = 0.5, round 4: client c's compute speed is multiplied by exp(0.5 z), z from the stream
+    (seed, "speeds", 4, "compute", c), its network's (up and down alike) by its "network" draw; a client alone draws
+    what it draws beside others; without a round (or sigma 0) the base speeds."""
+    from fedray.seeding import derive_rng
+    from fedray.system import SystemConfig
+    from fedray.system.devices import Devices
+
+    dev = Devices.build(SystemConfig(devices="heterogeneous", speed_sigma=0.5), num_clients=3, seed=7)
+    ids, samples = np.array([2, 0]), np.array([10.0, 20.0])
+    down, up = np.array([1e6, 2e6]), np.array([3e5, 4e5])
+    parts = dev.time_parts(ids, samples, down, up, 4)
+    for k, c in enumerate(ids):
+        f = {what: math.exp(0.5 * derive_rng(7, "speeds", 4, what, int(c)).standard_normal())
+             for what in ("compute", "network")}
+        assert parts["compute_s"][k] == pytest.approx(samples[k] / (dev.compute_sps[c] * f["compute"]), rel=1e-12)
+        assert parts["download_s"][k] == pytest.approx(down[k] / (dev.down_bps[c] * f["network"]), rel=1e-12)
+        assert parts["upload_s"][k] == pytest.approx(up[k] / (dev.up_bps[c] * f["network"]), rel=1e-12)
+    alone = dev.time_parts(np.array([0]), samples[1:], down[1:], up[1:], 4)
+    assert alone["compute_s"][0] == parts["compute_s"][1] and alone["upload_s"][0] == parts["upload_s"][1]
+    base = dev.time_parts(ids, samples, down, up)
+    assert base["compute_s"].tolist() == (samples / dev.compute_sps[ids]).tolist()
