@@ -234,7 +234,6 @@ class EvalIndex:
         return ClientScores(client=self.clients[np.flatnonzero(has)], correct=correct[has], samples=total[has],
                             loss_sum=loss_sum[has])
 
-
     def merged(self, parts: list[dict[str, list]]) -> tuple[dict[str, dict[str, float]], ClientScores | None]:
         """Each scored model's figures (:meth:`metrics`; the global model's, suffix "", with :meth:`membership`) and
         the global model's per-client ones, from the parts of an evaluation spread over processes (each a
@@ -242,15 +241,13 @@ class EvalIndex:
         correct, loss)); the parts' batches together cover the evaluation set once."""
         scored, clients = {}, None
         for suffix in parts[0]:
-            ok = np.zeros(self.size, dtype=bool)
-            loss = np.zeros(self.size, dtype=np.float32) if suffix == "" else None
-            for part in parts:
-                for start, stop, correct, ce in part[suffix]:
-                    ok[start:stop] = correct
-                    if loss is not None:
-                        loss[start:stop] = ce
+            ok, loss = np.zeros(self.size, dtype=bool), np.zeros(self.size, dtype=np.float32)
+            for start, stop, correct, ce in (row for part in parts for row in part[suffix]):
+                ok[start:stop] = correct
+                if suffix == "":  # only the global model's losses are sent (the others' are None)
+                    loss[start:stop] = ce
             scored[suffix] = self.metrics(ok)
-            if loss is not None:
+            if suffix == "":
                 scored[suffix].update(self.membership(loss))
                 clients = self.client_scores(ok, loss)
         return scored, clients
