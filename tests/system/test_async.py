@@ -144,6 +144,13 @@ def test_a_client_that_goes_offline_or_passes_the_deadline_is_a_dropout(tmp_path
     assert s.next_event()[:2] == (0, True)
     assert s.next_event() == (2, False, 10.0) and s.clock.clock == 5.0  # known late at the deadline
     assert s.clock.busy_s.tolist() == [1.0, 0.5, 5.0]
+    # events.parquet's rows of the step: (client, start, settled at, outcome)
+    assert [(c, start, at, fate) for c, start, at, _, fate in s.settled] == [
+        (1, 0.0, 0.5, "dropout_offline"), (0, 0.0, 1.0, "aggregated"), (2, 0.0, 5.0, "dropout_deadline")]
+    both = _schedule(tmp_path, speeds=[2], concurrency=1, buffer=1, deadline=5.0, online=[(0, 0, 4.0)])
+    both.dispatch()
+    _time_all(both)  # 5 s of work, exactly the deadline, but offline at 4 s: gone before it could be late
+    assert both.next_event() == (0, False, 5.0) and both.settled[0][-1] == "dropout_offline"
 
 
 def test_at_the_deadline_or_going_offline_as_it_finishes_an_upload_arrives(tmp_path):
