@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -153,6 +154,18 @@ def test_a_client_that_goes_offline_or_passes_the_deadline_is_a_dropout(tmp_path
     assert both.next_event() == (0, False, 5.0) and both.settled[0][-1] == "dropout_offline"
 
 
+def test_an_async_client_trains_at_the_speeds_of_the_step_it_trains_for(tmp_path):
+    """With speeds that vary by round, a client dispatched at version v works at round v + 1's speeds (those of the
+    server step its upload is for, as a synchronous round r's clients work at round r's)."""
+    s = _schedule(tmp_path, speeds=[10, 5], concurrency=2, buffer=2, speed_sigma=0.5)
+    s.dispatch()
+    _time_all(s, samples=10)
+    for c, sps in enumerate([10, 5]):
+        compute = {r: float(s.clock.devices.factors(np.array([c]), r)[0][0]) for r in (0, 1, 2)}
+        assert len(set(compute.values())) == 3  # the rounds' draws differ
+        assert s.flight[c].parts["compute_s"] == pytest.approx(10 / (sps * compute[1]), rel=1e-12)
+
+
 def test_at_the_deadline_or_going_offline_as_it_finishes_an_upload_arrives(tmp_path):
     """The boundaries, as the synchronous clock has them: a client whose work ends exactly at the deadline (10
     samples at 2/s: 5 s, deadline 5 s) arrives, and so does one that goes offline exactly as it finishes (1 s of work,
@@ -215,15 +228,10 @@ def test_a_method_without_async_refuses_to_rebase():
 
 
 @pytest.mark.parametrize("overrides, key, fragment", [
-    ({"federation__mode": "async"}, "federation.mode", "set system.devices"),
-    ({"federation__mode": "async", "system__devices": "uniform", "system__overcommit": 1.3}, "system.overcommit",
-     "federation.concurrency"),
     ({"federation__concurrency": 3}, "federation.concurrency", "only read with federation.mode=async"),
     ({"federation__staleness": "polynomial"}, "federation.staleness", "only read with federation.mode=async"),
     ({"federation__mode": "async", "system__devices": "uniform", "federation__concurrency": 99},
      "federation.concurrency", "allowed: 1..6"),
-    ({"federation__mode": "async", "system__devices": "uniform", "federation__buffer_size": 7},
-     "federation.buffer_size", "allowed: 1..6"),
     ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "fedkf"}, "federation.mode",
      "'fedkf' cannot run async: its server step needs one synchronous cohort (its cache and teacher"),
     ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "dafkd"}, "federation.mode",
@@ -235,6 +243,35 @@ def test_what_cannot_run_async_is_refused_naming_why(overrides, key, fragment):
     with pytest.raises(ConfigError) as e:
         resolve_experiment(tiny_config(**overrides))
     assert e.value.key == key and fragment in e.value.message, e.value
+
+
+@pytest.mark.parametrize("overrides, key, message", [
+    ({}, "federation.mode", "async orders the uploads by simulated time; set system.devices to uniform, heterogeneous, "
+     "trace or fedscale (docs/system.md)"),
+    ({"system__devices": "uniform", "system__selection": "oort"}, "system.selection",
+     "oort picks a synchronous round's clients; FedBuff dispatches uniformly among those online: set "
+     "system.selection=uniform"),
+    ({"system__devices": "uniform", "system__overcommit": 1.3}, "system.overcommit",
+     "over-selection is for synchronous rounds; with federation.mode=async set federation.concurrency instead"),
+    ({"system__devices": "uniform", "federation__buffer_size": 7}, "federation.buffer_size",
+     "7 exceeds data.num_clients=6: a client's upload waits in the buffer until the step, so at most that many fit; "
+     "allowed: 1..6"),
+    ({"system__devices": "uniform", "federation__concurrency": 99}, "federation.concurrency",
+     "99 exceeds data.num_clients=6; allowed: 1..6"),
+])
+def test_fedbuffs_own_refusals_read_whole(overrides, key, message):
+    with pytest.raises(ConfigError) as e:
+        resolve_experiment(tiny_config(federation__mode="async", **overrides))
+    assert (e.value.key, e.value.message) == (key, message)
+
+
+def test_a_buffer_and_a_concurrency_of_every_client_are_allowed():
+    """The bounds of the two refusals above, exactly: as many uploads in the buffer, or clients in training, as
+    there are clients (6)."""
+    cfg = tiny_config(federation__mode="async", system__devices="uniform", federation__buffer_size=6,
+                      federation__concurrency=6)
+    assert cfg.data.num_clients == 6
+    resolve_experiment(cfg)
 
 
 @pytest.mark.ray

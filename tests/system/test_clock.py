@@ -97,6 +97,32 @@ def test_a_deadline_drops_exactly_the_late_ones_and_ends_the_round(tmp_path):
     assert clock.end_round(0)["sim/round_s"] == 5.0
 
 
+def test_going_offline_as_the_work_ends_arrives_and_offline_before_a_deadline_finish_is_offline(tmp_path):
+    """Client 0's work ends at 1 s, the moment it goes offline: it arrives. Client 1's would end at 5 s, exactly the
+    deadline, but it goes offline at 4 s: a dropout for going offline (not late, not arrived)."""
+    online = _availability(tmp_path, [(0, 0, 1.0), (1, 0, 4.0)])
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0), (1, 2, 1000, 1000, 0)], per_round=2, deadline_s=5.0,
+                   availability="trace", availability_trace=online)
+    assert clock.select(1) == [0, 1]
+    assert clock.admit([0, 1], [10, 10], [0, 0], 0) == [0]
+    assert clock._round["events"]["outcome"].tolist() == ["aggregated", "dropout_offline"]
+    row = clock.end_round(0)
+    assert (row["sim/dropouts"], row["sim/stragglers"], row["sim/round_s"]) == (1, 0, 4.0)
+
+
+def test_a_round_none_of_whose_work_came_back_waits_for_no_one(tmp_path):
+    """Every selected client's work lost (none admitted): the round costs only the server's time and the lost count
+    as dropouts; ending a round before admitting is refused."""
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0), (1, 10, 1000, 1000, 0)], per_round=2)
+    clock.select(1)
+    with pytest.raises(AssertionError, match="^admit comes before end_round$"):
+        clock.end_round(0)
+    clock.select(1)
+    assert clock.admit([], [], [], 0) == []
+    row = clock.end_round(0)
+    assert (row["sim/round_s"], row["sim/selected"], row["sim/dropouts"]) == (0.0, 2, 2)
+
+
 def test_the_servers_work_is_timed_after_the_last_arrival(tmp_path):
     clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0)], per_round=1, server_sps=500.0)
     clock.select(1)

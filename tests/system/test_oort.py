@@ -404,3 +404,6 @@ def test_the_rounds_hand_each_clients_reported_utility_to_oort():
     arrived = rounds.admit(chosen, [{"work_samples": 10, "bytes_up": 0, UTILITY: 3.0 + c} for c in chosen],
                            [0] * len(chosen))
     assert arrived == chosen and rounds.clock.oort.utility[arrived].tolist() == [3.0 + c for c in arrived]
+    # and each one's measured duration: its t_k, all of which the server waited for (everyone arrived)
+    durations = rounds.clock.oort.duration[arrived]
+    assert (durations > 0).all() and durations.tolist() == rounds.clock.busy_s[arrived].tolist()
