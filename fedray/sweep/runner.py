@@ -49,6 +49,7 @@ SWEEP_STATE = "fedray_sweep.json"
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
 SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
 RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
+TUNER_FILE, TUNER_COPY = "tuner.pkl", "tuner.pkl.fedray"  # Tune's tuner state, and fedray's copy of it
 
 
 class _TuneReport:
@@ -166,6 +167,41 @@ def _stand_in_for_lost_checkpoints(sweep_dir: Path) -> list[Path]:
     return made
 
 
+def _mend_state_files(sweep_dir: Path) -> list[str]:
+    """Undo what a driver killed while Tune copied its state into the sweep's folder leaves: Tune copies every state
+    file again each time it saves (truncating each first), so a SIGKILL then can leave ``tuner.pkl`` and any
+    state file (``experiment_state-*.json``, JSON; the searcher's ``*-state-*``, pickles) empty or cut short, and
+    ``Tuner.restore`` fails on them. ``tuner.pkl`` never changes after the sweep starts: it is put back from the copy
+    taken then (``TUNER_COPY``); a state file cut short is moved aside (``.broken``), so that Tune resumes from the
+    newest whole one. Returns what was mended."""
+    import pickle
+
+    import ray.cloudpickle as cloudpickle
+
+    mended = []
+    tuner, copy = sweep_dir / TUNER_FILE, sweep_dir / TUNER_COPY
+    if tuner.is_file() and copy.is_file() and tuner.read_bytes() != copy.read_bytes():
+        shutil.copyfile(copy, tuner)
+        mended.append(f"{TUNER_FILE} put back from {TUNER_COPY}")
+    for state in sorted(p for p in sweep_dir.glob("*state-*") if p.suffix in (".json", ".pkl")):
+        try:
+            if state.name.startswith("experiment_state-"):
+                json.loads(state.read_text())
+            else:  # only a truncated pickle counts: any other failure is not a cut file's, and Tune's to report
+                cloudpickle.loads(state.read_bytes())
+        except (ValueError, EOFError, pickle.UnpicklingError):
+            state.rename(state.with_name(state.name + ".broken"))
+            mended.append(f"{state.name} moved aside (cut short)")
+    return mended
+
+
+def _keep_tuner_copy(sweep_dir: Path) -> None:
+    """The copy of ``tuner.pkl`` that :func:`_mend_state_files` puts back, written whole before it is named."""
+    part = sweep_dir / (TUNER_COPY + ".part")
+    shutil.copyfile(sweep_dir / TUNER_FILE, part)
+    os.replace(part, sweep_dir / TUNER_COPY)
+
+
 def _sweep_dir(spec: SweepSpec) -> Path:
     return (Path(spec.storage).expanduser().resolve() / spec.name)
 
@@ -245,6 +281,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             # the driver's machine while the trials run, on the parent run (trials share it; theirs would repeat it)
             monitor = parent.watch_system(base.tracking.system_metrics_s, resumed=resume)
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
+            for line in _mend_state_files(sweep_dir):
+                say(f"resume: {line} (its driver was killed while Tune saved them)", highlight=False)
             _stand_in_for_lost_checkpoints(sweep_dir)
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=False)
@@ -270,6 +308,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                           checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                                           verbose=1 if verbose else 0),
             )
+            _keep_tuner_copy(sweep_dir)
         main_thread = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGINT, signal.SIGTERM)
         previous = {sig: signal.signal(sig, _stop_tune_gracefully) for sig in stops} if main_thread else {}

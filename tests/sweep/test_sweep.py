@@ -2,6 +2,7 @@
 
 import json
 import os
+import pickle
 import re
 import signal
 import socket
@@ -255,6 +256,8 @@ def test_sweep_prints_one_line_per_trial_event_and_keeps_ray_logs_in_a_file(four
 @pytest.mark.timeout(900)  # its subprocesses may wait 600 s
 def test_sweep_records_one_parent_and_four_finished_children(four_trial_sweep):
     root = four_trial_sweep
+    sweep = root / "sweeps" / "g1"  # the copy of Tune's tuner state that a resume puts back if a kill cut it short
+    assert (sweep / "tuner.pkl.fedray").read_bytes() == (sweep / "tuner.pkl").read_bytes()
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     parents, kids = children(client, "grid")
     assert len(parents) == 1 and len(kids) == 4
@@ -416,6 +419,28 @@ def test_a_metric_the_runs_do_not_report_stops_the_sweep_at_once(tmp_path, monke
     parents, kids = children(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), "typo")
     assert [p.info.status for p in parents] == ["FAILED"] and [k.info.status for k in kids] == ["KILLED"]
     assert not (tmp_path / "sweeps" / "t1" / "best.json").exists()
+
+
+def test_a_resume_mends_the_state_files_a_driver_killed_mid_save_cut_short(tmp_path):
+    """Tune copies its state files again at each save, truncating each first: a SIGKILL then leaves them empty or
+    cut. tuner.pkl comes back from fedray's copy; a state file that does not parse is moved aside; sound ones stay."""
+    from fedray.sweep.runner import _mend_state_files
+
+    (tmp_path / "tuner.pkl.fedray").write_bytes(b"tuner state")
+    (tmp_path / "tuner.pkl").write_bytes(b"")
+    (tmp_path / "experiment_state-1.json").write_text('{"trial_data": []}')
+    (tmp_path / "experiment_state-2.json").write_text("")
+    searcher = pickle.dumps({"_uuid_prefix": "ab", "_total_samples": 2})  # Tune's searcher state: a pickle
+    (tmp_path / "basic-variant-state-1.json").write_bytes(searcher)
+    (tmp_path / "basic-variant-state-2.json").write_bytes(searcher[:-3])
+    assert _mend_state_files(tmp_path) == ["tuner.pkl put back from tuner.pkl.fedray",
+                                           "basic-variant-state-2.json moved aside (cut short)",
+                                           "experiment_state-2.json moved aside (cut short)"]
+    assert (tmp_path / "tuner.pkl").read_bytes() == b"tuner state"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "basic-variant-state-1.json", "basic-variant-state-2.json.broken", "experiment_state-1.json",
+        "experiment_state-2.json.broken", "tuner.pkl", "tuner.pkl.fedray"]
+    assert _mend_state_files(tmp_path) == []  # nothing left to mend
 
 
 def test_a_trials_value_is_its_metric_over_its_last_evaluated_rounds(tmp_path):
@@ -626,7 +651,7 @@ def test_a_sweep_stopped_by_ctrl_c_and_then_killed_resumes_each_time(tmp_path):
     assert not (elsewhere / "mlflow.db").exists()
     assert "its checkpoint in the sweep's saved state was gone" in done.stdout, done.stdout[-3000:]
     best = json.loads((sweep / "best.json").read_text())
-    assert best["trials"] == 2 and best["errored"] == 0 and best["metrics"]["round"] == 20
+    assert best["trials"] == 2 and best["errored"] == 0 and best["metrics"]["round"] == 20, done.stdout[-3000:]
     parents, kids = children(client, "long")
     assert [p.info.status for p in parents] == ["FINISHED"]
     # the Ctrl-C'd and the SIGKILLed drivers' children ended KILLED; each trial finished in a child of its own
