@@ -106,6 +106,7 @@ def test_going_offline_as_the_work_ends_arrives_and_offline_before_a_deadline_fi
     assert clock.select(1) == [0, 1]
     assert clock.admit([0, 1], [10, 10], [0, 0], 0) == [0]
     assert clock._round["events"]["outcome"].tolist() == ["aggregated", "dropout_offline"]
+    assert clock._round["events"]["client"].tolist() == [0, 1] and clock._round["events"]["client"].dtype == np.int64
     row = clock.end_round(0)
     assert (row["sim/dropouts"], row["sim/stragglers"], row["sim/round_s"]) == (1, 0, 4.0)
 
@@ -121,6 +122,8 @@ def test_a_round_none_of_whose_work_came_back_waits_for_no_one(tmp_path):
     assert clock.admit([], [], [], 0) == []
     row = clock.end_round(0)
     assert (row["sim/round_s"], row["sim/selected"], row["sim/dropouts"]) == (0.0, 2, 2)
+    cols = clock.client_columns([])  # clients.parquet's columns of no client: empty, not an indexing error
+    assert cols["sim_rounds"].size == 0 and cols["sim_busy_s"].size == 0
 
 
 def test_the_servers_work_is_timed_after_the_last_arrival(tmp_path):
@@ -160,12 +163,13 @@ def test_with_nobody_online_the_clock_waits_and_a_trace_that_ends_stops_the_run(
     row = clock.end_round(0)
     assert row["sim/round_s"] == 31.0 and row["sim/clock_s"] == 31.0  # waited 30 s, worked 1 s
     assert row["sim/idle_s"] == 30.0  # the wait, a figure of its own
-    with pytest.raises(RunFailure, match="availability trace ends") as e:
+    with pytest.raises(RunFailure, match=r"^round \d+: no client is online at simulated time \d+ s or later \(the "
+                       r"availability trace ends\); give a longer system.availability_trace or fewer rounds$") as e:
         for r in range(2, 20):
             clock.select(r)
             clock.admit([0], [10], [0], 0)
             clock.end_round(0)
-    assert not e.value.resumable  # a resume meets the trace's end again
+    assert e.value.resumable is False  # a resume meets the trace's end again
 
 
 def test_rounds_in_which_no_upload_arrives_stop_the_run_naming_the_key(tmp_path):
