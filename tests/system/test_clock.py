@@ -172,6 +172,24 @@ def test_with_nobody_online_the_clock_waits_and_a_trace_that_ends_stops_the_run(
     assert e.value.resumable is False  # a resume meets the trace's end again
 
 
+def test_rounds_whose_clients_all_go_offline_stop_the_run_counting_them(tmp_path):
+    """Online half a second from each whole second, a client whose work takes 1 s goes offline in every round: after
+    DRY_ROUNDS such rounds the stop counts them all as gone offline (none late) and names the trace."""
+    from fedray.system.clock import DRY_ROUNDS
+
+    online = _availability(tmp_path, [(0, k, k + 0.5) for k in range(2 * DRY_ROUNDS)])
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0)], per_round=1, availability="trace",
+                   availability_trace=online)
+    with pytest.raises(RunFailure) as e:
+        for r in range(1, DRY_ROUNDS + 1):
+            clock.select(r)
+            assert clock.admit([0], [10], [0], 0) == []
+            clock.end_round(0)
+    assert str(e.value) == (f"round {DRY_ROUNDS}: no upload arrived in {DRY_ROUNDS} rounds in a row; {DRY_ROUNDS} went "
+                            "offline before they finished: give the clients longer online periods "
+                            "(system.availability_trace)")
+
+
 def test_rounds_in_which_no_upload_arrives_stop_the_run_naming_the_key(tmp_path):
     """An impossible deadline: after DRY_ROUNDS rounds without an arrival the run stops, naming system.deadline_s
     and the fastest client's time; one arrival in between starts the count again, and the count is resumed."""
