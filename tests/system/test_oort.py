@@ -407,3 +407,24 @@ def test_the_rounds_hand_each_clients_reported_utility_to_oort():
     # and each one's measured duration: its t_k, all of which the server waited for (everyone arrived)
     durations = rounds.clock.oort.duration[arrived]
     assert (durations > 0).all() and durations.tolist() == rounds.clock.busy_s[arrived].tolist()
+
+
+def test_a_clock_round_that_takes_every_online_client_asks_oort_for_no_selection():
+    """Three clients online, three wanted: the round takes them all without Oort's selection (no score consulted, its
+    exploration share not decayed), the never-heard counted as explored, then, once heard, as exploited."""
+    from fedray.system.oort import UTILITY
+    from fedray.system.rounds import ClockRounds
+
+    cfg = tiny_config(data__num_clients=3, federation__clients_per_round=3, system__devices="uniform",
+                      system__selection="oort")
+    rounds = ClockRounds(cfg, 3)
+    rounds.register(np.full(3, 10))
+    oort = rounds.clock.oort
+    eps = oort.eps
+    chosen = rounds.select(1)
+    assert chosen == [0, 1, 2] and oort.eps == eps
+    assert oort.last_pick["exploit"].tolist() == [] and oort.last_pick["explore"].tolist() == [0, 1, 2]
+    rounds.admit(chosen, [{"work_samples": 10, "bytes_up": 0, UTILITY: 1.0} for _ in chosen], [0] * 3)
+    rounds.clock.end_round(0)
+    assert rounds.select(2) == [0, 1, 2] and oort.eps == eps
+    assert oort.last_pick["exploit"].tolist() == [0, 1, 2] and oort.last_pick["explore"].tolist() == []
