@@ -122,7 +122,13 @@ def test_a_round_none_of_whose_work_came_back_waits_for_no_one(tmp_path):
     assert clock.admit([], [], [], 0) == []
     row = clock.end_round(0)
     assert (row["sim/round_s"], row["sim/selected"], row["sim/dropouts"]) == (0.0, 2, 2)
-    cols = clock.client_columns([])  # clients.parquet's columns of no client: empty, not an indexing error
+
+
+def test_the_clients_columns_of_no_client_are_empty(tmp_path):
+    """clients.parquet's columns for an empty list of clients: empty, not an indexing error (an empty list is a float
+    array to numpy unless told otherwise)."""
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0)], per_round=1)
+    cols = clock.client_columns([])
     assert cols["sim_rounds"].size == 0 and cols["sim_busy_s"].size == 0
 
 
