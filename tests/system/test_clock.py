@@ -360,3 +360,10 @@ def test_speeds_that_vary_are_seeded_per_round_and_client_around_the_device(tmp_
     fixed = Devices.build(cfg(0.0), 4, seed=3)
     assert fixed.client_time(np.array([1]), np.array([100.0]), np.array([1e6]), np.array([1e6]), 7)[0] == \
         fixed.client_time(np.array([1]), np.array([100.0]), np.array([1e6]), np.array([1e6]))[0]
+
+
+def test_a_fresh_clock_has_no_round_and_refuses_admit_before_select(tmp_path):
+    clock = _clock(tmp_path, [(0, 10, 1000, 1000, 0)], per_round=1)
+    assert clock.last_events is None  # no round's rows yet
+    with pytest.raises(AssertionError, match="^select comes first$"):
+        clock.admit([0], [10], [0], 0)
