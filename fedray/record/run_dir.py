@@ -87,14 +87,15 @@ def final_figures(evaluated: list[dict[str, Any]]) -> dict[str, Any]:
 # writing
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` whole or not at all: a temporary file beside it, then renamed over it."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
 def write_json(path: Path, obj: Any) -> None:
-    _atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, allow_nan=True) + "\n").encode())
+    atomic_write_bytes(Path(path), (json.dumps(obj, indent=2, allow_nan=True) + "\n").encode())
 
 
 def write_history(path: Path, history: list[dict[str, Any]]) -> None:

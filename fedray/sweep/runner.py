@@ -40,6 +40,7 @@ from fedray.sweep.tracking import DATA_KEY, MlflowSweepCallback, kill_running_ch
 from fedray.sweep.report import RESTARTED_KEY, ConsoleTrialReporter, MetricCheck, last_line, plot_sweep
 from fedray.simulation import run_experiment
 from fedray.record.provenance import data_facts
+from fedray.record.run_dir import atomic_write_bytes
 from fedray.record.tracking import (MlflowTracker, numeric_metrics, resolve_tracking_uri, resumed_store,
                                    ui_hint)
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
@@ -180,8 +181,8 @@ def _mend_state_files(sweep_dir: Path) -> list[str]:
 
     mended = []
     tuner, copy = sweep_dir / TUNER_FILE, sweep_dir / TUNER_COPY
-    if tuner.is_file() and copy.is_file() and tuner.read_bytes() != copy.read_bytes():
-        shutil.copyfile(copy, tuner)
+    if tuner.is_file() and copy.is_file() and tuner.read_bytes() != (kept := copy.read_bytes()):
+        atomic_write_bytes(tuner, kept)
         mended.append(f"{TUNER_FILE} put back from {TUNER_COPY}")
     for state in sorted(p for p in sweep_dir.glob("*state-*") if p.suffix in (".json", ".pkl")):
         try:
@@ -193,13 +194,6 @@ def _mend_state_files(sweep_dir: Path) -> list[str]:
             state.rename(state.with_name(state.name + ".broken"))
             mended.append(f"{state.name} moved aside (cut short)")
     return mended
-
-
-def _keep_tuner_copy(sweep_dir: Path) -> None:
-    """The copy of ``tuner.pkl`` that :func:`_mend_state_files` puts back, written whole before it is named."""
-    part = sweep_dir / (TUNER_COPY + ".part")
-    shutil.copyfile(sweep_dir / TUNER_FILE, part)
-    os.replace(part, sweep_dir / TUNER_COPY)
 
 
 def _sweep_dir(spec: SweepSpec) -> Path:
@@ -308,7 +302,8 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                           checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                                           verbose=1 if verbose else 0),
             )
-            _keep_tuner_copy(sweep_dir)
+            # the copy _mend_state_files puts back
+            atomic_write_bytes(sweep_dir / TUNER_COPY, (sweep_dir / TUNER_FILE).read_bytes())
         main_thread = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGINT, signal.SIGTERM)
         previous = {sig: signal.signal(sig, _stop_tune_gracefully) for sig in stops} if main_thread else {}
