@@ -284,6 +284,21 @@ def test_a_repeating_csv_trace_past_its_cycle_is_refused(tmp_path, csv, cycle, m
     assert e.value.key == "system.availability_cycle_s" and message in e.value.message, e.value
 
 
+@pytest.mark.parametrize("csv, key, message", [
+    ("0,0,20\n0,80,120\n", "system.availability_cycle_s", "row 2, column end_s: 120 is past the cycle's end (100 s)"),
+    ("0,0,20\n0,10,30\n", "system.availability_trace", "overlaps row 1's [0, 20); merge them"),
+])
+def test_building_a_repeating_trace_unchecked_refuses_it_naming_the_key(tmp_path, csv, key, message):
+    """The clock's own build (no check_traces before it, as online_seconds and a resumed clock build it) reads the
+    trace against its cycle and names the key that is wrong."""
+    (tmp_path / "a.csv").write_text("client,start_s,end_s\n" + csv)
+    cfg = SystemConfig(devices="uniform", availability="trace", availability_trace=str(tmp_path / "a.csv"),
+                       availability_cycle_s=100)
+    with pytest.raises(ConfigError) as e:
+        build_availability(cfg, 1, seed=0)
+    assert e.value.key == key and message in e.value.message, e.value
+
+
 @pytest.mark.parametrize("keys, key, message", [
     ({"devices": "fedscale"}, "system.trace", "system.devices=fedscale needs a file"),
     ({"devices": "uniform", "availability": "fedscale"}, "system.availability_trace", "availability=fedscale needs"),
