@@ -53,8 +53,10 @@ TEST_WORKERS ?= 3
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
-# Mutation testing of fedray/methods/ and fedray/learning/ against the fast tests (outside `make test` and CI: hours
-# on a 2-core CPU; a stopped run resumes): the record is benchmarks/results/mutation.md.
+# Mutation testing of the engine (the methods, the learning helpers, the system, the channel and its stages, the
+# simulation loop, the evaluation, the in-process runtime: [tool.mutmut] in pyproject.toml) against the fast tests
+# (outside `make test` and CI: hours on a 2-core CPU; a stopped run resumes): the record is
+# benchmarks/results/mutation.md.
 mutation: install
 	$(BIN)/python -m pip install --quiet -e '.[test,mutation]'
 	$(BIN)/python benchmarks/quality/mutation.py
