@@ -197,7 +197,9 @@ def dafkd_claim(res: dict, seeds: int) -> list[str]:
 
 
 def picture(res: dict, out: Path) -> str | None:
-    """Accuracy against epsilon (log axis; no DP at the right), one line per method, ± std over seeds."""
+    """Accuracy against epsilon (log axis; no DP at the right, a point of its own: no line joins it to the
+    epsilons, so that a method run at a single epsilon draws no value where it was not run), one colour per method,
+    ± std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,15 +207,17 @@ def picture(res: dict, out: Path) -> str | None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     drawn = False
-    for m in METHODS:
-        xs, ys, es = [], [], []
+    for i, m in enumerate(METHODS):
+        points = {}  # x -> (mean, std); no DP drawn at x = 64
         for setting, eps in [*SAMPLE_EPSILONS.items(), ("none", 64.0)]:
             vals = [100 * r["accuracy"] for r in res.get(f"{m}|{setting}", []) if r.get("accuracy") is not None]
             if vals:
-                xs.append(eps), ys.append(np.mean(vals)), es.append(np.std(vals))
-        if xs:
-            ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=m)
-            drawn = True
+                points[eps] = (np.mean(vals), np.std(vals))
+        style = {"marker": "o", "capsize": 3, "color": f"C{i}", "label": m}
+        for xs in ([x for x in points if x != 64.0], [x for x in points if x == 64.0]):
+            if xs:
+                ax.errorbar(xs, [points[x][0] for x in xs], yerr=[points[x][1] for x in xs], **style)
+                style["label"], drawn = None, True  # one legend entry a method
     if not drawn:
         plt.close(fig)
         return None
