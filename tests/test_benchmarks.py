@@ -317,6 +317,17 @@ def test_the_decomposition_pairs_only_runs_one_machine_made(tmp_path):
     assert harness.machine_key(harness.device_name("cpu")).startswith("CPU (")
 
 
+def test_a_machine_is_named_by_what_sets_its_rounding():
+    """machine.json's CPU carries the family, model and stepping and torch's vector width beside the name: two AMD
+    EPYC machines (AVX2, AVX-512) share the name and not the rounding."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and "cpu family" in cpuinfo.read_text():
+        import torch
+
+        key = harness.machine_key(harness.device_name("cpu"))
+        assert " family " in key and key.endswith(f"; {torch.backends.cpu.get_cpu_capability()})"), key
+
+
 def test_dafkd_fmnist_pairs_only_runs_one_machine_made():
     """dafkd_fmnist: each method minus FedAvg and DaFKD minus its ablations pair only the seeds one machine made (the
     decomposition's rule, harness.paired_by_seed); a run naming no machine refuses its pairs; a difference within one
