@@ -404,9 +404,12 @@ def test_the_authors_options_give_the_same_round_one_client_at_a_time_and_batche
     seq_w, seq_info = _one_round(False, **kw)
     vec_w, vec_info = _one_round(True, **kw)
     _assert_same_weights(seq_w, vec_w)
+    # the two paths sum in different orders: float32's rounding, grown over the adversarial steps, reaches 1.4e-4 of
+    # a generator loss of 0.29 after 3 steps on an AVX2 CPU (the KL near 0.06 it subtracts differs by 3e-5); an
+    # option one path ignored moves these figures by far more
     for s, v in zip(seq_info, vec_info, strict=True):
         for key in ("train/loss", "train/ce", "train/kl", "train/gen_loss", "train/l_ie", "train/l_oh", "train/l_a"):
-            assert v[key] == pytest.approx(s[key], rel=1e-4, abs=1e-6), key
+            assert v[key] == pytest.approx(s[key], rel=1e-3, abs=1e-5), key
 
 
 def test_the_adversarial_generator_loss_by_hand():

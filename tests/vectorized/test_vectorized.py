@@ -106,10 +106,19 @@ def _one_round(vectorize, rounds=1, **kw):
         return ({c: w for c, w in weights.items()} if rt.personalised else {0: weights}), out.client_infos
 
 
-def _assert_same_weights(a: dict, b: dict, adam: bool = False) -> None:
-    """Max relative difference <= 1e-4 over the model (max |a - b| / max |a| across all its floats), and each
+#: a ResNet's BatchNorm over batches of a few rows amplifies float32 rounding: batched and sequential (or eager and
+#: replayed) rounds of ResNet-8-BN differ by up to 2e-4 of the weights on the CPUs these tests were written on and
+#: by 6.2e-4 on an AVX2 AMD EPYC (family 25 model 1), whose kernels sum in other orders; a client stepped twice or
+#: a BatchNorm statistic not put back moves them by ~1e-2
+BN_ROUNDING = 1e-3
+
+
+def _assert_same_weights(a: dict, b: dict, adam: bool = False, rel: float = 1e-4) -> None:
+    """Max relative difference <= ``rel`` over the model (max |a - b| / max |a| across all its floats), and each
     tensor within float rounding: BatchNorm biases ~1e-3 from zero differ by ~1e-7 between batched and single
-    convolutions, a large relative but a rounding-sized absolute difference.
+    convolutions, a large relative but a rounding-sized absolute difference. A ``rel`` above 1e-4 (BN_ROUNDING)
+    lets each element differ by ``rel`` of the model's largest value: the rounding BatchNorm amplifies reaches every
+    element of a convolution, its small ones included (5.5e-4 in a first convolution whose largest is 0.33).
 
     ``adam``: Adam's step m / (sqrt(v) + eps) has the size of lr whatever the gradient's, so where a gradient is
     near zero (a BatchNorm bias) rounding moves the step by a share of lr, not of the gradient. Measured on an
@@ -122,10 +131,11 @@ def _assert_same_weights(a: dict, b: dict, adam: bool = False) -> None:
         keys = [k for k in a[cid] if torch.is_floating_point(a[cid][k])]
         diff = max(float((a[cid][k].double() - b[cid][k].double()).abs().max()) for k in keys)
         scale = max(float(a[cid][k].double().abs().max()) for k in keys)
-        assert diff / scale <= 1e-4, (cid, diff / scale)
+        assert diff / scale <= rel, (cid, diff / scale)
         for k in a[cid]:
             own = float(a[cid][k].double().abs().max()) if adam and torch.is_floating_point(a[cid][k]) else 0.0
-            torch.testing.assert_close(b[cid][k], a[cid][k], rtol=1e-4, atol=max(2e-6, 1e-2 * own))
+            torch.testing.assert_close(b[cid][k], a[cid][k], rtol=rel, atol=max(
+                2e-6, 1e-2 * own if adam else 0.0, rel * scale if rel > 1e-4 else 0.0))
 
 
 COVERED = {
@@ -182,7 +192,8 @@ EVERY_METHOD = {"fedavg_sgd_momentum", "fedprox", "qffl", "fedgkd", "local_heter
 def test_one_vectorised_round_equals_the_sequential_one(name):
     seq_w, seq_info = _one_round(False, **COVERED[name])
     vec_w, vec_info = _one_round(True, **COVERED[name])
-    _assert_same_weights(seq_w, vec_w, adam=COVERED[name].get("federation__optimizer") == "adam")
+    _assert_same_weights(seq_w, vec_w, adam=COVERED[name].get("federation__optimizer") == "adam",
+                         rel=BN_ROUNDING if COVERED[name].get("model__name") == "resnet8_bn" else 1e-4)
     for s, v in zip(seq_info, vec_info):
         assert s["client"] == v["client"] and s["bytes_up"] == v["bytes_up"]
         # every figure a client logs, under the same names, to the same values
@@ -589,11 +600,10 @@ def _max_relative_difference(a: dict, b: dict) -> float:
     # two updates a step, Adam for the generator (BatchNorm), noise drawn on the host (unpadded: padded, the round
     # would be one group a step)
     (dict(COVERED["dafkd"], runtime__vectorize_pad=False), 1e-6),
-    # a ResNet's BatchNorm over 5-row batches amplifies rounding: the eager steps differ from the sequential
-    # ones by ~2e-4 here too; a client stepped twice or a statistic not put back moves by ~1e-2 (unpadded: padded,
-    # this round would be one group a step, as the next test shows)
+    # a ResNet's BatchNorm over 5-row batches amplifies rounding (BN_ROUNDING) here too (unpadded: padded, this
+    # round would be one group a step, as the next test shows)
     (dict(model__name="resnet8_bn", federation__momentum=0.9, federation__weight_decay=1e-3,
-          runtime__vectorize_pad=False), 2e-4),
+          runtime__vectorize_pad=False), BN_ROUNDING),
 ])
 def test_a_masked_graph_replays_split_steps_with_the_eager_numbers(graphs_on_cpu, kw, tolerance):
     """Batches of 30 over 35, 114 and 70 samples, unpadded: steps 1, 2, 3, 5 and 7 of 8 are split by a short
