@@ -45,10 +45,38 @@ FMNIST_FILES = (
 )
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked slow run first. `make test` schedules with `--dist worksteal`: a worker that runs out takes
-    tests off the end of the other's queue, so the suite ends on short tests shared by both workers rather than on
-    a 40-s sweep left running alone (about a minute of a 10-minute CI)."""
+    """The tests marked slow run first, shared among the workers. `make test` schedules with `--dist worksteal`,
+    which hands worker i the i-th of n consecutive blocks of the collection and lets a worker that runs out take
+    tests off the end of another's queue: so each block starts with its share of the slow tests (else the first
+    worker would run them one after another while the others take its short ones), and the suite ends on short
+    tests shared by all rather than on a sweep left running alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order within each part
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if workers > 1 and slow:
+        items[:] = _dealt(items, slow, workers)
+
+
+def _dealt(items, slow, workers: int) -> list:
+    """``items`` (slow first) reordered into the blocks worksteal deals (its sizes: what is left over the workers
+    left), each block its share of the slow tests, then short ones in collection order. Slow tests that share a
+    module-scoped fixture stay in one block (each worker would otherwise build it)."""
+    groups: dict = {}
+    for item in slow:
+        info = getattr(item, "_fixtureinfo", None)
+        shared = sorted(name for name, defs in (info.name2fixturedefs.items() if info else ())
+                        if defs and defs[-1].scope == "module")
+        groups.setdefault((item.path, tuple(shared)) if shared else item.nodeid, []).append(item)
+    blocks: list[list] = [[] for _ in range(workers)]
+    for group in sorted(groups.values(), key=len, reverse=True):  # the largest first, each to the emptiest block
+        min(blocks, key=len).extend(group)
+    fast = iter(items[len(slow):])
+    left, out = len(items), []
+    for i, block in enumerate(blocks):
+        size = left // (workers - i)
+        out += block + [next(fast) for _ in range(max(0, size - len(block)))]
+        left -= size
+    return out + list(fast)
 
 
 TINY = {
