@@ -292,7 +292,7 @@ def device_name(device: str) -> str:
 def cpu_model() -> str:
     """The CPU as far as its rounding goes: its name, family, model and stepping (/proc/cpuinfo) and the vector
     width torch's kernels dispatch to. The name alone is not enough: two AMD EPYC machines of this workplace, one
-    AVX2 (family 25 model 1) and one AVX-512, both read "AMD EPYC" and give one run's round-1 loss different in
+    AVX2 (family 25 model 1) and an earlier one, both read "AMD EPYC" and give one run's round-1 loss different in
     the 9th digit, which grows over the rounds as another CPU's does."""
     fields = {}
     try:
