@@ -36,46 +36,39 @@ class _Enough(Exception):
     """Raised by the hook once the rounds to compare have run."""
 
 
-class _Keep:
-    """A run hook that keeps each round's row and stops the run after round ``last``."""
-
-    def __init__(self, last: int):
-        self.last, self.rows = last, []
-
-    def on_start(self, cfg, data):
-        pass
-
-    def on_round(self, row):
-        self.rows.append(dict(row))
-        if row["round"] >= self.last:
-            raise _Enough
-
-    def on_end(self, result):
-        pass
-
-    def on_error(self, exc):
-        pass
-
-
 def check(module, folder: str, check_rounds: int) -> dict:
     """Rerun ``folder``'s first rounds here and compare their ``train/`` figures with its history, exactly."""
     import pyarrow.parquet as pq
+    import yaml
 
-    from fedray.simulation import run_experiment
+    from fedray.simulation import RunHooks, run_experiment
+
+    class Keep(RunHooks):  # the protocol's other hooks do nothing
+        """Keeps each round's row and stops the run after round ``check_rounds``."""
+
+        def __init__(self):
+            self.rows = []
+
+        def on_round(self, row):
+            self.rows.append(dict(row))
+            if row["round"] >= check_rounds:
+                raise _Enough
 
     runs_dir = harness.RESULTS / f"{module.NAME}_runs"
-    stem, _, seed = folder.rpartition("_seed")
+    seed = folder.rpartition("_seed")[2]
     methods = list(getattr(module, "METHODS", None) or getattr(module, "CELLS"))
     found = [r for r in module.planned(runs_dir, methods, list(module.SETTINGS), [int(seed)]) if r.out.name == folder]
     if not found:
         raise SystemExit(f"{folder}: not a run of {module.NAME}'s grid")
     run = found[0]
     recorded = {r["round"]: r for r in pq.read_table(run.out / "history.parquet").to_pylist()}
-    rounds = recorded[max(recorded)]["round"]
+    # the rounds the run was asked for, not its last recorded one: a run that a privacy budget stopped early was
+    # built (its noise calibrated) for all of them
+    rounds = yaml.safe_load((run.out / "config.yaml").read_text())["federation"]["rounds"]
     built = module.build(run, {"rounds": rounds, "device": "cpu", "data_dir": None, "threads": 1,
                                "keep_models": False})
     cfg, data = built if isinstance(built, tuple) else (built, None)
-    keep = _Keep(check_rounds)
+    keep = Keep()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             run_experiment(cfg, Path(tmp) / "run", progress=False, data=data, hooks=[keep])
