@@ -46,7 +46,11 @@ from fedray.record.tracking import (MlflowTracker, numeric_metrics, resolve_trac
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
 
-SWEEP_STATE = "fedray_sweep.json"
+# fedray's own record of a sweep (its MLflow parent run, store, spec). Not named *.json or *.pkl: on a resume Tune
+# copies every such file at the sweep folder's top into its staging folder and back at each save, truncating it
+# first, so a driver killed then would leave it empty; written once, atomically, and never touched by Tune.
+SWEEP_STATE = "fedray_sweep.state"
+LEGACY_SWEEP_STATE = "fedray_sweep.json"  # the name sweeps started before had: still resumed
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
 SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
 RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
@@ -203,8 +207,23 @@ def _sweep_dir(spec: SweepSpec) -> Path:
 def latest_sweep(spec_stem: str, storage: str) -> str | None:
     """The most recent sweep name started from a spec (``<stem>-<timestamp>``), for ``--resume``."""
     root = Path(storage).expanduser().resolve()
-    names = sorted(p.name for p in root.glob(f"{spec_stem}-*") if (p / SWEEP_STATE).is_file())
+    names = sorted(p.name for p in root.glob(f"{spec_stem}-*") if _state_file(p).is_file())
     return names[-1] if names else None
+
+
+def _state_file(sweep_dir: Path) -> Path:
+    """Where a sweep's fedray state is: its own name, or the name sweeps started before had."""
+    legacy = sweep_dir / LEGACY_SWEEP_STATE
+    return legacy if legacy.is_file() and not (sweep_dir / SWEEP_STATE).exists() else sweep_dir / SWEEP_STATE
+
+
+def _read_state(state_file: Path) -> dict[str, Any]:
+    try:
+        return json.loads(state_file.read_text())
+    except ValueError:  # only the legacy name can be cut short (Tune rewrote it; see SWEEP_STATE)
+        raise ConfigError("--resume", f"{state_file} is cut short (its driver was killed while Tune rewrote it), "
+                                      "so the sweep's MLflow parent run is unknown; start the sweep again under "
+                                      "another --name") from None
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None = None,
@@ -224,13 +243,13 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     base = spec.base_config()
     sweep_dir = _sweep_dir(spec)
-    state_file = sweep_dir / SWEEP_STATE
+    state_file = _state_file(sweep_dir)
     if resume and not state_file.is_file():
         raise ConfigError("--resume", f"no sweep to resume at {sweep_dir}; start it without --resume")
     if not resume and sweep_dir.exists():
         raise ConfigError("--name", f"sweep {sweep_dir} already exists; use --resume or another --name")
 
-    recorded = json.loads(state_file.read_text()) if resume else {}
+    recorded = _read_state(state_file) if resume else {}
     uri = resolve_tracking_uri(resumed_store(base.tracking.uri, recorded.get("tracking_uri")))
     parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
     say = console.print if console is not None else (lambda *a, **k: None)
@@ -255,7 +274,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                 parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
                 (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
                 parent.client.log_artifact(parent.run_id, str(sweep_dir / SPEC_FILE))
-            state_file.write_text(json.dumps(state, indent=2))
+            atomic_write_bytes(state_file, json.dumps(state, indent=2).encode())
         if parent is not None and resume:
             parent.run_id = state["parent_run_id"]
             parent.client.update_run(parent.run_id, status="RUNNING")

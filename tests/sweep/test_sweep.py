@@ -443,6 +443,34 @@ def test_a_resume_mends_the_state_files_a_driver_killed_mid_save_cut_short(tmp_p
     assert _mend_state_files(tmp_path) == []  # nothing left to mend
 
 
+def test_tune_copies_none_of_fedrays_own_sweep_files_on_a_resume(tmp_path, monkeypatch):
+    """On a resume Tune copies the sweep folder's top-level state files into its staging folder, and back at each
+    save, truncating each first (a driver SIGKILLed then leaves them empty). fedray's sweep state and its copy of
+    tuner.pkl must not be among them (Tune's own copying, run here); a sweep started under the old state name
+    is still resumed, and one whose old state file was cut short is refused naming --resume."""
+    from ray.train._internal.storage import StorageContext
+    from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
+
+    from fedray.sweep.runner import SWEEP_STATE, TUNER_COPY, TUNER_FILE, latest_sweep, run_sweep
+
+    sweep, staging = tmp_path / "sweeps" / "s-1", tmp_path / "staging"
+    sweep.mkdir(parents=True)
+    for name in (SWEEP_STATE, TUNER_COPY, TUNER_FILE, "experiment_state-1.json"):
+        (sweep / name).write_text("{}")
+    monkeypatch.setattr(StorageContext, "experiment_driver_staging_path", property(lambda self: str(staging)))
+    storage = StorageContext(storage_path=str(sweep.parent), experiment_dir_name=sweep.name)
+    _ExperimentCheckpointManager(storage=storage, checkpoint_period="auto").sync_down_experiment_state()
+    assert sorted(p.name for p in staging.iterdir()) == ["experiment_state-1.json", TUNER_FILE]
+
+    (sweep / SWEEP_STATE).rename(sweep / "fedray_sweep.json")
+    assert latest_sweep("s", str(sweep.parent)) == "s-1"
+    (sweep / "fedray_sweep.json").write_text("")
+    spec = load_spec(write_spec(tmp_path / "s.yaml", name="s-1", search={"federation.lr": {"grid": [0.1]}}))
+    with pytest.raises(ConfigError, match="cut short") as e:
+        run_sweep(spec, resume=True)
+    assert e.value.key == "--resume"
+
+
 def test_a_trials_value_is_its_metric_over_its_last_evaluated_rounds(tmp_path):
     from fedray.sweep.spec import trial_value
 
