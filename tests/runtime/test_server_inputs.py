@@ -94,3 +94,41 @@ def test_clients_made_on_demand_are_refused_a_probe_naming_the_partition(probed)
     on_demand = tiny_config(data__partition="on_demand", data__num_clients=1000, federation__clients_per_round=5)
     with pytest.raises(RunFailure, match="data.partition: dafkd's diagnostics"):
         diagnostic_probe(build_federated_data(on_demand.data, on_demand.seed), algo, cfg.seed, CPU)
+
+
+# --- a personalised evaluation's tables (fedray.runtime.personal), by hand -------------------------------------------
+
+# evaluate_clients rows: own correct, own n, global correct, global n, val correct, val n, own loss sum, triggered
+# images read as the target, triggered images, the audit's U, its pairs
+PERSONAL_ROWS = [(3, 4, 50, 100, 6, 10, 2.5, 9, 10, 6.0, 8.0),
+                 (0, 0, 70, 100, 8, 10, 0.0, 0, 0, 0.0, 0.0),  # no own test split, a malicious client's (0, 0)
+                 (1, 2, 20, 100, 2, 10, 1.5, 3, 10, 3.0, 4.0)]
+
+
+def test_a_personalised_evaluations_figures_by_hand():
+    from fedray.runtime.personal import personal_evaluation
+
+    metrics, scores = personal_evaluation(PERSONAL_ROWS, backdoor=True, clients=[4, 7, 9])
+    assert metrics == pytest.approx({
+        "eval/accuracy": (0.5 + 0.7 + 0.2) / 3, "eval/amp": 4 / 6, "eval/fm": np.var([0.75, 0.5]), "eval/wlp": 0.5,
+        "val/accuracy": (0.6 + 0.8 + 0.2) / 3, "eval/attack_success": (0.9 + 0.3) / 2, "diag/mia_auc": 9 / 12})
+    assert scores.client.tolist() == [4, 9] and scores.loss_sum.tolist() == [2.5, 1.5]  # client 7 has no own split
+    assert scores.global_correct.tolist() == [50, 20] and scores.val_samples.tolist() == [10, 10]
+    plain, default = personal_evaluation([row[:-2] + (0.0, 0.0) for row in PERSONAL_ROWS])
+    assert "eval/attack_success" not in plain and "diag/mia_auc" not in plain  # no backdoor, no audit pairs
+    assert default.client.tolist() == [0, 2]
+
+
+def test_a_personalised_evaluations_client_table_by_hand():
+    from fedray.runtime.personal import client_table
+
+    cfg = tiny_config(model__client_models=["lenet5", "cnn"])
+    rows = client_table(cfg, [PERSONAL_ROWS[0][:6], (0, 0, 70, 100, 0, 0), (1, 2, 20, 100, 0, 10)], clients=[4, 7, 9])
+    assert rows == [
+        {"client": 4, "architecture": "lenet5", "own_correct": 3, "own_samples": 4, "own_accuracy": 0.75,
+         "global_accuracy": 0.5, "val_accuracy": 0.6},
+        {"client": 7, "architecture": "cnn", "own_correct": 0, "own_samples": 0, "own_accuracy": 0.0,
+         "global_accuracy": 0.7},  # no validation set: no val_accuracy
+        {"client": 9, "architecture": "cnn", "own_correct": 1, "own_samples": 2, "own_accuracy": 0.5,
+         "global_accuracy": 0.2, "val_accuracy": 0.0}]
+    assert [r["client"] for r in client_table(cfg, [PERSONAL_ROWS[0][:6]] * 2)] == [0, 1]
