@@ -299,6 +299,26 @@ def test_building_a_repeating_trace_unchecked_refuses_it_naming_the_key(tmp_path
     assert e.value.key == key and message in e.value.message, e.value
 
 
+@pytest.mark.parametrize("keys", [
+    {"availability": "trace", "availability_trace": "gone.csv"},
+    {"availability": "fedscale", "availability_trace": "gone.pkl"},
+    {"devices": "trace", "trace": "gone.csv"},
+    {"devices": "fedscale", "trace": "gone.pkl"},
+], ids=["availability-trace", "availability-fedscale", "devices-trace", "devices-fedscale"])
+def test_each_trace_built_unchecked_names_its_own_key_when_its_file_is_gone(tmp_path, keys):
+    """The builders read their files themselves (a resumed clock, online_seconds): a file gone since the config was
+    checked is refused naming the key that gave it, for every kind of trace."""
+    keys = {k: str(tmp_path / v) if k.endswith("trace") else v for k, v in keys.items()}
+    cfg = SystemConfig(**{"devices": "uniform", **keys})
+    with pytest.raises(ConfigError) as e:
+        if "trace" in keys:
+            Devices.build(cfg, 2, seed=0)
+        else:
+            build_availability(cfg, 2, seed=0)
+    key = "system.trace" if "trace" in keys else "system.availability_trace"
+    assert e.value.key == key and "is not a file" in e.value.message, e.value
+
+
 @pytest.mark.parametrize("keys, key, message", [
     ({"devices": "fedscale"}, "system.trace", "system.devices=fedscale needs a file"),
     ({"devices": "uniform", "availability": "fedscale"}, "system.availability_trace", "availability=fedscale needs"),
