@@ -117,6 +117,8 @@ def test_a_personalised_evaluations_figures_by_hand():
     plain, default = personal_evaluation([row[:-2] + (0.0, 0.0) for row in PERSONAL_ROWS])
     assert "eval/attack_success" not in plain and "diag/mia_auc" not in plain  # no backdoor, no audit pairs
     assert default.client.tolist() == [0, 2]
+    one_pair, _ = personal_evaluation([(1, 1, 1, 1, 0, 0, 0.0, 0, 0, 1.0, 1.0)])
+    assert one_pair["diag/mia_auc"] == 1.0  # a single pair is an audit
 
 
 def test_a_personalised_evaluations_client_table_by_hand():
@@ -131,4 +133,6 @@ def test_a_personalised_evaluations_client_table_by_hand():
          "global_accuracy": 0.7},  # no validation set: no val_accuracy
         {"client": 9, "architecture": "cnn", "own_correct": 1, "own_samples": 2, "own_accuracy": 0.5,
          "global_accuracy": 0.2, "val_accuracy": 0.0}]
+    (single,) = client_table(cfg, [(1, 1, 1, 1, 1, 1)])  # one sample each: divided by 1
+    assert (single["own_accuracy"], single["global_accuracy"], single["val_accuracy"]) == (1.0, 1.0, 1.0)
     assert [r["client"] for r in client_table(cfg, [PERSONAL_ROWS[0][:6]] * 2)] == [0, 1]
