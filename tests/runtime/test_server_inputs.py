@@ -1,4 +1,5 @@
-"""The diagnostic probe a method asks for (``fedray.runtime.server_inputs.diagnostic_probe``), by hand."""
+"""The server side's inputs and records, by hand: the diagnostic probe (``fedray.runtime.server_inputs``), a personalised
+evaluation's tables (``fedray.runtime.personal``), and the payloads clients train from through a checkpoint."""
 
 from __future__ import annotations
 
@@ -136,3 +137,38 @@ def test_a_personalised_evaluations_client_table_by_hand():
     (single,) = client_table(cfg, [(1, 1, 1, 1, 1, 1)])  # one sample each: divided by 1
     assert (single["own_accuracy"], single["global_accuracy"], single["val_accuracy"]) == (1.0, 1.0, 1.0)
     assert [r["client"] for r in client_table(cfg, [PERSONAL_ROWS[0][:6]] * 2)] == [0, 1]
+
+
+# --- the payloads clients train from, through a checkpoint (ServerCore.export_state / import_state) ------------------
+
+def _payloads_resumed(cfg, legacy: bool = False):
+    """Versions 0-2 sent (each through the channel's downlink, its error feedback carried from one to the next), the
+    state exported and imported into a fresh server: (the wires first sent, the wires the resumed server sends)."""
+    data = build_federated_data(cfg.data, cfg.seed)
+    first = ServerCore(cfg, data, CPU)
+    sent = [first.payload(v)[0] for v in range(3)]
+    state, kept, wire = first.export_state()
+    if legacy:  # a checkpoint of a fedray before the channel: {version: (payload, bytes)}
+        kept = {v: (k["payload"], 123) for v, k in kept.items()}
+    again = ServerCore(cfg, data, CPU)
+    again.import_state(state, kept, wire)
+    return sent, [again.sent[v].wire for v in range(3)]
+
+
+def test_a_resumed_server_sends_each_kept_version_the_very_packets_it_sent():
+    """Downlink top-k with error feedback: each version's packet depends on the residual the versions before it left,
+    which the checkpoint keeps per version; sent again from an empty residual, versions 1 and 2 would differ."""
+    from tests.runtime.test_worker_paths import _same
+
+    cfg = validate_experiment(tiny_config(channel__sparsify="topk", channel__fraction=0.1,
+                                          channel__error_feedback=True, channel__compress_on="down"))
+    sent, resent = _payloads_resumed(cfg)
+    assert all(_same(a, b) for a, b in zip(sent, resent))
+    assert not _same(sent[1], sent[0])  # the residual moved version 1's packet (so the check above can fail)
+
+
+def test_a_checkpoint_from_before_the_channel_resumes_its_payloads():
+    from tests.runtime.test_worker_paths import _same
+
+    sent, resent = _payloads_resumed(validate_experiment(tiny_config()), legacy=True)
+    assert all(_same(a, b) for a, b in zip(sent, resent))
