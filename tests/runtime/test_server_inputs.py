@@ -64,7 +64,9 @@ def _check_probe(probe, data, algo, attack) -> None:
         if cid in attack.clients:  # the poisoned images, not the clean ones of the same rows
             clean = to_float(torch.from_numpy(data.train_x[idx[own]]), algo.spec.mean, algo.spec.std)
             assert not torch.equal(probe.client_x[cid], clean)
-    np.testing.assert_array_equal(probe.label_counts.numpy(), client_label_counts(data, attack))
+    counts = client_label_counts(data, attack)
+    assert counts.dtype == np.int64 and counts.shape == (data.num_clients, data.num_classes)  # as sent: 8 bytes each
+    np.testing.assert_array_equal(probe.label_counts.numpy(), counts)
     assert probe.reader is None  # diag_reader off
 
 
