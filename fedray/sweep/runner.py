@@ -217,13 +217,19 @@ def _state_file(sweep_dir: Path) -> Path:
     return legacy if legacy.is_file() and not (sweep_dir / SWEEP_STATE).exists() else sweep_dir / SWEEP_STATE
 
 
-def _read_state(state_file: Path) -> dict[str, Any]:
+def _recorded_state(sweep_dir: Path) -> dict[str, Any]:
+    """The sweep's fedray state, for a resume; one under the old name is copied to the new one, which Tune leaves
+    alone from then on."""
+    state_file = _state_file(sweep_dir)
     try:
-        return json.loads(state_file.read_text())
-    except ValueError:  # only the legacy name can be cut short (Tune rewrote it; see SWEEP_STATE)
+        recorded = json.loads(state_file.read_text())
+    except ValueError:  # only the old name can be cut short (Tune rewrote it; see SWEEP_STATE)
         raise ConfigError("--resume", f"{state_file} is cut short (its driver was killed while Tune rewrote it), "
                                       "so the sweep's MLflow parent run is unknown; start the sweep again under "
                                       "another --name") from None
+    if state_file.name == LEGACY_SWEEP_STATE:
+        atomic_write_bytes(sweep_dir / SWEEP_STATE, state_file.read_bytes())
+    return recorded
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None = None,
@@ -243,13 +249,13 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     base = spec.base_config()
     sweep_dir = _sweep_dir(spec)
-    state_file = _state_file(sweep_dir)
-    if resume and not state_file.is_file():
+    state_file = sweep_dir / SWEEP_STATE
+    if resume and not _state_file(sweep_dir).is_file():
         raise ConfigError("--resume", f"no sweep to resume at {sweep_dir}; start it without --resume")
     if not resume and sweep_dir.exists():
         raise ConfigError("--name", f"sweep {sweep_dir} already exists; use --resume or another --name")
 
-    recorded = _read_state(state_file) if resume else {}
+    recorded = _recorded_state(sweep_dir) if resume else {}
     uri = resolve_tracking_uri(resumed_store(base.tracking.uri, recorded.get("tracking_uri")))
     parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
     say = console.print if console is not None else (lambda *a, **k: None)

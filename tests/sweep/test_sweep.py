@@ -447,11 +447,12 @@ def test_tune_copies_none_of_fedrays_own_sweep_files_on_a_resume(tmp_path, monke
     """On a resume Tune copies the sweep folder's top-level state files into its staging folder, and back at each
     save, truncating each first (a driver SIGKILLed then leaves them empty). fedray's sweep state and its copy of
     tuner.pkl must not be among them (Tune's own copying, run here); a sweep started under the old state name
-    is still resumed, and one whose old state file was cut short is refused naming --resume."""
+    is still resumed (its state copied to the new name), and one whose old state file was cut short is refused
+    naming --resume."""
     from ray.train._internal.storage import StorageContext
     from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
 
-    from fedray.sweep.runner import SWEEP_STATE, TUNER_COPY, TUNER_FILE, latest_sweep, run_sweep
+    from fedray.sweep.runner import SWEEP_STATE, TUNER_COPY, TUNER_FILE, _recorded_state, latest_sweep, run_sweep
 
     sweep, staging = tmp_path / "sweeps" / "s-1", tmp_path / "staging"
     sweep.mkdir(parents=True)
@@ -464,6 +465,8 @@ def test_tune_copies_none_of_fedrays_own_sweep_files_on_a_resume(tmp_path, monke
 
     (sweep / SWEEP_STATE).rename(sweep / "fedray_sweep.json")
     assert latest_sweep("s", str(sweep.parent)) == "s-1"
+    assert _recorded_state(sweep) == {} and (sweep / SWEEP_STATE).read_text() == "{}"  # copied under the new name
+    (sweep / SWEEP_STATE).unlink()
     (sweep / "fedray_sweep.json").write_text("")
     spec = load_spec(write_spec(tmp_path / "s.yaml", name="s-1", search={"federation.lr": {"grid": [0.1]}}))
     with pytest.raises(ConfigError, match="cut short") as e:
