@@ -226,7 +226,9 @@ def test_mlflow_gets_the_sim_figures_and_the_traces_and_a_changed_trace_is_refus
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: system.availability_trace") and "changed since" in err[0], err
     now = hashlib.sha256((tmp_path / "a.csv").read_bytes()).hexdigest()
-    assert f"(sha256 {digest['system.availability_trace'][:12]}... then, {now[:12]}... now)" in err[0], err
+    assert err[0].endswith(f"changed since the checkpoint was written (sha256 {digest['system.availability_trace'][:12]}"
+                           f"... then, {now[:12]}... now): the resumed rounds would run on other devices or "
+                           "availability; restore the file or start a new run"), err
     assert client.get_run(run.info.run_id).info.status == "FINISHED"  # the refused resume left it as it was
 
 
