@@ -170,3 +170,12 @@ def test_personalised_evaluation_tasks_are_balanced_over_the_workers():
     assert len(tasks) % 3 == 0 and max(map(len, tasks)) <= 16 and max(map(len, tasks)) - min(map(len, tasks)) <= 1
     assert [c for t in tasks for c in t] == list(range(100))
     assert eval_tasks([4, 7], 4, 16) == [[4], [7]]
+
+
+def test_a_round_reports_the_payload_bytes_each_client_was_sent():
+    """RoundOutcome.payload_bytes: what the channel sent one client (the method's broadcast), a round of one client."""
+    cfg = tiny_config(federation__local_steps=1)
+    data = build_federated_data(cfg.data, cfg.seed)
+    with make_runtime(cfg, data) as rt:
+        sent = rt.server.payload(0)[1]
+        assert sent > 0 and rt.run_round(1, [2]).payload_bytes == sent
