@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import threading
@@ -43,18 +42,14 @@ from fedray.record.provenance import data_facts
 from fedray.record.run_dir import atomic_write_bytes
 from fedray.record.tracking import (MlflowTracker, numeric_metrics, resolve_tracking_uri, resumed_store,
                                    ui_hint)
+from fedray.sweep.folder import (SWEEP_STATE, TUNER_COPY, TUNER_FILE, mend_state_files, recorded_state,
+                                 stand_in_for_lost_checkpoints, state_file)
 from fedray.sweep.spec import (SweepSpec, concurrency, TrialRow, best_setting, check_repeats, check_trials_fit, planned_trials,
                            search_space_summary, trial_bundles, trial_value)
 
-# fedray's own record of a sweep (its MLflow parent run, store, spec). Not named *.json or *.pkl: on a resume Tune
-# copies every such file at the sweep folder's top into its staging folder and back at each save, truncating it
-# first, so a driver killed then would leave it empty; written once, atomically, and never touched by Tune.
-SWEEP_STATE = "fedray_sweep.state"
-LEGACY_SWEEP_STATE = "fedray_sweep.json"  # the name sweeps started before had: still resumed
 SPEC_FILE = "spec.yaml"  # the sweep's spec as run (after --name), also on the parent MLflow run
 SWEEP_PLOT = "sweep.png"  # metric vs each searched parameter, also on the parent MLflow run
 RAY_LOG = "ray.log"  # what Ray and Tune print, unless --verbose
-TUNER_FILE, TUNER_COPY = "tuner.pkl", "tuner.pkl.fedray"  # Tune's tuner state, and fedray's copy of it
 
 
 class _TuneReport:
@@ -147,59 +142,6 @@ def _stop_tune_gracefully(signum, frame) -> None:
     signal.raise_signal(signal.SIGUSR1)
 
 
-def _stand_in_for_lost_checkpoints(sweep_dir: Path) -> list[Path]:
-    """Make an empty folder for each trial checkpoint the saved sweep state names but that no longer exists.
-
-    A driver killed hard (SIGKILL, a second Ctrl-C) may leave a state naming a checkpoint that the trial's
-    newer ones have since replaced (``num_to_keep``); Tune then refuses to restore that trial ("does not exist
-    on storage anymore") and fails it. With a stand-in the trial starts, finds no fedray checkpoint in it and
-    goes on from its run directory's newest checkpoint, or from scratch (``_trial``), and says so."""
-    made = []
-    for state_file in sweep_dir.glob("experiment_state-*.json"):
-        try:
-            trials = json.loads(state_file.read_text())["trial_data"]
-        except (OSError, ValueError, KeyError):
-            continue
-        for trial_json, run_json in trials:
-            trial_dir = sweep_dir / json.loads(trial_json)["relative_logdir"]
-            for name in set(re.findall(r"checkpoint_\d{6}", run_json)):
-                if trial_dir.is_dir() and not (trial_dir / name).exists():
-                    (trial_dir / name).mkdir()
-                    (trial_dir / name / "GONE.txt").write_text(
-                        "Stand-in made by `fedray tune --resume`: the sweep's saved state named this checkpoint,\n"
-                        "which no longer existed; the trial went on from its run directory or from scratch.\n")
-                    made.append(trial_dir / name)
-    return made
-
-
-def _mend_state_files(sweep_dir: Path) -> list[str]:
-    """Undo what a driver killed while Tune copied its state into the sweep's folder leaves: Tune copies every state
-    file again each time it saves (truncating each first), so a SIGKILL then can leave ``tuner.pkl`` and any
-    state file (``experiment_state-*.json``, JSON; the searcher's ``*-state-*``, pickles) empty or cut short, and
-    ``Tuner.restore`` fails on them. ``tuner.pkl`` never changes after the sweep starts: it is put back from the copy
-    taken then (``TUNER_COPY``); a state file cut short is moved aside (``.broken``), so that Tune resumes from the
-    newest whole one. Returns what was mended."""
-    import pickle
-
-    import ray.cloudpickle as cloudpickle
-
-    mended = []
-    tuner, copy = sweep_dir / TUNER_FILE, sweep_dir / TUNER_COPY
-    if tuner.is_file() and copy.is_file() and tuner.read_bytes() != (kept := copy.read_bytes()):
-        atomic_write_bytes(tuner, kept)
-        mended.append(f"{TUNER_FILE} put back from {TUNER_COPY}")
-    for state in sorted(p for p in sweep_dir.glob("*state-*") if p.suffix in (".json", ".pkl")):
-        try:
-            if state.name.startswith("experiment_state-"):
-                json.loads(state.read_text())
-            else:  # only a truncated pickle counts: any other failure is not a cut file's, and Tune's to report
-                cloudpickle.loads(state.read_bytes())
-        except (ValueError, EOFError, pickle.UnpicklingError):
-            state.rename(state.with_name(state.name + ".broken"))
-            mended.append(f"{state.name} moved aside (cut short)")
-    return mended
-
-
 def _sweep_dir(spec: SweepSpec) -> Path:
     return (Path(spec.storage).expanduser().resolve() / spec.name)
 
@@ -207,29 +149,8 @@ def _sweep_dir(spec: SweepSpec) -> Path:
 def latest_sweep(spec_stem: str, storage: str) -> str | None:
     """The most recent sweep name started from a spec (``<stem>-<timestamp>``), for ``--resume``."""
     root = Path(storage).expanduser().resolve()
-    names = sorted(p.name for p in root.glob(f"{spec_stem}-*") if _state_file(p).is_file())
+    names = sorted(p.name for p in root.glob(f"{spec_stem}-*") if state_file(p).is_file())
     return names[-1] if names else None
-
-
-def _state_file(sweep_dir: Path) -> Path:
-    """Where a sweep's fedray state is: its own name, or the name sweeps started before had."""
-    legacy = sweep_dir / LEGACY_SWEEP_STATE
-    return legacy if legacy.is_file() and not (sweep_dir / SWEEP_STATE).exists() else sweep_dir / SWEEP_STATE
-
-
-def _recorded_state(sweep_dir: Path) -> dict[str, Any]:
-    """The sweep's fedray state, for a resume; one under the old name is copied to the new one, which Tune leaves
-    alone from then on."""
-    state_file = _state_file(sweep_dir)
-    try:
-        recorded = json.loads(state_file.read_text())
-    except ValueError:  # only the old name can be cut short (Tune rewrote it; see SWEEP_STATE)
-        raise ConfigError("--resume", f"{state_file} is cut short (its driver was killed while Tune rewrote it), "
-                                      "so the sweep's MLflow parent run is unknown; start the sweep again under "
-                                      "another --name") from None
-    if state_file.name == LEGACY_SWEEP_STATE:
-        atomic_write_bytes(sweep_dir / SWEEP_STATE, state_file.read_bytes())
-    return recorded
 
 
 def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None = None,
@@ -249,13 +170,10 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     base = spec.base_config()
     sweep_dir = _sweep_dir(spec)
-    state_file = sweep_dir / SWEEP_STATE
-    if resume and not _state_file(sweep_dir).is_file():
-        raise ConfigError("--resume", f"no sweep to resume at {sweep_dir}; start it without --resume")
+    record_file = sweep_dir / SWEEP_STATE
+    recorded = recorded_state(sweep_dir) if resume else {}
     if not resume and sweep_dir.exists():
         raise ConfigError("--name", f"sweep {sweep_dir} already exists; use --resume or another --name")
-
-    recorded = _recorded_state(sweep_dir) if resume else {}
     uri = resolve_tracking_uri(resumed_store(base.tracking.uri, recorded.get("tracking_uri")))
     parent = MlflowTracker(uri, base.tracking.experiment) if base.tracking.enabled else None
     say = console.print if console is not None else (lambda *a, **k: None)
@@ -280,7 +198,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                 parent.log_params(search_space_summary(spec) | {"sweep.metric": spec.metric, "sweep.mode": spec.mode})
                 (sweep_dir / SPEC_FILE).write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
                 parent.client.log_artifact(parent.run_id, str(sweep_dir / SPEC_FILE))
-            atomic_write_bytes(state_file, json.dumps(state, indent=2).encode())
+            atomic_write_bytes(record_file, json.dumps(state, indent=2).encode())
         if parent is not None and resume:
             parent.run_id = state["parent_run_id"]
             parent.client.update_run(parent.run_id, status="RUNNING")
@@ -300,9 +218,9 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
             # the driver's machine while the trials run, on the parent run (trials share it; theirs would repeat it)
             monitor = parent.watch_system(base.tracking.system_metrics_s, resumed=resume)
         if resume and tune.Tuner.can_restore(str(sweep_dir)):
-            for line in _mend_state_files(sweep_dir):
+            for line in mend_state_files(sweep_dir):
                 say(f"resume: {line} (its driver was killed while Tune saved them)", highlight=False)
-            _stand_in_for_lost_checkpoints(sweep_dir)
+            stand_in_for_lost_checkpoints(sweep_dir)
             tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_unfinished=True,
                                        resume_errored=False)
         else:
@@ -327,7 +245,7 @@ def run_sweep(spec: SweepSpec, resume: bool = False, max_concurrent: int | None 
                                           checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
                                           verbose=1 if verbose else 0),
             )
-            # the copy _mend_state_files puts back
+            # the copy mend_state_files puts back
             atomic_write_bytes(sweep_dir / TUNER_COPY, (sweep_dir / TUNER_FILE).read_bytes())
         main_thread = threading.current_thread() is threading.main_thread()
         stops = (signal.SIGINT, signal.SIGTERM)

@@ -15,6 +15,7 @@ from fedray.methods import validate_experiment
 from fedray.runtime.server_core import ServerCore
 from fedray.runtime.server_inputs import client_label_counts, diagnostic_probe
 from tests.conftest import DAFKD_TINY, tiny_config
+from tests.runtime.test_worker_paths import _same
 
 CPU = torch.device("cpu")
 N = 4  # algorithm.diag_samples
@@ -160,8 +161,6 @@ def _payloads_resumed(cfg, legacy: bool = False):
 def test_a_resumed_server_sends_each_kept_version_the_very_packets_it_sent():
     """Downlink top-k with error feedback: each version's packet depends on the residual the versions before it left,
     which the checkpoint keeps per version; sent again from an empty residual, versions 1 and 2 would differ."""
-    from tests.runtime.test_worker_paths import _same
-
     cfg = validate_experiment(tiny_config(channel__sparsify="topk", channel__fraction=0.1,
                                           channel__error_feedback=True, channel__compress_on="down"))
     sent, resent = _payloads_resumed(cfg)
@@ -170,7 +169,5 @@ def test_a_resumed_server_sends_each_kept_version_the_very_packets_it_sent():
 
 
 def test_a_checkpoint_from_before_the_channel_resumes_its_payloads():
-    from tests.runtime.test_worker_paths import _same
-
     sent, resent = _payloads_resumed(validate_experiment(tiny_config()), legacy=True)
     assert all(_same(a, b) for a, b in zip(sent, resent))

@@ -424,7 +424,7 @@ def test_a_metric_the_runs_do_not_report_stops_the_sweep_at_once(tmp_path, monke
 def test_a_resume_mends_the_state_files_a_driver_killed_mid_save_cut_short(tmp_path):
     """Tune copies its state files again at each save, truncating each first: a SIGKILL then leaves them empty or
     cut. tuner.pkl comes back from fedray's copy; a state file that does not parse is moved aside; sound ones stay."""
-    from fedray.sweep.runner import _mend_state_files
+    from fedray.sweep.folder import mend_state_files
 
     (tmp_path / "tuner.pkl.fedray").write_bytes(b"tuner state")
     (tmp_path / "tuner.pkl").write_bytes(b"")
@@ -433,14 +433,14 @@ def test_a_resume_mends_the_state_files_a_driver_killed_mid_save_cut_short(tmp_p
     searcher = pickle.dumps({"_uuid_prefix": "ab", "_total_samples": 2})  # Tune's searcher state: a pickle
     (tmp_path / "basic-variant-state-1.json").write_bytes(searcher)
     (tmp_path / "basic-variant-state-2.json").write_bytes(searcher[:-3])
-    assert _mend_state_files(tmp_path) == ["tuner.pkl put back from tuner.pkl.fedray",
+    assert mend_state_files(tmp_path) == ["tuner.pkl put back from tuner.pkl.fedray",
                                            "basic-variant-state-2.json moved aside (cut short)",
                                            "experiment_state-2.json moved aside (cut short)"]
     assert (tmp_path / "tuner.pkl").read_bytes() == b"tuner state"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "basic-variant-state-1.json", "basic-variant-state-2.json.broken", "experiment_state-1.json",
         "experiment_state-2.json.broken", "tuner.pkl", "tuner.pkl.fedray"]
-    assert _mend_state_files(tmp_path) == []  # nothing left to mend
+    assert mend_state_files(tmp_path) == []  # nothing left to mend
 
 
 def test_tune_copies_none_of_fedrays_own_sweep_files_on_a_resume(tmp_path, monkeypatch):
@@ -452,7 +452,8 @@ def test_tune_copies_none_of_fedrays_own_sweep_files_on_a_resume(tmp_path, monke
     from ray.train._internal.storage import StorageContext
     from ray.tune.execution.experiment_state import _ExperimentCheckpointManager
 
-    from fedray.sweep.runner import SWEEP_STATE, TUNER_COPY, TUNER_FILE, _recorded_state, latest_sweep, run_sweep
+    from fedray.sweep.folder import SWEEP_STATE, TUNER_COPY, TUNER_FILE, recorded_state
+    from fedray.sweep.runner import latest_sweep, run_sweep
 
     sweep, staging = tmp_path / "sweeps" / "s-1", tmp_path / "staging"
     sweep.mkdir(parents=True)
@@ -465,7 +466,7 @@ def test_tune_copies_none_of_fedrays_own_sweep_files_on_a_resume(tmp_path, monke
 
     (sweep / SWEEP_STATE).rename(sweep / "fedray_sweep.json")
     assert latest_sweep("s", str(sweep.parent)) == "s-1"
-    assert _recorded_state(sweep) == {} and (sweep / SWEEP_STATE).read_text() == "{}"  # copied under the new name
+    assert recorded_state(sweep) == {} and (sweep / SWEEP_STATE).read_text() == "{}"  # copied under the new name
     (sweep / SWEEP_STATE).unlink()
     (sweep / "fedray_sweep.json").write_text("")
     spec = load_spec(write_spec(tmp_path / "s.yaml", name="s-1", search={"federation.lr": {"grid": [0.1]}}))
