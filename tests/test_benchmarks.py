@@ -557,17 +557,21 @@ def test_the_million_clients_record_is_its_json_read_against_the_targets():
     assert all(r["derivations"] == 100 + 1000 * (len(r["round_s"])) for r in local)
 
 
-def test_mutmut_runs_a_mutants_tests_fastest_first_keeping_each_module_together():
+def test_mutmut_runs_a_mutants_tests_killers_first_then_fastest_first_keeping_each_module_together():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fast_first", REPO / "benchmarks/quality/mutmut_fast_first.py")
+    spec = importlib.util.spec_from_file_location("ordered", REPO / "benchmarks/quality/mutmut_ordered.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # mutmut itself only when run
-    order = module.fastest_first
     duration = {"tests/a.py::slow": 9.0, "tests/a.py::fast": 0.5, "tests/b.py::x": 0.1, "tests/b.py::y": 3.0,
                 "tests/c.py::only": 1.0}
     tests = {"tests/a.py::slow", "tests/a.py::fast", "tests/b.py::y", "tests/b.py::x", "tests/c.py::only",
              "tests/c.py::new"}
     # modules by their fastest test (b: 0.1 s, a: 0.5 s, c: 1.0 s), each one's tests by duration, an unrecorded one last
-    assert order(tests, duration) == ["tests/b.py::x", "tests/b.py::y", "tests/a.py::fast", "tests/a.py::slow",
-                                      "tests/c.py::only", "tests/c.py::new"]
+    assert module.fastest_first(tests, duration) == ["tests/b.py::x", "tests/b.py::y", "tests/a.py::fast",
+                                                     "tests/a.py::slow", "tests/c.py::only", "tests/c.py::new"]
+    # a sibling mutant's killers first, the latest first, once each; one this mutant's tests do not hold is left out
+    killers = ["tests/a.py::slow", "tests/c.py::new", "tests/gone.py::t", "tests/a.py::slow"]
+    assert module.fastest_first(tests, duration, killers) == ["tests/a.py::slow", "tests/c.py::new", "tests/b.py::x",
+                                                              "tests/b.py::y", "tests/a.py::fast", "tests/c.py::only"]
+    assert module.function_of("fedray.runtime.core.x_build_method__mutmut_7") == "fedray.runtime.core.x_build_method"

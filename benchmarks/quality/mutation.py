@@ -7,8 +7,9 @@ runs each mutant only against the tests that reach the mutated function (recorde
 suite) in a process forked from one that has already imported torch, so a mutant costs the tests that matter, not
 a fresh interpreter and the whole suite; and because ``mutmut show`` / ``mutmut apply`` put any mutant on disk to
 look at. Its mutants: operators, constants, strings, arguments dropped or set to None, calls, returns.
-mutmut runs through ``mutmut_fast_first.py``, which gives each mutant's tests to pytest fastest first (mutmut's own
-order is a set's: a kill often waited on minutes of slower tests run before the one that failed).
+mutmut runs through ``mutmut_ordered.py``, which gives each mutant's tests to pytest in the order that finds a kill
+soonest: the tests that killed the function's other mutants, then the fastest (mutmut's own order is a set's: a kill
+often waited on minutes of slower tests run before the one that failed).
 
 Scope (``SCOPE`` in mutation_state.py, ``only_mutate`` in pyproject.toml): every function (module-level code and
 class bodies are not mutated by mutmut 3) of fedray/methods/, fedray/learning/ (the robust aggregation rules
@@ -379,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": args.wall_s or previous.get("wall_s", 0.0), "runs": args.runs or previous.get("runs", 1)}
     if not args.record_only:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        # mutmut itself, each mutant's tests run fastest first (mutmut_fast_first.py)
-        mutmut = [sys.executable, str(Path(__file__).with_name("mutmut_fast_first.py")), "run", "--max-children",
+        # mutmut itself, each mutant's tests in the order of mutmut_ordered.py
+        mutmut = [sys.executable, str(Path(__file__).with_name("mutmut_ordered.py")), "run", "--max-children",
                   str(args.max_children)]
         start = time.time()
         fresh = not any(MUTANTS.glob("fedray/**/*.py.meta"))
