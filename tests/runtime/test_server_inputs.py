@@ -171,3 +171,25 @@ def test_a_resumed_server_sends_each_kept_version_the_very_packets_it_sent():
 def test_a_checkpoint_from_before_the_channel_resumes_its_payloads():
     sent, resent = _payloads_resumed(validate_experiment(tiny_config()), legacy=True)
     assert all(_same(a, b) for a, b in zip(sent, resent))
+
+
+def test_setup_bytes_add_the_server_images_clients_hold_and_the_label_counts_they_send():
+    """A method doing both (none of the built-in ones does): each registered client gets the server's images and
+    sends its label counts (int64), and comm/bytes_setup counts the two together."""
+    import dataclasses
+
+    from fedray.methods.fedcd import FedCD
+    from fedray.methods.registry import resolve_experiment
+    from fedray.runtime.server_inputs import setup_bytes
+    from tests.methods.test_fedcd import FEDCD
+
+    class FedCDCountingLabels(FedCD):
+        @classmethod
+        def sends_label_counts(cls, params) -> bool:
+            return True
+
+    exp = resolve_experiment(validate_experiment(tiny_config(**FEDCD)))
+    data = build_federated_data(exp.cfg.data, exp.cfg.seed)
+    images = int(data.server.x.nbytes) * data.num_clients
+    assert setup_bytes(exp, data) == images
+    assert setup_bytes(dataclasses.replace(exp, method=FedCDCountingLabels), data) == images + 8 * 10 * 6
