@@ -199,10 +199,12 @@ def test_personalised_attack_success_scores_the_honest_clients_own_models():
     assert [r[COUNTS + 2] for r in rows] == [0 if c in bad else triggered for c in range(6)]  # then the audit's
 
 
-def test_a_backdoor_run_reports_attack_success():
+@pytest.mark.parametrize("method", [pytest.param("fedavg", id="global"), pytest.param("local", id="personalised")])
+def test_a_backdoor_run_reports_attack_success(method):
+    """Of the global model, or (a personalised method) of the honest clients' own models."""
     from fedray.simulation import run_experiment
 
-    result = run_experiment(tiny_config(**BACKDOOR, federation__local_steps=2), progress=False)
+    result = run_experiment(tiny_config(**BACKDOOR, algorithm__name=method, federation__local_steps=2), progress=False)
     assert [0 <= h["eval/attack_success"] <= 1 for h in result.history] == [True, True]
 
 

@@ -119,28 +119,6 @@ def test_a_run_makes_the_clients_it_samples_and_evaluates_and_nothing_more():
     assert run_experiment(pseudo, progress=False).history[-1]["eval/accuracy"] >= 0
 
 
-def test_a_personalised_method_keeps_states_of_the_clients_that_trained_and_scores_the_sample(tmp_path):
-    """FedCD over 300 clients made on demand, 4 a round for 2 rounds: personal models only for the (at most 8)
-    clients that trained, its per-client figures over the 12 of the sample (a client of the sample that never trained
-    scored with its initial model), the clients made being the sampled plus the evaluated."""
-    from fedray.data import build_federated_data
-    from fedray.simulation import run_experiment
-    from tests.conftest import method_config
-
-    cfg = method_config("fedcd", data__partition="on_demand", data__num_clients=300, federation__clients_per_round=4,
-                        federation__rounds=2, data__eval_clients=12, federation__eval_every=2)
-    data = build_federated_data(cfg.data, cfg.seed)
-    import json
-
-    import torch
-
-    result = run_experiment(cfg, tmp_path / "run", progress=False, data=data)
-    assert data.source.derivations == 2 * 4 + 12 and "eval/amp" in result.history[-1]
-    table = json.loads((tmp_path / "run" / "clients.json").read_text())
-    assert [row["client"] for row in table] == data.eval_sample.tolist()
-    assert 0 < len(torch.load(tmp_path / "run" / "model.pt", weights_only=False)) <= 8
-
-
 @pytest.mark.ray
 @pytest.mark.slow  # about a minute: started first, so that it does not end a worker's queue
 def test_on_ray_and_after_a_resume_clients_made_on_demand_give_the_in_process_figures(ray_local, tmp_path):

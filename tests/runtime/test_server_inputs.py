@@ -1,9 +1,13 @@
 """The server side's inputs and records, by hand: the diagnostic probe (``fedray.runtime.server_inputs``), a personalised
-evaluation's tables (``fedray.runtime.personal``), and the payloads clients train from through a checkpoint."""
+evaluation's tables (``fedray.runtime.personal``; over a sample of clients made on demand too), the one-time
+setup bytes, and the payloads clients train from through a checkpoint."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -193,3 +197,22 @@ def test_setup_bytes_add_the_server_images_clients_hold_and_the_label_counts_the
     images = int(data.server.x.nbytes) * data.num_clients
     assert setup_bytes(exp, data) == images
     assert setup_bytes(dataclasses.replace(exp, method=FedCDCountingLabels), data) == images + 8 * 10 * 6
+
+
+def test_a_personalised_method_keeps_states_of_the_clients_that_trained_and_scores_the_sample(tmp_path):
+    """FedCD over 300 clients made on demand, 4 a round for 2 rounds: personal models only for the (at most 8)
+    clients that trained, its per-client figures over the 12 of the sample (a client of the sample that never trained
+    scored with its initial model), the clients made being the sampled plus the evaluated; clients.json and
+    clients.parquet name the sample's clients."""
+    from fedray.simulation import run_experiment
+    from tests.conftest import method_config
+
+    cfg = method_config("fedcd", data__partition="on_demand", data__num_clients=300, federation__clients_per_round=4,
+                        federation__rounds=2, data__eval_clients=12, federation__eval_every=2)
+    data = build_federated_data(cfg.data, cfg.seed)
+    result = run_experiment(cfg, tmp_path / "run", progress=False, data=data)
+    assert data.source.derivations == 2 * 4 + 12 and "eval/amp" in result.history[-1]
+    table = json.loads((tmp_path / "run" / "clients.json").read_text())
+    assert [row["client"] for row in table] == data.eval_sample.tolist()
+    assert pq.read_table(tmp_path / "run" / "clients.parquet")["client"].to_pylist() == data.eval_sample.tolist()
+    assert 0 < len(torch.load(tmp_path / "run" / "model.pt", weights_only=False)) <= 8
