@@ -81,7 +81,8 @@ class SystemConfig(BaseModel):
             raise ConfigError("system.trace", "system.devices=trace needs a file; give system.trace=PATH (CSV or "
                               "parquet with columns client, compute_sps, up_mbps, down_mbps, latency_ms)")
         if self.devices not in ("trace", "fedscale") and self.trace is not None:
-            raise ConfigError("system.trace", f"is only read with system.devices=trace (it is {self.devices})")
+            raise ConfigError("system.trace", f"is only read with system.devices=trace or fedscale (it is "
+                              f"{self.devices})")
         if self.availability == "fedscale" and self.availability_trace is None:
             raise ConfigError("system.availability_trace", "system.availability=fedscale needs a file; give "
                               "system.availability_trace=PATH (FedScale's client_behave_trace pickle, "
@@ -90,8 +91,8 @@ class SystemConfig(BaseModel):
             raise ConfigError("system.availability_trace", "system.availability=trace needs a file; give "
                               "system.availability_trace=PATH (CSV or parquet with columns client, start_s, end_s)")
         if self.availability not in ("trace", "fedscale") and self.availability_trace is not None:
-            raise ConfigError("system.availability_trace", "is only read with system.availability=trace (it is "
-                              f"{self.availability})")
+            raise ConfigError("system.availability_trace", "is only read with system.availability=trace or fedscale "
+                              f"(it is {self.availability})")
         if self.selection != "oort" and self.oort != OortConfig():
             changed = next(k for k in OortConfig.model_fields if getattr(self.oort, k) != getattr(OortConfig(), k))
             raise ConfigError(f"system.oort.{changed}", f"is only read with system.selection=oort (it is "

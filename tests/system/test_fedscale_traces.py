@@ -319,16 +319,48 @@ def test_each_trace_built_unchecked_names_its_own_key_when_its_file_is_gone(tmp_
     assert e.value.key == key and "is not a file" in e.value.message, e.value
 
 
+CLOCK = "needs a simulated clock; set system.devices to uniform, heterogeneous, trace or fedscale"
+
+
 @pytest.mark.parametrize("keys, key, message", [
-    ({"devices": "fedscale"}, "system.trace", "system.devices=fedscale needs a file"),
-    ({"devices": "uniform", "availability": "fedscale"}, "system.availability_trace", "availability=fedscale needs"),
+    ({"devices": "fedscale"}, "system.trace", "system.devices=fedscale needs a file; give system.trace=PATH "
+     "(FedScale's client_device_capacity pickle, docs/system.md#fedscales-traces)"),
+    ({"devices": "trace"}, "system.trace", "system.devices=trace needs a file; give system.trace=PATH (CSV or parquet "
+     "with columns client, compute_sps, up_mbps, down_mbps, latency_ms)"),
+    ({"devices": "uniform", "trace": "d.csv"}, "system.trace",
+     "is only read with system.devices=trace or fedscale (it is uniform)"),
+    ({"devices": "uniform", "availability": "fedscale"}, "system.availability_trace", "system.availability=fedscale "
+     "needs a file; give system.availability_trace=PATH (FedScale's client_behave_trace pickle, "
+     "docs/system.md#fedscales-traces)"),
+    ({"devices": "uniform", "availability": "trace"}, "system.availability_trace", "system.availability=trace needs "
+     "a file; give system.availability_trace=PATH (CSV or parquet with columns client, start_s, end_s)"),
+    ({"devices": "uniform", "availability": "markov", "availability_trace": "a.csv"}, "system.availability_trace",
+     "is only read with system.availability=trace or fedscale (it is markov)"),
+    ({"devices": "uniform", "oort": {"pacer_step": 10}}, "system.oort.pacer_step",
+     "is only read with system.selection=oort (it is uniform)"),
     ({"devices": "uniform", "availability": "markov", "availability_cycle_s": 60.0}, "system.availability_cycle_s",
-     "repeats the intervals of system.availability=trace (it is markov)"),
-])
-def test_keys_that_disagree_are_refused(keys, key, message):
+     "repeats the intervals of system.availability=trace (it is markov); FedScale's traces give each client's period "
+     "themselves"),
+    ({"availability": "markov"}, "system.availability", CLOCK),
+    ({"deadline_s": 5.0}, "system.deadline_s", CLOCK),
+    ({"selection": "oort"}, "system.selection", CLOCK),  # the last of the keys a clock needs
+], ids=["fedscale-devices", "trace-devices", "unread-trace", "fedscale-availability", "trace-availability",
+        "unread-availability-trace", "unread-oort", "cycle", "clock-availability", "clock-deadline", "clock-selection"])
+def test_keys_that_disagree_are_refused_in_full(keys, key, message):
+    """Each refusal of :meth:`SystemConfig.check`, word for word: the key and what to do about it."""
     with pytest.raises(ConfigError) as e:
         SystemConfig(**keys).check()
-    assert e.value.key == key and message in e.value.message, e.value
+    assert (e.value.key, e.value.message) == (key, message)
+
+
+@pytest.mark.parametrize("keys", [{"devices": "fedscale", "trace": "d.pkl", "availability": "fedscale",
+                                   "availability_trace": "a.pkl"},
+                                  {"devices": "trace", "trace": "d.csv", "availability": "trace",
+                                   "availability_trace": "a.csv", "availability_cycle_s": 60.0},
+                                  {"devices": "uniform", "selection": "oort", "oort": {"pacer_step": 10}}],
+                         ids=["fedscale", "trace", "oort"])
+def test_keys_that_agree_pass_the_check(keys):
+    SystemConfig(**keys).check()
 
 
 def test_a_pickle_asking_for_another_class_is_refused_unbuilt(tmp_path):
