@@ -35,13 +35,14 @@ mutmut keeps which tests reach which function (``mutants/mutmut-stats.json``) by
 for ids it has not seen: a case inserted into the middle of a ``parametrize`` list shifts the automatic ids after it,
 so mutmut would run the old tests' reach under the new ids; and a function moved to a module of its own has no entry
 at all, so its mutants are marked "no tests" without running. Give a new case an explicit ``id`` (or put it last),
-and after moving functions delete the stats file to have it collected again.
+and after moving functions delete the stats file (and its committed copy, below) to have it collected again.
 
 A run outlives the session that started it: every few minutes, and when it ends, the script writes the record and
 the verdicts (``benchmarks/results/mutation-verdicts.json``: each function's source hash and its mutants' exit codes,
-committed with the record). A run in a fresh checkout (no mutants/) starts from that file: mutmut regenerates the
-mutants and keeps the verdict of every function whose source is unchanged (its own hash check), so only new or
-changed functions are tested again. mutmut 3 throws away every verdict when ``[tool.mutmut]``'s pytest arguments or
+committed with the record) and mutmut's stats (``mutation-stats.json.xz``: each test's reach and duration). A run in a
+fresh checkout (no mutants/) starts from those: mutmut regenerates the mutants and keeps the verdict of every function
+whose source is unchanged (its own hash check), so only new or changed functions are tested again, and collects the
+reach of the test ids it has not seen only. mutmut 3 throws away every verdict when ``[tool.mutmut]``'s pytest arguments or
 test selection change (its config fingerprint): after such a change a run starts from nothing (~6 hours on 2 cores);
 ``--restore`` puts the committed verdicts back into mutants/. A kill is only as good as the test that made it:
 mutmut runs each mutant's tests in a subset and order of their own, so a test whose outcome hangs on the tests
@@ -67,8 +68,8 @@ from collections import Counter
 from datetime import date
 from pathlib import Path
 
-from mutation_state import (MUTANTS, OUT, ROOT, SCOPE, VERDICTS, mutmut_version, recheck, restore_verdicts,
-                            retry_survivors, save_verdicts, status_of)
+from mutation_state import (MUTANTS, OUT, ROOT, SCOPE, VERDICTS, mutmut_version, recheck, restore_stats,
+                            restore_verdicts, retry_survivors, save_stats, save_verdicts, status_of)
 
 EQUIVALENT = Path(__file__).with_name("equivalent_mutants.json")
 SAVE_EVERY_S = 300
@@ -346,6 +347,7 @@ def _run_saving(command: list[str], env: dict, meta: dict, since: float) -> int:
 def _save(meta: dict, wall_s: float) -> None:
     """The verdicts and the record, with ``wall_s`` the runs' time so far (collecting the record is not a run)."""
     save_verdicts()
+    save_stats()
     write_record(collect(), {**meta, "date": date.today().isoformat(), "commit": _git("rev-parse", "--short", "HEAD"),
                              "wall_s": round(wall_s, 1)})
 
@@ -386,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.time()
         fresh = not any(MUTANTS.glob("fedray/**/*.py.meta"))
         if fresh and VERDICTS.exists():
-            # a fresh checkout: the committed verdicts, then one known mutant so that mutmut generates every mutant
-            # (keeping the verdicts of unchanged functions) and collects the tests' reach before the accountable go first
+            # a fresh checkout: the committed verdicts and stats, then one known mutant so that mutmut generates every
+            # mutant (keeping the verdicts of unchanged functions) and collects the reach of new tests before the
+            # accountable go first
+            restore_stats()
             known = next((key for key, code in restore_verdicts().items() if status_of(code) == "killed"), None)
             if known:
                 subprocess.run(mutmut + [known], cwd=ROOT, env=env)
