@@ -416,3 +416,38 @@ def test_numpy_values_pickled_by_numpy_1_or_2_read_the_same_without_a_deprecatio
             warnings.simplefilter("error")
             got = read_fedscale_behaviour("system.availability_trace", str(path), 1)
         assert [a.tolist() for a in got] == [[0, 0], [0, 50], [10, 100], [100]]
+
+
+def test_trace_digests_name_each_trace_a_run_reads_and_see_every_change(tmp_path):
+    """The files each kind of trace reads, by their real path (a link resolved) and their SHA-256; a file named but
+    not read by its kind is not recorded; a rewritten file gets its new digest whether its size or its time alone
+    changed (the digests are cached by both)."""
+    import hashlib
+    import os
+
+    from fedray.system.traces import trace_digests
+
+    dev, online = tmp_path / "d.csv", tmp_path / "a.csv"
+    dev.write_text("devices")
+    online.write_text("online")
+    (tmp_path / "link.csv").symlink_to(dev)
+
+    def entry(p):
+        return {"path": str(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+
+    assert trace_digests(SystemConfig(devices="uniform", trace=str(dev), availability="markov",
+                                      availability_trace=str(online))) == {}
+    for kind in ("trace", "fedscale"):
+        cfg = SystemConfig(devices=kind, trace=str(tmp_path / "link.csv"), availability=kind,
+                           availability_trace=str(online))
+        assert trace_digests(cfg) == {"system.trace": entry(dev), "system.availability_trace": entry(online)}
+    cfg = SystemConfig(devices="trace", trace=str(dev))
+    assert trace_digests(cfg) == {"system.trace": entry(dev)}
+    before = dev.stat()
+    dev.write_text("DEVICES")  # the same size, a later time
+    os.utime(dev, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    assert trace_digests(cfg) == {"system.trace": entry(dev)}
+    before = dev.stat()
+    dev.write_text("devices, longer")  # another size, the same time
+    os.utime(dev, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert trace_digests(cfg) == {"system.trace": entry(dev)}
