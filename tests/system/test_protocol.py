@@ -183,3 +183,21 @@ def _tensors(state):
     from fedray.learning.weights import leaves
 
     return [t for t in leaves(state) if isinstance(t, __import__("torch").Tensor)]
+
+
+def test_a_round_in_which_no_client_finished_stops_the_run_saying_so():
+    """Every client of round 1 lost (its result None: dropped after failures or timeouts on Ray): the run stops with
+    one line naming the round, before any step."""
+    from fedray.errors import RunFailure
+
+    class AllLost(Recording):
+        def results(self, client_ids):
+            super().results(client_ids)
+            return [None] * len(client_ids)
+
+    cfg = tiny_config(federation__rounds=3, tracking__enabled=False)
+    runtime = AllLost(cfg)
+    with pytest.raises(RunFailure) as e:
+        run_experiment(cfg, progress=False, runtime=runtime, data=build_federated_data(cfg.data, cfg.seed))
+    assert str(e.value) == "round 1: no client finished (all dropped after failures or timeouts)"
+    assert [c[0] for c in runtime.calls] == ["start", "results"]

@@ -520,6 +520,27 @@ def test_a_step_replayed_from_the_graph_gives_the_eager_numbers(graphs_on_cpu, k
         assert g.get("vec/graph_steps") == replayed and "vec/graph_steps" not in e
 
 
+def test_a_plan_without_a_run_of_its_own_replays_its_steps_from_the_graph_when_trained_alone(graphs_on_cpu,
+                                                                                               monkeypatch):
+    """runtime.vectorize=false: a plan with no sequential run of its own (DaFKD's, its ``alone`` taken away, as a
+    user's method may write it) goes through the engine one client at a time (``ClientWorkerCore._alone``), its
+    steps replayed from the graph as in a batched round, to the eager numbers."""
+    import dataclasses
+
+    from fedray.methods.dafkd.method import DaFKD
+
+    with_its_run = DaFKD.client_update
+    monkeypatch.setattr(DaFKD, "client_update", lambda self, ctx, payload, state: dataclasses.replace(
+        with_its_run(self, ctx, payload, state), alone=None))
+    kw = dict(COVERED["dafkd"], federation__batch_size=5)
+    eager_w, eager_info = _one_round(False, runtime__cuda_graphs=False, **kw)
+    graph_w, graph_info = _one_round(False, **kw)
+    for cid in eager_w:
+        assert all(torch.equal(eager_w[cid][k], graph_w[cid][k]) for k in eager_w[cid])
+    assert [g.get("vec/graph_steps") for g in graph_info] == [0.5] * len(graph_info)
+    assert not any("vec/graph_steps" in e for e in eager_info)
+
+
 def test_a_step_that_does_not_fit_the_graph_runs_eagerly_and_the_graph_is_kept(graphs_on_cpu):
     """8 steps of batch 16, unpadded, over 35, 114 and 70 samples: client 3's batches 2 and 5 are short, client
     5's batch 4 and client 4's batch 7, and each splits its step. Steps 0 and 1 are the warm-up, 2 splits, 3 is
