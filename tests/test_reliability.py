@@ -326,7 +326,9 @@ def test_all_uploads_nonfinite_stops_with_last_good_checkpoint(tmp_path, capsys)
                  "tracking.enabled=false", "--output-dir", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1
-    assert err[0].startswith("error: round 2: every upload was non-finite") and f"--resume {out}" in err[0]
+    assert err[0] == ("error: round 2: every upload was non-finite (clients 0, 3, 4); the run stops with its last good "
+                      "checkpoint intact; lower federation.lr or check the data; continue from the last checkpoint "
+                      f"with: fedray run --resume {out}")
     assert load_checkpoint(out)["round"] == 1 and not (out / "summary.json").exists()
 
 
@@ -566,3 +568,11 @@ def test_is_finite_finds_a_single_bad_value_in_any_float_tensor_of_an_upload(dty
     weights["b"][5] = bad
     assert not is_finite(ModelUpload(weights=weights, num_samples=5))
     assert not is_finite([{"x": torch.ones(2, requires_grad=True) * bad}])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_is_finite_finds_a_bad_float_among_an_uploads_plain_numbers(bad):
+    from fedray.runtime.server_core import is_finite
+
+    assert is_finite({"w": torch.ones(2), "loss": 1.5, "n": 3})
+    assert not is_finite({"w": torch.ones(2), "loss": bad, "n": 3})
