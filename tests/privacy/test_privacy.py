@@ -232,13 +232,26 @@ def test_the_adaptive_clip_moves_by_the_noised_count_of_clients_within_it():
     assert torch.allclose(out[1].data, torch.tensor([[0.2], [0.2]]))
 
 
-def test_with_every_update_within_a_large_clip_the_clip_falls_geometrically_to_the_norms():
+def test_with_every_update_within_a_large_clip_the_clip_falls_geometrically_to_the_norms(monkeypatch):
     """From C = 100, above every update: each round the count says all within (b ~ 1), so C shrinks by about
-    exp(-eta / 2) a round until it meets the updates' norms; the clip the uploads met is logged (privacy/clip)."""
+    exp(-eta / 2) a round until it meets the updates' norms; the clip the uploads met is logged (privacy/clip), and
+    the server's noise of each step is sigma times that clip, not the start's."""
+    from fedray.privacy.stages import CentralNoise
+
+    stds, start_step = [], CentralNoise.start_step
+
+    def recorded(self, round_, announced=None):
+        start_step(self, round_, announced)
+        stds.append(self.std)
+
+    monkeypatch.setattr(CentralNoise, "start_step", recorded)
     cfg = tiny_config(privacy__mechanism="central", privacy__noise_multiplier=0.001, privacy__clip=100.0,
                       privacy__adaptive_clip=True, privacy__clip_lr=1.0, privacy__count_noise=0.01, federation__rounds=4)
     clips = [r["privacy/clip"] for r in run_experiment(cfg, progress=False).history]
     assert clips[0] == 100.0 and all(0.59 < b / a < 0.63 for a, b in zip(clips, clips[1:]))  # exp(-1/2) = 0.607
+    # the model's noise multiplier where the count's noise (std 0.01) takes its share: (sigma^-2 - (2 sigma_b)^-2)^-1/2
+    sigma = (0.001 ** -2 - (2 * 0.01) ** -2) ** -0.5
+    assert stds == pytest.approx([sigma * c for c in clips], rel=1e-12)
     # the 0.9 quantile: C shrinks by exp(-eta (1 - 0.9)) = 0.905 a round
     high = cfg.model_copy(update={"privacy": cfg.privacy.model_copy(update={"target_quantile": 0.9})})
     clips = [r["privacy/clip"] for r in run_experiment(high, progress=False).history]
