@@ -17,6 +17,7 @@ VERDICTS = OUT / "mutation-verdicts.json"  # the resume state, committed with th
 # mutmut's stats (which tests reach which function, each test's duration), compressed: a fresh checkout starts from
 # them instead of collecting them again (~8 min here); mutmut collects the reach of test ids it has not seen
 STATS = OUT / "mutation-stats.json.xz"
+MUTMUT_STATS = MUTANTS / "mutmut-stats.json"  # mutmut's own copy, which it reads and writes
 # what `[tool.mutmut]`'s only_mutate names (pyproject.toml), as path prefixes
 SCOPE = ("fedray/methods", "fedray/learning", "fedray/system", "fedray/channel", "fedray/privacy", "fedray/adversary",
          "fedray/simulation.py", "fedray/evaluation.py", "fedray/report/table.py", "fedray/runtime/local.py",
@@ -59,21 +60,19 @@ def save_verdicts() -> None:
 
 
 def save_stats() -> None:
-    """mutants/'s mutmut stats into :data:`STATS`, when newer."""
-    stats = MUTANTS / "mutmut-stats.json"
-    if stats.exists() and (not STATS.exists() or stats.stat().st_mtime > STATS.stat().st_mtime):
+    """:data:`MUTMUT_STATS` into :data:`STATS`, when newer."""
+    if MUTMUT_STATS.exists() and (not STATS.exists() or MUTMUT_STATS.stat().st_mtime > STATS.stat().st_mtime):
         partial = STATS.with_suffix(".partial")
-        partial.write_bytes(lzma.compress(stats.read_bytes()))
+        partial.write_bytes(lzma.compress(MUTMUT_STATS.read_bytes()))
         partial.replace(STATS)
 
 
 def restore_stats() -> bool:
-    """:data:`STATS` into mutants/ where mutmut has none; whether it did."""
-    stats = MUTANTS / "mutmut-stats.json"
-    if stats.exists() or not STATS.exists():
+    """:data:`STATS` into :data:`MUTMUT_STATS` where mutmut has none; whether it did."""
+    if MUTMUT_STATS.exists() or not STATS.exists():
         return False
     MUTANTS.mkdir(exist_ok=True)
-    stats.write_bytes(lzma.decompress(STATS.read_bytes()))
+    MUTMUT_STATS.write_bytes(lzma.decompress(STATS.read_bytes()))
     return True
 
 
@@ -100,7 +99,7 @@ def recheck(test: str) -> int:
     """Sets every verdict of every function a test matching ``test`` reaches back to unchecked (in mutants/'s meta
     files and in :data:`VERDICTS`): the mended test may no longer kill what it killed by chance, and may now kill
     what survived. Run it with mutmut stopped: mutmut rewrites the meta files."""
-    reach = json.loads((MUTANTS / "mutmut-stats.json").read_text())["tests_by_mangled_function_name"]
+    reach = json.loads(MUTMUT_STATS.read_text())["tests_by_mangled_function_name"]
     functions = {f for f, tests in reach.items() if any(test in t for t in tests)}
     if not functions:
         raise SystemExit(f"--recheck {test!r}: no test id in {MUTANTS.name}/mutmut-stats.json contains it")
