@@ -310,11 +310,13 @@ def test_sigkilled_run_resumes_to_identical_figures(tmp_path):
 # --- non-finite uploads -----------------------------------------------------------------------------
 
 def test_nonfinite_upload_is_rejected_and_logged(caplog):
+    """The rejected upload is not the server's work either: its simulated work counts the 2 uploads it kept."""
     cfg = tiny_config(algorithm__name="test_nan_client", data__num_clients=3, federation__clients_per_round=3,
-                      federation__rounds=3)
+                      federation__rounds=3, system__devices="heterogeneous")
     with caplog.at_level(logging.WARNING, logger="fedray"):
         result = run_experiment(cfg, progress=False)
     assert [row["health/rejected_updates"] for row in result.history] == [0.0, 1.0, 0.0]
+    assert [row["sim/server_samples"] for row in result.history] == [30.0, 20.0, 30.0]
     assert [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()] == [
         "round 2: rejected a non-finite upload from client 1"]
     assert all(row["eval/accuracy"] == row["eval/accuracy"] for row in result.history)  # never NaN

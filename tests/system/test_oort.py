@@ -152,6 +152,29 @@ def test_the_reported_utility_is_the_starting_models_losses_by_hand():
     assert got == pytest.approx(7 * math.sqrt(float((ce ** 2).mean())), rel=1e-6)
 
 
+def test_a_worker_under_oort_sends_the_utility_of_the_model_it_was_sent_with_its_upload():
+    """The worker measures U on its own data with the payload's weights (before training) and reports it in the
+    upload's info, which the clock hands to Oort."""
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
+    from fedray.system.oort import UTILITY
+
+    cpu = torch.device("cpu")
+    cfg = tiny_config(data__num_clients=4, system__devices="uniform", system__selection="oort")
+    data = build_federated_data(cfg.data, cfg.seed)
+    server, worker = ServerCore(cfg, data, cpu), ClientWorkerCore(cfg, data, cpu)
+    payload, _ = server.payload(0)
+    info = worker.train(1, 1, payload, None)[2]
+    model = server.algo.build_modules().model
+    model.load_state_dict(payload.weights)
+    x, y = (torch.from_numpy(a) for a in data.client_data(1))
+    (mean,), (std,) = server.algo.spec.mean, server.algo.spec.std
+    with torch.no_grad():
+        ce = F.cross_entropy(model((x.float() / 255 - mean) / std), y.long(), reduction="none")
+    assert info[UTILITY] == pytest.approx(len(y) * math.sqrt(float((ce ** 2).mean())), rel=1e-6)
+
+
 def test_a_run_selects_by_oort_and_its_keys_are_checked():
     """In a run the worker reports U with each upload and the clock feeds it to Oort; its figures reach history.
     Oort's keys are refused without it, and Oort without a clock or under FedBuff."""
