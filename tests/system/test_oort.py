@@ -152,18 +152,23 @@ def test_the_reported_utility_is_the_starting_models_losses_by_hand():
     assert got == pytest.approx(7 * math.sqrt(float((ce ** 2).mean())), rel=1e-6)
 
 
-def test_a_worker_under_oort_sends_the_utility_of_the_model_it_was_sent_with_its_upload():
-    """The worker measures U on its own data with the payload's weights (before training) and reports it in the
-    upload's info, which the clock hands to Oort."""
+def _oort_cores(**overrides):
+    """A run's data and its server and worker cores under system.selection=oort, in this process."""
     from fedray.data import build_federated_data
     from fedray.runtime.core import ClientWorkerCore
     from fedray.runtime.server_core import ServerCore
+
+    cfg = tiny_config(data__num_clients=4, system__devices="uniform", system__selection="oort", **overrides)
+    data = build_federated_data(cfg.data, cfg.seed)
+    return data, ServerCore(cfg, data, torch.device("cpu")), ClientWorkerCore(cfg, data, torch.device("cpu"))
+
+
+def test_a_worker_under_oort_sends_the_utility_of_the_model_it_was_sent_with_its_upload():
+    """The worker measures U on its own data with the payload's weights (before training) and reports it in the
+    upload's info, which the clock hands to Oort."""
     from fedray.system.oort import UTILITY
 
-    cpu = torch.device("cpu")
-    cfg = tiny_config(data__num_clients=4, system__devices="uniform", system__selection="oort")
-    data = build_federated_data(cfg.data, cfg.seed)
-    server, worker = ServerCore(cfg, data, cpu), ClientWorkerCore(cfg, data, cpu)
+    data, server, worker = _oort_cores()
     payload, _ = server.payload(0)
     info = worker.train(1, 1, payload, None)[2]
     model = server.algo.build_modules().model
@@ -173,6 +178,17 @@ def test_a_worker_under_oort_sends_the_utility_of_the_model_it_was_sent_with_its
     with torch.no_grad():
         ce = F.cross_entropy(model((x.float() / 255 - mean) / std), y.long(), reduction="none")
     assert info[UTILITY] == pytest.approx(len(y) * math.sqrt(float((ce ** 2).mean())), rel=1e-6)
+
+
+def test_a_client_update_that_trains_by_itself_leaves_no_model_to_measure_and_is_refused_in_one_line():
+    from fedray.errors import RunFailure
+    from tests.runtime import faulty  # test_nan_client returns its result trained (run_update): no starting model
+
+    _, server, worker = _oort_cores(algorithm__name=faulty.NaNClient.name)
+    with pytest.raises(RunFailure) as e:
+        worker.train(1, 1, server.payload(0)[0], None)
+    assert str(e.value) == ("system.selection=oort: test_nan_client's client update gave no model to measure the "
+                            "client's losses on; use system.selection=uniform")
 
 
 def test_a_run_selects_by_oort_and_its_keys_are_checked():
