@@ -391,6 +391,24 @@ def test_dp_sgd_runs_where_the_client_runs_and_accounts_each_examples_batches():
                        progress=False)
 
 
+def test_a_client_update_that_trains_by_itself_is_refused_dp_sgd_in_one_line():
+    """DP-SGD clips each example's gradient inside a training plan: an update trained by the method itself (as
+    test_nan_client's is, through run_update) leaves it none to reach."""
+    from fedray.data import build_federated_data
+    from fedray.errors import RunFailure
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
+    from tests.runtime import faulty
+
+    cfg = tiny_config(algorithm__name=faulty.NaNClient.name, privacy__sample_clip=1.0, privacy__sample_noise=1.0)
+    data, cpu = build_federated_data(cfg.data, cfg.seed), torch.device("cpu")
+    with pytest.raises(RunFailure) as e:
+        ClientWorkerCore(cfg, data, cpu).train(1, 1, ServerCore(cfg, data, cpu).payload(0)[0], None)
+    assert str(e.value) == ("privacy.sample_clip: test_nan_client's client update trained outside a training plan "
+                            "(DaFKD's gradient penalty: algorithm.gp_weight > 0), where DP-SGD cannot reach its "
+                            "gradients; drop privacy.sample_clip or that option")
+
+
 def test_fedcd_with_the_uniform_teacher_takes_central_noise_on_the_clipped_logit_tables():
     """FedCD's uniform teacher is the one mean of its uploads: under central noise, (sum of the clipped tables + noise)
     / m; with no noise and a clip above every table's norm, the plain average's figures; Eq. 4's teacher refuses."""
