@@ -16,6 +16,7 @@ from fedray.data import build_federated_data
 from fedray.data.federated import to_float
 from fedray.errors import RunFailure
 from fedray.methods import validate_experiment
+from fedray.runtime.core import ClientWorkerCore
 from fedray.runtime.server_core import ServerCore
 from fedray.runtime.server_inputs import client_label_counts, diagnostic_probe
 from tests.conftest import DAFKD_TINY, tiny_config
@@ -97,11 +98,23 @@ def test_a_small_client_gives_every_image_it_has_and_no_probe_is_made_unasked(pr
     assert diagnostic_probe(data, unasked, cfg.seed, CPU) is None
 
 
-def test_clients_made_on_demand_are_refused_a_probe_naming_the_partition(probed):
+def test_clients_made_on_demand_are_refused_a_probe_and_pooled_negatives_naming_the_partition(probed):
+    """What reads every client's images (the probe's diagnostics, DaFKD's pooled negatives) would make every client
+    on demand: both refused in one line."""
     cfg, _, algo, _ = probed
     on_demand = tiny_config(data__partition="on_demand", data__num_clients=1000, federation__clients_per_round=5)
-    with pytest.raises(RunFailure, match="data.partition: dafkd's diagnostics"):
-        diagnostic_probe(build_federated_data(on_demand.data, on_demand.seed), algo, cfg.seed, CPU)
+    data = build_federated_data(on_demand.data, on_demand.seed)
+    with pytest.raises(RunFailure) as e:
+        diagnostic_probe(data, algo, cfg.seed, CPU)
+    assert str(e.value) == ("data.partition: dafkd's diagnostics read every client's images, which would make every "
+                            "client made on demand; turn its diagnostics off or use an eager partition")
+    pooled = validate_experiment(tiny_config(**DAFKD_TINY, algorithm__name="dafkd", algorithm__disc_negatives="pooled",
+                                             data__partition="on_demand", data__num_clients=1000,
+                                             federation__clients_per_round=5))
+    with pytest.raises(RunFailure) as e:
+        ClientWorkerCore(pooled, data, CPU)
+    assert str(e.value) == ("data.partition: dafkd draws from every client's images (a simulation-only contrast), "
+                            "which would make every client made on demand; use an eager partition")
 
 
 # --- a personalised evaluation's tables (fedray.runtime.personal), by hand -------------------------------------------

@@ -227,9 +227,20 @@ def test_a_method_without_async_refuses_to_rebase():
         Algorithm.rebase(type("NoAsync", (), {})(), None, None, None, 1.0)
 
 
+@pytest.mark.parametrize("overrides, key, message", [
+    ({"federation__concurrency": 3}, "federation.concurrency", "is only read with federation.mode=async"),
+    ({"federation__buffer_size": 3}, "federation.buffer_size", "is only read with federation.mode=async"),
+    ({"federation__staleness": "polynomial"}, "federation.staleness", "is only read with federation.mode=async"),
+    ({"federation__mode": "nosuch"}, "federation.mode", "unknown mode 'nosuch'; allowed: sync, async"),
+])
+def test_the_async_keys_in_synchronous_rounds_and_an_unknown_mode_are_refused_whole(overrides, key, message):
+    with pytest.raises(ConfigError) as e:
+        resolve_experiment(tiny_config(**overrides))
+    # a schedule registered by a test (tests/system/test_protocol.py) may follow the built-in two
+    assert e.value.key == key and (e.value.message == message or e.value.message.startswith(message + ", ")), e.value
+
+
 @pytest.mark.parametrize("overrides, key, fragment", [
-    ({"federation__concurrency": 3}, "federation.concurrency", "only read with federation.mode=async"),
-    ({"federation__staleness": "polynomial"}, "federation.staleness", "only read with federation.mode=async"),
     ({"federation__mode": "async", "system__devices": "uniform", "federation__concurrency": 99},
      "federation.concurrency", "allowed: 1..6"),
     ({"federation__mode": "async", "system__devices": "uniform", "algorithm__name": "fedkf"}, "federation.mode",

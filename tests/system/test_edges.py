@@ -134,6 +134,26 @@ def test_an_availability_trace_is_refused_at_each_edge_naming_the_row(rows, mess
     assert _refused(read_availability_trace, "k", _csv(tmp_path, "client,start_s,end_s", rows), 2) == message
 
 
+def test_the_configs_check_reads_each_fedray_trace_it_names(tmp_path):
+    """check_traces (the config's check, before any work) refuses a bad system.trace under system.devices=trace and
+    a bad system.availability_trace under system.availability=trace, naming the key."""
+    from fedray.errors import ConfigError
+    from fedray.system import SystemConfig, check_traces
+
+    devices, online = tmp_path / "devices", tmp_path / "online"
+    devices.mkdir(), online.mkdir()
+    good = _csv(devices, DEVICES, ["0,1,1,1,0", "1,1,1,1,0"])
+    bad_devices = _csv(tmp_path, DEVICES, ["1,1,1,1,0"])
+    bad_online = _csv(online, "client,start_s,end_s", ["0,0,10", "1,5,5"])
+    for cfg, key in [(SystemConfig(devices="trace", trace=bad_devices), "system.trace"),
+                     (SystemConfig(devices="trace", trace=good, availability="trace", availability_trace=bad_online),
+                      "system.availability_trace")]:
+        with pytest.raises(ConfigError) as e:
+            check_traces(cfg, 2)
+        assert e.value.key == key
+    check_traces(SystemConfig(devices="trace", trace=good), 2)
+
+
 def test_a_trace_file_missing_empty_or_rewritten(tmp_path):
     """A path that is no file, and an empty file, refused naming the key and the file; a cell Python reads as a
     number and pyarrow does not (1_000) read as that number; a file rewritten to another size at the same
