@@ -41,3 +41,8 @@ def test_one_client_alone_sends_what_it_sends_among_others():
     alone = rt.worker.train(2, 0, payload, None, None)
     among = rt.worker.train_many(2, [0], payload, [None], [None])[0]
     assert _same(alone[0], among[0]) and _same(alone[3], among[3])
+    # and both clipped at the clip announced (0.082), not the configured 0.05: the update's norm, 0.068, is between
+    sent_from = rt.worker.channel.decode_down(payload).weights
+    update = rt.server.channel.decode_up(alone[0], rt.worker.channel.decode_down(payload)).weights
+    norm = sum(float((update[k] - sent_from[k]).square().sum()) for k in update) ** 0.5
+    assert 0.05 < norm <= rt.worker.channel.heard(payload)["clip"]
