@@ -46,3 +46,17 @@ def test_one_client_alone_sends_what_it_sends_among_others():
     update = rt.server.channel.decode_up(alone[0], rt.worker.channel.decode_down(payload)).weights
     norm = sum(float((update[k] - sent_from[k]).square().sum()) for k in update) ** 0.5
     assert 0.05 < norm <= rt.worker.channel.heard(payload)["clip"]
+
+
+def test_a_clients_noise_is_drawn_for_the_round_it_trains_in():
+    """Local DP's noise is keyed by (round, client): client 0 trained in round 3 sends its update noised as the
+    channel noises it for round 3 (for round 0 it would be another draw)."""
+    cfg = tiny_config(privacy__mechanism="local", privacy__clip=1.0, privacy__noise_multiplier=1.0)
+    rt = LocalRuntime(cfg, build_federated_data(cfg.data, cfg.seed))
+    worker, wire = rt.worker, rt.server.payload(2)[0]
+    payload = worker.channel.decode_down(wire)
+    update = worker._trained(3, 0, payload, None)[1].upload  # what client 0 trains in round 3, before the channel
+    sent = worker.train(3, 0, wire, None)[0]
+    assert _same(sent, worker.channel.encode_up(update, payload, None, 0, 3)[0])
+    assert not _same(sent, worker.channel.encode_up(update, payload, None, 0, 0)[0])
+    assert worker.train_many(3, [], wire, []) == []  # handed no client, a worker sends nothing
