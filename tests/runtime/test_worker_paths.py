@@ -1,10 +1,13 @@
 """A worker's two paths for a client's work: alone (a Ray task's ``train``) and among others (the in-process
-``train_many``) send one client the same message through a channel that reads the payload and hears it."""
+``train_many``) send one client the same message through a channel that reads the payload and hears it, its draws
+keyed by the round; and what a client's info tells the runtime."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
+import pytest
 import torch
 
 from fedray.data import build_federated_data
@@ -60,3 +63,16 @@ def test_a_clients_noise_is_drawn_for_the_round_it_trains_in():
     assert _same(sent, worker.channel.encode_up(update, payload, None, 0, 3)[0])
     assert not _same(sent, worker.channel.encode_up(update, payload, None, 0, 0)[0])
     assert worker.train_many(3, [], wire, []) == []  # handed no client, a worker sends nothing
+
+
+@pytest.mark.parametrize("name, has_state", [("fedavg", False), ("scaffold", True)])
+def test_a_clients_info_names_it_and_what_it_sent_and_whether_it_left_a_state_to_keep(name, has_state):
+    """The runtimes read these keys: a Ray runtime keeps a client's state only where ``has_state`` says it has one
+    (SCAFFOLD's control variate; FedAvg's clients keep none), the clock times ``work_samples`` (4 steps of 16)."""
+    cfg = tiny_config(algorithm__name=name)
+    rt = LocalRuntime(cfg, build_federated_data(cfg.data, cfg.seed))
+    sent, state, info, _ = rt.worker.train(1, 2, rt.server.payload(0)[0], None)
+    assert (state is not None) == has_state
+    assert {k: info[k] for k in ("client", "num_samples", "bytes_up", "has_state", "pid", "work_samples")} == {
+        "client": 2, "num_samples": len(rt.worker.data.client_train[2]), "bytes_up": rt.worker.channel.nbytes(sent),
+        "has_state": has_state, "pid": os.getpid(), "work_samples": 4 * 16}
