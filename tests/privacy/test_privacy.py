@@ -316,6 +316,16 @@ def test_dp_sgd_clips_each_examples_gradient_by_hand_and_adds_noise_of_sigma_c_o
     assert poisson.std().item() == pytest.approx(3.0 * 2.0 / 64, rel=0.01)
 
 
+@pytest.mark.parametrize("batches, poisson", [("poisson", True), ("passes", False)])
+def test_a_worker_gives_its_clients_poisson_batches_only_where_dp_sgd_asks_for_them(batches, poisson):
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import ClientWorkerCore
+
+    cfg = tiny_config(privacy__sample_clip=1.0, privacy__sample_noise=0.5, privacy__sample_batches=batches)
+    worker = ClientWorkerCore(cfg, build_federated_data(cfg.data, cfg.seed), torch.device("cpu"))
+    assert worker._context(1, 0, None)[0].poisson_batches is poisson
+
+
 def test_poisson_batches_draw_each_example_at_rate_b_over_n_and_amplify_the_accountant():
     """poisson: each step's batch is every example with probability B / n (400 steps of 16 of 200: sizes average
     16, vary, and every step draws afresh); the accountant composes the Poisson-sampled Gaussian over the client's
