@@ -40,7 +40,6 @@ class LocalRuntime(Runtime):
     def attach(self, data: FederatedData) -> None:
         self.server = ServerCore(self.experiment, data, self.device)
         self.worker = ClientWorkerCore(self.experiment, data, self.device)
-        self.num_clients = data.num_clients
 
     # --- the round protocol: the work runs at once, in this process; results wait in _work until taken ----------
     def start(self, round_: int, client_ids: list[int], version: int) -> list[int]:

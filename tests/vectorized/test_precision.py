@@ -108,3 +108,17 @@ def test_a_nested_block_casts_once_and_the_block_ends_on_an_error(monkeypatch):
     with local_precision("bf16"):
         F.conv2d(x, w)
     assert len(casts) == 2  # and a later block casts again
+
+
+def test_a_worker_checks_the_configs_precision_on_its_device(caplog):
+    """bf16 on a CPU is said once a worker is built on it; float32 says nothing."""
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import ClientWorkerCore
+    from tests.conftest import tiny_config
+
+    for precision, warned in [("float32", False), ("bf16", True)]:
+        cfg = tiny_config(runtime__precision=precision)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="fedray"):
+            ClientWorkerCore(cfg, build_federated_data(cfg.data, cfg.seed), torch.device("cpu"))
+        assert ("runtime.precision=bf16 on a CPU" in caplog.text) is warned
