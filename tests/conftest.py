@@ -114,6 +114,16 @@ def tiny_config(**overrides) -> ExperimentConfig:
     return load_config(None, merged)
 
 
+def cores(cfg):
+    """``cfg``'s data and its server and worker cores on the CPU, in this process."""
+    from fedray.data import build_federated_data
+    from fedray.runtime.core import ClientWorkerCore
+    from fedray.runtime.server_core import ServerCore
+
+    data, cpu = build_federated_data(cfg.data, cfg.seed), torch.device("cpu")
+    return data, ServerCore(cfg, data, cpu), ClientWorkerCore(cfg, data, cpu)
+
+
 @pytest.fixture
 def tiny():
     return tiny_config

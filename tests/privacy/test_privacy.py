@@ -15,7 +15,7 @@ from fedray.methods import validate_experiment
 from fedray.privacy.accounting import amplification, epsilon, last_round
 from fedray.privacy.stages import CentralNoise, Clip, LocalNoise
 from fedray.simulation import run_experiment
-from tests.conftest import tiny_config
+from tests.conftest import cores, tiny_config
 from tests.test_every_method import CrashAfter, _Crash, _figures
 
 
@@ -318,11 +318,8 @@ def test_dp_sgd_clips_each_examples_gradient_by_hand_and_adds_noise_of_sigma_c_o
 
 @pytest.mark.parametrize("batches, poisson", [("poisson", True), ("passes", False)])
 def test_a_worker_gives_its_clients_poisson_batches_only_where_dp_sgd_asks_for_them(batches, poisson):
-    from fedray.data import build_federated_data
-    from fedray.runtime.core import ClientWorkerCore
-
-    cfg = tiny_config(privacy__sample_clip=1.0, privacy__sample_noise=0.5, privacy__sample_batches=batches)
-    worker = ClientWorkerCore(cfg, build_federated_data(cfg.data, cfg.seed), torch.device("cpu"))
+    _, _, worker = cores(tiny_config(privacy__sample_clip=1.0, privacy__sample_noise=0.5,
+                                     privacy__sample_batches=batches))
     assert worker._context(1, 0, None)[0].poisson_batches is poisson
 
 
@@ -404,16 +401,13 @@ def test_dp_sgd_runs_where_the_client_runs_and_accounts_each_examples_batches():
 def test_a_client_update_that_trains_by_itself_is_refused_dp_sgd_in_one_line():
     """DP-SGD clips each example's gradient inside a training plan: an update trained by the method itself (as
     test_nan_client's is, through run_update) leaves it none to reach."""
-    from fedray.data import build_federated_data
     from fedray.errors import RunFailure
-    from fedray.runtime.core import ClientWorkerCore
-    from fedray.runtime.server_core import ServerCore
     from tests.runtime import faulty
 
-    cfg = tiny_config(algorithm__name=faulty.NaNClient.name, privacy__sample_clip=1.0, privacy__sample_noise=1.0)
-    data, cpu = build_federated_data(cfg.data, cfg.seed), torch.device("cpu")
+    _, server, worker = cores(tiny_config(algorithm__name=faulty.NaNClient.name, privacy__sample_clip=1.0,
+                                          privacy__sample_noise=1.0))
     with pytest.raises(RunFailure) as e:
-        ClientWorkerCore(cfg, data, cpu).train(1, 1, ServerCore(cfg, data, cpu).payload(0)[0], None)
+        worker.train(1, 1, server.payload(0)[0], None)
     assert str(e.value) == ("privacy.sample_clip: test_nan_client's client update trained outside a training plan "
                             "(DaFKD's gradient penalty: algorithm.gp_weight > 0), where DP-SGD cannot reach its "
                             "gradients; drop privacy.sample_clip or that option")

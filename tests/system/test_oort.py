@@ -15,7 +15,7 @@ from fedray.errors import ConfigError
 from fedray.learning.feedback import statistical_utility
 from fedray.learning.training import LocalTraining
 from fedray.system.oort import Oort, OortConfig
-from tests.conftest import tiny_config
+from tests.conftest import cores, tiny_config
 
 
 def _oort(n, **cfg):
@@ -154,13 +154,7 @@ def test_the_reported_utility_is_the_starting_models_losses_by_hand():
 
 def _oort_cores(**overrides):
     """A run's data and its server and worker cores under system.selection=oort, in this process."""
-    from fedray.data import build_federated_data
-    from fedray.runtime.core import ClientWorkerCore
-    from fedray.runtime.server_core import ServerCore
-
-    cfg = tiny_config(data__num_clients=4, system__devices="uniform", system__selection="oort", **overrides)
-    data = build_federated_data(cfg.data, cfg.seed)
-    return data, ServerCore(cfg, data, torch.device("cpu")), ClientWorkerCore(cfg, data, torch.device("cpu"))
+    return cores(tiny_config(data__num_clients=4, system__devices="uniform", system__selection="oort", **overrides))
 
 
 def test_a_worker_under_oort_sends_the_utility_of_the_model_it_was_sent_with_its_upload():
